@@ -1,0 +1,476 @@
+//! The in-process backend: the embedded default, no server.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lost::{LostSignal, LostTrigger};
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+const SHARDS: usize = 64;
+
+/// Locks held in this process's memory.
+///
+/// The embedded default: no server, nothing to configure. Use it for a single
+/// replica, for tests, and as the model every remote backend matches.
+///
+/// # Guarantees
+///
+/// - Waiters are served strictly in arrival order per key (FIFO), so writers
+///   are not starved by a stream of readers: a reader that arrives after a
+///   waiting writer waits behind it.
+/// - Fencing tokens strictly increase per key for the life of the backend.
+/// - Cancel safe: a waiter that is dropped leaves the queue at once and does not
+///   hold up the waiters behind it; a grant that raced with the drop is released.
+/// - No entry is kept for a key once its last holder and waiter are gone
+///   ([`active_keys`](Self::active_keys) counts them).
+///
+/// It does not protect anything across processes, and it has no lease: a lock
+/// is held until its guard is dropped or [`break_lock`](Self::break_lock) is
+/// called. `mem::forget` on a guard leaks the lock.
+///
+/// `Exclusive` and `Write` are the same lock here; a semaphore's bound is the
+/// smaller of the permit counts of its holders and the newcomer.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use tower_lock::{BackendExt, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let guard = backend.lock("order-17").await.unwrap();
+/// assert!(backend.lock("order-17").fail_fast().await.is_err());
+/// drop(guard);
+/// assert_eq!(backend.active_keys(), 0);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    hasher: RandomState,
+    shards: Box<[Shard]>,
+}
+
+// A shard per cache line, so that two cores locking unrelated keys do not
+// bounce one line between them.
+#[repr(align(64))]
+struct Shard {
+    state: Mutex<ShardState>,
+}
+
+struct ShardState {
+    keys: HashMap<MapKey, KeyState, BuildHasherDefault<PassHasher>>,
+    /// Tokens per shard: a key always lives in one shard, so its tokens
+    /// strictly increase, and cores do not contend on one counter.
+    next_token: u64,
+}
+
+/// A key with its hash computed once, for the shard and the map alike.
+#[derive(Clone)]
+struct MapKey {
+    hash: u64,
+    key: LockKey,
+}
+
+impl PartialEq for MapKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.key == other.key
+    }
+}
+impl Eq for MapKey {}
+
+impl Hash for MapKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Passes a precomputed hash through.
+#[derive(Default)]
+struct PassHasher(u64);
+
+impl Hasher for PassHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used by `MapKey`; fold anything else anyway.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Default)]
+struct KeyState {
+    /// What the current holders hold; meaningless while `holders` is empty.
+    held: Held,
+    holders: Vec<Holder>,
+    queue: VecDeque<Waiter>,
+}
+
+#[derive(Default, Clone, Copy)]
+enum Held {
+    #[default]
+    Exclusive,
+    Shared,
+    Permits(u32),
+}
+
+struct Holder {
+    token: u64,
+    lost: LostTrigger,
+}
+
+struct Waiter {
+    mode: LockMode,
+    slot: Arc<Slot>,
+}
+
+/// Where a queued waiter learns it was granted. Written only under the
+/// shard's lock; read by the waiting future.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    waker: Option<Waker>,
+    granted: Option<(u64, LostSignal)>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while these locks are held, but a poisoned lock must not
+    // turn one panic into a stuck key.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl KeyState {
+    fn admits(&self, mode: LockMode) -> bool {
+        if self.holders.is_empty() {
+            return true;
+        }
+        match (self.held, mode) {
+            (Held::Shared, LockMode::Read) => true,
+            (Held::Permits(limit), LockMode::Semaphore { permits }) => {
+                (self.holders.len() as u64) < u64::from(limit.min(permits))
+            }
+            _ => false,
+        }
+    }
+
+    fn grant(&mut self, mode: LockMode, next_token: &mut u64) -> (u64, LostSignal) {
+        self.held = match mode {
+            LockMode::Read => Held::Shared,
+            LockMode::Semaphore { permits } => match self.held {
+                Held::Permits(limit) if !self.holders.is_empty() => {
+                    Held::Permits(limit.min(permits))
+                }
+                _ => Held::Permits(permits),
+            },
+            _ => Held::Exclusive,
+        };
+        let token = *next_token;
+        *next_token += 1;
+        let trigger = LostTrigger::new();
+        let signal = trigger.signal();
+        self.holders.push(Holder {
+            token,
+            lost: trigger,
+        });
+        (token, signal)
+    }
+
+    /// Grants queued waiters from the head while they fit (FIFO).
+    fn grant_waiters(&mut self, next_token: &mut u64) {
+        while let Some(head) = self.queue.front() {
+            if !self.admits(head.mode) {
+                break;
+            }
+            let waiter = self.queue.pop_front().expect("front exists");
+            let grant = self.grant(waiter.mode, next_token);
+            let mut slot = lock(&waiter.slot.state);
+            slot.granted = Some(grant);
+            if let Some(w) = slot.waker.take() {
+                w.wake();
+            }
+        }
+    }
+
+    fn remove_holder(&mut self, token: u64) -> bool {
+        match self.holders.iter().position(|h| h.token == token) {
+            Some(i) => {
+                self.holders.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.queue.is_empty()
+    }
+}
+
+impl ShardState {
+    /// Drops the entry of an idle key, and gives memory back after a burst
+    /// of distinct keys has come and gone.
+    fn forget_if_idle(&mut self, key: &MapKey) {
+        if self.keys.get(key).is_some_and(KeyState::is_idle) {
+            self.keys.remove(key);
+            let cap = self.keys.capacity();
+            if cap > 64 && self.keys.len() * 8 < cap {
+                self.keys.shrink_to(self.keys.len() * 2);
+            }
+        }
+    }
+
+    fn release(&mut self, key: &MapKey, token: u64) {
+        let Some(state) = self.keys.get_mut(key) else {
+            return;
+        };
+        // A holder whose lock was broken is no longer listed: nothing to do.
+        if state.remove_holder(token) {
+            state.grant_waiters(&mut self.next_token);
+            self.forget_if_idle(key);
+        }
+    }
+}
+
+impl MemoryBackend {
+    /// A backend with no locks held.
+    pub fn new() -> Self {
+        let shards = (0..SHARDS)
+            .map(|_| Shard {
+                state: Mutex::new(ShardState {
+                    keys: HashMap::default(),
+                    next_token: 1,
+                }),
+            })
+            .collect();
+        MemoryBackend {
+            inner: Arc::new(Inner {
+                hasher: RandomState::new(),
+                shards,
+            }),
+        }
+    }
+
+    /// How many keys have a holder or a waiter. Zero once everything is
+    /// released: use it to check for leaks.
+    pub fn active_keys(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| lock(&s.state).keys.len())
+            .sum()
+    }
+
+    /// Revokes every current hold on `key`, as an operator would break a
+    /// stuck lock, and returns how many holders lost it.
+    ///
+    /// The holders' [`LostSignal`]s fire (so the [`LockLayer`](crate::LockLayer)
+    /// aborts their requests by default), and the waiters next in line are
+    /// granted with higher fencing tokens. A revoked holder's later release
+    /// does nothing. This is the in-process model of a lease that expired.
+    pub fn break_lock(&self, key: &str) -> usize {
+        let Ok(key) = LockKey::new(key) else {
+            return 0;
+        };
+        let key = self.inner.map_key(key);
+        let mut shard = lock(&self.inner.shard(&key).state);
+        let shard = &mut *shard;
+        let Some(state) = shard.keys.get_mut(&key) else {
+            return 0;
+        };
+        let broken = std::mem::take(&mut state.holders);
+        for holder in &broken {
+            holder.lost.fire("the lock was broken by an operator");
+        }
+        state.grant_waiters(&mut shard.next_token);
+        shard.forget_if_idle(&key);
+        broken.len()
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("active_keys", &self.active_keys())
+            .finish()
+    }
+}
+
+impl Inner {
+    fn map_key(&self, key: LockKey) -> MapKey {
+        MapKey {
+            hash: self.hasher.hash_one(key.as_str()),
+            key,
+        }
+    }
+
+    fn shard(&self, key: &MapKey) -> &Shard {
+        // Middle bits pick the shard; the map uses the low bits for buckets and
+        // the top ones for its control bytes.
+        &self.shards[(key.hash >> 32) as usize % SHARDS]
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        if let LockMode::Semaphore { permits: 0 } = request.mode {
+            return BackendFuture::ready(Err(LockError::InvalidMode(
+                "a semaphore needs at least one permit".into(),
+            )));
+        }
+        let key = self.inner.map_key(request.key);
+        let mut shard = lock(&self.inner.shard(&key).state);
+        let shard = &mut *shard;
+        let state = shard.keys.entry(key.clone()).or_default();
+        if state.queue.is_empty() && state.admits(request.mode) {
+            let (token, lost) = state.grant(request.mode, &mut shard.next_token);
+            let handle = MemoryLease {
+                inner: self.inner.clone(),
+                key,
+                token,
+            };
+            return BackendFuture::ready(Ok(Acquired::new(
+                FencingToken::new(token),
+                Box::new(handle),
+            )
+            .with_lost(lost)));
+        }
+        if request.wait == Wait::FailFast {
+            return BackendFuture::ready(Err(LockError::Busy));
+        }
+        let slot = Arc::new(Slot::default());
+        state.queue.push_back(Waiter {
+            mode: request.mode,
+            slot: slot.clone(),
+        });
+        BackendFuture::new(WaitForGrant {
+            inner: self.inner.clone(),
+            key: Some(key),
+            slot,
+        })
+    }
+}
+
+/// A queued acquisition.
+struct WaitForGrant {
+    inner: Arc<Inner>,
+    /// `None` once the grant was taken.
+    key: Option<MapKey>,
+    slot: Arc<Slot>,
+}
+
+impl Future for WaitForGrant {
+    type Output = Result<Acquired, LockError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let granted = {
+            let mut slot = lock(&self.slot.state);
+            match slot.granted.take() {
+                Some(g) => g,
+                None => {
+                    match &slot.waker {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        _ => slot.waker = Some(cx.waker().clone()),
+                    }
+                    return Poll::Pending;
+                }
+            }
+        };
+        let key = self.key.take().expect("polled after completion");
+        let (token, lost) = granted;
+        let handle = MemoryLease {
+            inner: self.inner.clone(),
+            key,
+            token,
+        };
+        Poll::Ready(Ok(Acquired::new(
+            FencingToken::new(token),
+            Box::new(handle),
+        )
+        .with_lost(lost)))
+    }
+}
+
+impl Drop for WaitForGrant {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else {
+            return;
+        };
+        let mut shard = lock(&self.inner.shard(&key).state);
+        let shard = &mut *shard;
+        // Granted between the last poll and now: give the lock back.
+        let granted = lock(&self.slot.state).granted.take();
+        if let Some((token, _)) = granted {
+            shard.release(&key, token);
+            return;
+        }
+        let Some(state) = shard.keys.get_mut(&key) else {
+            return;
+        };
+        if let Some(i) = state
+            .queue
+            .iter()
+            .position(|w| Arc::ptr_eq(&w.slot, &self.slot))
+        {
+            state.queue.remove(i);
+            // Leaving may unblock the waiters behind (readers behind a
+            // departed writer).
+            state.grant_waiters(&mut shard.next_token);
+            shard.forget_if_idle(&key);
+        }
+    }
+}
+
+struct MemoryLease {
+    inner: Arc<Inner>,
+    key: MapKey,
+    token: u64,
+}
+
+impl MemoryLease {
+    fn release_now(&self) {
+        lock(&self.inner.shard(&self.key).state).release(&self.key, self.token);
+    }
+}
+
+impl LeaseHandle for MemoryLease {
+    fn release(self: Box<Self>) -> BackendFuture<Result<(), LockError>> {
+        self.release_now();
+        BackendFuture::ready(Ok(()))
+    }
+
+    fn release_on_drop(self: Box<Self>) {
+        self.release_now();
+    }
+}

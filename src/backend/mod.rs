@@ -1,0 +1,333 @@
+//! The backend abstraction: what a lock store must do, and nothing more.
+//!
+//! A [`Backend`] acquires one key in one [`LockMode`]; everything else (keys
+//! from requests, timeouts, several keys at once, tracing, HTTP) is built once,
+//! on top, by [`Locker`](crate::Locker), [`BackendExt`](crate::BackendExt) and
+//! [`LockLayer`](crate::LockLayer).
+//!
+//! # Why the trait is object safe
+//!
+//! Services pick their backend at run time (`--backend redis://...`), and the
+//! layer, the extractors and the guards should have one type whichever store
+//! is behind them: `LockLayer`, not `LockLayer<RedisBackend<...>>`. So
+//! [`Backend::acquire`] returns a [`BackendFuture`]: a finished result when the
+//! backend could decide at once (the memory backend's uncontended path, which
+//! then allocates no future), a boxed future otherwise. A network round trip
+//! costs a thousand times more than that box, so remote backends lose nothing.
+//!
+//! # Contract for implementors
+//!
+//! - `acquire` may start work eagerly; dropping the returned future, or the
+//!   [`Acquired`] it produced, must undo everything: leave the wait queue, delete
+//!   the half-made node, release the granted lock. The core relies on that for
+//!   timeouts and for clients that go away.
+//! - With [`Wait::FailFast`](crate::Wait::FailFast), answer
+//!   [`LockError::Busy`] after one attempt. Otherwise wait until granted; the
+//!   core enforces [`LockRequest::deadline`] by dropping the future, and a
+//!   backend may use the deadline to bound its own re-checks.
+//! - Every grant gets a [`FencingToken`] strictly greater than the previous
+//!   grant's of the same key.
+//! - A lease that the backend cannot keep fires the [`LostTrigger`](crate::LostTrigger)
+//!   behind [`Acquired::with_lost`], promptly and before the lease would let
+//!   anyone else in, where the store allows it.
+//!
+//! # How remote backends and cohorting plug in
+//!
+//! A remote backend (Redis, ZooKeeper, PostgreSQL) implements `acquire` with its
+//! protocol, returns a [`LeaseHandle`] that stops the renewal task and deletes
+//! the remote state, and fires the lost trigger from its renewal task. Because
+//! release is asynchronous there, the default
+//! [`LeaseHandle::release_on_drop`] hands the release to the Tokio runtime.
+//!
+//! Lock cohorting (one process's waiters queue locally, only the head contends
+//! remotely, the remote lock passes between local waiters up to a bound) is a
+//! `Backend` that wraps another `Backend`: its `acquire` queues locally, exactly
+//! as the memory backend does, and its lease handle decides on release whether
+//! to hand the inner [`Acquired`] to the next local waiter or release it. The
+//! core and the layer do not change.
+
+mod memory;
+
+pub use memory::MemoryBackend;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lost::LostSignal;
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// Opens the backend a URL names, for services that take it from their
+/// configuration.
+///
+/// | URL | backend |
+/// |---|---|
+/// | `memory` | [`MemoryBackend`] |
+/// | `redis://host:port` | Redis, one instance (feature `redis`, not yet built) |
+/// | `redlock://h1:p1,h2:p2,h3:p3` | Redlock (feature `redis`, not yet built) |
+/// | `zk://host:port` | ZooKeeper (feature `zookeeper`, not yet built) |
+///
+/// # Errors
+///
+/// [`LockError::Config`] for a URL this build cannot open, saying why.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let backend = tower_lock::backend::connect("memory").await.unwrap();
+/// assert_eq!(backend.name(), "memory");
+/// assert!(tower_lock::backend::connect("carrier-pigeon://").await.is_err());
+/// # }
+/// ```
+pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
+    let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+    match scheme {
+        "memory" => Ok(Arc::new(MemoryBackend::new())),
+        "redis" | "redlock" | "zk" => Err(LockError::Config(format!(
+            "the `{scheme}` backend is not built yet; use `memory`"
+        ))),
+        _ => Err(LockError::Config(format!(
+            "unknown backend URL {url:?}: expected `memory`, `redis://host:port`, \
+                 `redlock://h1:p1,h2:p2,...` or `zk://host:port`"
+        ))),
+    }
+}
+
+/// A lock store.
+///
+/// See the [module documentation](self) for the contract. Users do not call
+/// these methods directly: they use [`BackendExt::lock`](crate::BackendExt::lock),
+/// a [`Locker`](crate::Locker) or the [`LockLayer`](crate::LockLayer).
+pub trait Backend: Send + Sync + 'static {
+    /// A short name for traces and errors: `memory`, `redis`, `zookeeper`.
+    fn name(&self) -> &'static str;
+
+    /// Acquires `request.key` in `request.mode`.
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>>;
+}
+
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        (**self).acquire(request)
+    }
+}
+
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        (**self).acquire(request)
+    }
+}
+
+/// One acquisition asked of a [`Backend`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LockRequest {
+    /// The key, validated.
+    pub key: LockKey,
+    /// The mode, validated (a semaphore has at least one permit).
+    pub mode: LockMode,
+    /// The wait policy the caller chose.
+    pub wait: Wait,
+    /// When the core will give up waiting; `None` for fail-fast or forever.
+    pub deadline: Option<Instant>,
+    /// How long a remote lock lives without renewal. Backends renew it while
+    /// held; the memory backend has no use for it.
+    pub lease: Duration,
+}
+
+impl LockRequest {
+    /// A request for `key` in `mode` with the default wait and lease, for
+    /// backend tests.
+    pub fn new(key: LockKey, mode: LockMode) -> Self {
+        LockRequest {
+            key,
+            mode,
+            wait: Wait::DEFAULT,
+            deadline: None,
+            lease: DEFAULT_LEASE,
+        }
+    }
+
+    /// Sets the wait policy (and the deadline it implies, counted from now).
+    pub fn with_wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self.deadline = match wait {
+            Wait::Timeout(d) => Instant::now().checked_add(d),
+            Wait::FailFast | Wait::Forever => None,
+        };
+        self
+    }
+
+    /// Sets the lease.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+/// The default lease of a remote lock: 30 seconds, renewed every 10 while
+/// held.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// What a backend hands back for a granted lock.
+///
+/// Dropping it without turning it into a guard releases the lock.
+#[must_use = "dropping an Acquired releases the lock"]
+pub struct Acquired {
+    token: FencingToken,
+    lost: LostSignal,
+    handle: Option<Box<dyn LeaseHandle>>,
+}
+
+impl Acquired {
+    /// A grant with fencing token `token`, released through `handle`.
+    pub fn new(token: FencingToken, handle: Box<dyn LeaseHandle>) -> Self {
+        Acquired {
+            token,
+            lost: LostSignal::never(),
+            handle: Some(handle),
+        }
+    }
+
+    /// Attaches the signal the backend fires if it loses the lock.
+    pub fn with_lost(mut self, lost: LostSignal) -> Self {
+        self.lost = lost;
+        self
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The lost signal.
+    pub fn lost(&self) -> &LostSignal {
+        &self.lost
+    }
+
+    pub(crate) fn into_parts(mut self) -> (FencingToken, LostSignal, Box<dyn LeaseHandle>) {
+        let handle = self.handle.take().expect("handle present until taken");
+        (self.token, std::mem::take(&mut self.lost), handle)
+    }
+}
+
+impl Drop for Acquired {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.release_on_drop();
+        }
+    }
+}
+
+impl fmt::Debug for Acquired {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Acquired")
+            .field("token", &self.token)
+            .field("lost", &self.lost)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A backend's hold on one granted lock.
+pub trait LeaseHandle: Send + Sync + 'static {
+    /// Releases the lock (and stops any renewal). Called at most once.
+    fn release(self: Box<Self>) -> BackendFuture<Result<(), LockError>>;
+
+    /// Releases the lock from a destructor, where nothing can be awaited.
+    ///
+    /// The default runs [`release`](Self::release) and, if it did not finish at
+    /// once, spawns it on the current Tokio runtime. Outside a runtime the
+    /// release is abandoned and the lease expires on its own (logged).
+    fn release_on_drop(self: Box<Self>) {
+        let mut fut = self.release();
+        if let Some(result) = fut.take_ready() {
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "lock release failed");
+            }
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if let Err(e) = fut.await {
+                        tracing::warn!(error = %e, "lock release failed");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
+            ),
+        }
+    }
+}
+
+/// The future a backend returns: a result known at once, or a boxed future.
+///
+/// The ready form lets a backend that can decide synchronously (the memory
+/// backend, uncontended) skip a heap allocation per call.
+#[must_use = "futures do nothing unless polled"]
+pub struct BackendFuture<T>(Repr<T>);
+
+enum Repr<T> {
+    Ready(Option<T>),
+    Boxed(Pin<Box<dyn Future<Output = T> + Send>>),
+}
+
+impl<T> BackendFuture<T> {
+    /// A future that is already finished.
+    pub fn ready(value: T) -> Self {
+        BackendFuture(Repr::Ready(Some(value)))
+    }
+
+    /// Boxes `fut`.
+    pub fn new(fut: impl Future<Output = T> + Send + 'static) -> Self {
+        BackendFuture(Repr::Boxed(Box::pin(fut)))
+    }
+
+    /// The value, if the future was made finished.
+    pub fn take_ready(&mut self) -> Option<T> {
+        match &mut self.0 {
+            Repr::Ready(v) => v.take(),
+            Repr::Boxed(_) => None,
+        }
+    }
+}
+
+// Never pins `T`: the ready value is moved out, the boxed future is pinned by
+// its box.
+impl<T> Unpin for BackendFuture<T> {}
+
+impl<T> Future for BackendFuture<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match &mut self.0 {
+            Repr::Ready(v) => Poll::Ready(v.take().expect("BackendFuture polled after completion")),
+            Repr::Boxed(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for BackendFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            Repr::Ready(_) => "BackendFuture::Ready",
+            Repr::Boxed(_) => "BackendFuture::Boxed",
+        })
+    }
+}

@@ -1,0 +1,113 @@
+//! The errors of acquiring and releasing a lock.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+use crate::key::KeyError;
+
+/// Boxed error from a backend's client library.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why a lock could not be acquired or released.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The key is not a valid [`LockKey`](crate::LockKey).
+    InvalidKey(KeyError),
+    /// The key was held and the wait policy was
+    /// [`Wait::FailFast`](crate::Wait::FailFast).
+    Busy,
+    /// The key was still held when the wait ran out.
+    Timeout {
+        /// How long the acquisition waited.
+        waited: Duration,
+    },
+    /// The mode cannot be used: zero semaphore permits, or a mode the backend
+    /// does not implement.
+    InvalidMode(String),
+    /// The backend is misconfigured: an unknown URL, a feature not built.
+    Config(String),
+    /// The lock was lost while held (lease not renewed, session expired).
+    Lost(String),
+    /// The backend could not be reached or answered with an error.
+    Backend {
+        /// Which backend, e.g. `redis`.
+        backend: &'static str,
+        /// What was being done.
+        message: String,
+        /// The client library's error, if any.
+        source: Option<BoxError>,
+    },
+}
+
+impl LockError {
+    /// A backend failure, for backend implementations.
+    pub fn backend(
+        backend: &'static str,
+        message: impl Into<String>,
+        source: impl Into<Option<BoxError>>,
+    ) -> Self {
+        LockError::Backend {
+            backend,
+            message: message.into(),
+            source: source.into(),
+        }
+    }
+
+    /// Whether trying again later may succeed (busy, timeout, backend down).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            LockError::Busy | LockError::Timeout { .. } | LockError::Backend { .. }
+        )
+    }
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockError::InvalidKey(e) => write!(f, "invalid lock key: {e}"),
+            LockError::Busy => f.write_str("lock is held by someone else"),
+            LockError::Timeout { waited } => {
+                write!(
+                    f,
+                    "timed out after {} ms waiting for the lock",
+                    waited.as_millis()
+                )
+            }
+            LockError::InvalidMode(m) => write!(f, "invalid lock mode: {m}"),
+            LockError::Config(m) => write!(f, "lock backend misconfigured: {m}"),
+            LockError::Lost(reason) => write!(f, "lock lost: {reason}"),
+            LockError::Backend {
+                backend,
+                message,
+                source,
+            } => {
+                write!(f, "{backend} lock backend unavailable: {message}")?;
+                if let Some(source) = source {
+                    write!(f, ": {source}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl StdError for LockError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            LockError::InvalidKey(e) => Some(e),
+            LockError::Backend {
+                source: Some(s), ..
+            } => Some(&**s),
+            _ => None,
+        }
+    }
+}
+
+impl From<KeyError> for LockError {
+    fn from(e: KeyError) -> Self {
+        LockError::InvalidKey(e)
+    }
+}

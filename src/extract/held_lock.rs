@@ -1,0 +1,77 @@
+use std::fmt;
+
+use axum::extract::FromRequestParts;
+use axum::response::{IntoResponse, Response};
+use http::request::Parts;
+use http::StatusCode;
+
+use crate::guard::HeldLock;
+
+/// Rejection of the [`HeldLock`] and [`Locker`](crate::Locker) extractors when
+/// the request did not pass through a [`LockLayer`](crate::LockLayer) (or,
+/// for `Locker`, an `axum::Extension`): a server misconfiguration, answered
+/// 500 with a body that says how to fix it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingLockExtension {
+    pub(crate) what: &'static str,
+}
+
+impl fmt::Display for MissingLockExtension {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.what {
+            "HeldLock" => f.write_str(
+                "no HeldLock in this request: add LockLayer to the route with `route_layer`",
+            ),
+            what => write!(
+                f,
+                "no {what} in this request: add LockLayer to the route, or `.layer(Extension(locker))`"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MissingLockExtension {}
+
+impl IntoResponse for MissingLockExtension {
+    fn into_response(self) -> Response {
+        (StatusCode::INTERNAL_SERVER_ERROR, format!("{self}\n")).into_response()
+    }
+}
+
+/// Extracts the lock the [`LockLayer`](crate::LockLayer) holds for this
+/// request.
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::HeldLock;
+///
+/// async fn deduct_stock(held: HeldLock) -> String {
+///     // Pass the fencing token to storage so a stale holder's write is refused.
+///     format!("UPDATE stock SET n = n - 1, fence = {} WHERE fence < {}", held.token(), held.token())
+/// }
+/// ```
+impl<S: Send + Sync> FromRequestParts<S> for HeldLock {
+    type Rejection = MissingLockExtension;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<HeldLock>()
+            .cloned()
+            .ok_or(MissingLockExtension { what: "HeldLock" })
+    }
+}
+
+/// `Option<HeldLock>`: `None` on a route (or request) the layer did not lock,
+/// e.g. with [`OnMissingKey::PassThrough`](crate::OnMissingKey::PassThrough).
+impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for HeldLock {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<HeldLock>().cloned())
+    }
+}

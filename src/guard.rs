@@ -1,0 +1,271 @@
+//! What a holder has: [`LockGuard`] (releases on drop), [`HeldLock`] (a
+//! cloneable description for handlers) and [`LockSet`] (several keys).
+
+use std::fmt;
+use std::future::poll_fn;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use crate::backend::LeaseHandle;
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lost::{Lost, LostSignal};
+use crate::mode::LockMode;
+use crate::token::FencingToken;
+
+/// A description of a held lock: key, mode, fencing token, how long the
+/// acquisition waited, and the lost signal.
+///
+/// Cheap to clone. The [`LockLayer`](crate::LockLayer) puts one in the request
+/// extensions; with the `axum` feature a handler takes it as an extractor.
+#[derive(Clone, Debug)]
+pub struct HeldLock {
+    pub(crate) key: LockKey,
+    pub(crate) mode: LockMode,
+    pub(crate) token: FencingToken,
+    pub(crate) waited: Duration,
+    pub(crate) backend: &'static str,
+    pub(crate) lost: LostSignal,
+}
+
+impl HeldLock {
+    /// The locked key (namespace included).
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The mode it is held in.
+    pub fn mode(&self) -> LockMode {
+        self.mode
+    }
+
+    /// The fencing token of this acquisition: pass it to storage.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// How long the acquisition waited for the key.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// The backend's name, e.g. `memory`.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Whether the lock has been lost (lease not renewed, session expired,
+    /// broken by an operator).
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_lost()
+    }
+
+    /// Completes when the lock is lost. Race long work against it, or check
+    /// [`is_lost`](Self::is_lost) before a side effect.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub fn lost(&self) -> Lost {
+        self.lost.lost()
+    }
+
+    /// The underlying signal, to keep after this description is dropped.
+    pub fn lost_signal(&self) -> &LostSignal {
+        &self.lost
+    }
+}
+
+/// A held lock, released when dropped.
+///
+/// Dropping releases at once on the memory backend and hands the release to
+/// the Tokio runtime on remote ones; [`release`](Self::release) waits for it
+/// and reports errors.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::{BackendExt, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let guard = backend.lock("sku-1").await?;
+/// println!("holding {} with token {}", guard.key(), guard.token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[must_use = "if unused the lock is released at once"]
+pub struct LockGuard {
+    held: HeldLock,
+    handle: Option<Box<dyn LeaseHandle>>,
+    acquired_at: Instant,
+    span: tracing::Span,
+}
+
+impl LockGuard {
+    pub(crate) fn new(held: HeldLock, handle: Box<dyn LeaseHandle>, span: tracing::Span) -> Self {
+        LockGuard {
+            held,
+            handle: Some(handle),
+            acquired_at: Instant::now(),
+            span,
+        }
+    }
+
+    /// The locked key.
+    pub fn key(&self) -> &LockKey {
+        &self.held.key
+    }
+
+    /// The mode it is held in.
+    pub fn mode(&self) -> LockMode {
+        self.held.mode
+    }
+
+    /// The fencing token: strictly greater than any earlier acquisition's of
+    /// the same key.
+    pub fn token(&self) -> FencingToken {
+        self.held.token
+    }
+
+    /// Whether the lock has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.held.lost.is_lost()
+    }
+
+    /// Completes when the lock is lost; never on a backend that cannot lose
+    /// it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub fn lost(&self) -> Lost {
+        self.held.lost.lost()
+    }
+
+    /// The cloneable description of this lock.
+    pub fn held(&self) -> &HeldLock {
+        &self.held
+    }
+
+    /// Releases the lock and waits until the backend confirms.
+    ///
+    /// # Errors
+    ///
+    /// A backend error; the lock then expires with its lease.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let handle = self.handle.take().expect("handle present until released");
+        let result = handle.release().await;
+        self.record_release(&result);
+        result
+    }
+
+    fn record_release(&self, result: &Result<(), LockError>) {
+        let hold = self.acquired_at.elapsed();
+        self.span.record("hold_us", hold.as_micros() as u64);
+        match result {
+            Ok(()) => tracing::debug!(parent: &self.span, "lock released"),
+            Err(e) => tracing::warn!(parent: &self.span, error = %e, "lock release failed"),
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            self.record_release(&Ok(()));
+            handle.release_on_drop();
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.held.key)
+            .field("mode", &self.held.mode)
+            .field("token", &self.held.token)
+            .field("lost", &self.held.lost.is_lost())
+            .finish()
+    }
+}
+
+/// Several locks taken together, all or nothing; released together.
+///
+/// Guards are in the canonical (sorted) key order they were taken in.
+#[must_use = "if unused the locks are released at once"]
+#[derive(Debug)]
+pub struct LockSet {
+    pub(crate) guards: Vec<LockGuard>,
+}
+
+impl LockSet {
+    /// The guards, in key order.
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// The guard of `key`, if it is in the set.
+    pub fn get(&self, key: &str) -> Option<&LockGuard> {
+        self.guards
+            .binary_search_by(|g| g.key().as_str().cmp(key))
+            .ok()
+            .map(|i| &self.guards[i])
+    }
+
+    /// How many locks are held.
+    pub fn len(&self) -> usize {
+        self.guards.len()
+    }
+
+    /// Whether the set is empty (it was asked for no key).
+    pub fn is_empty(&self) -> bool {
+        self.guards.is_empty()
+    }
+
+    /// Whether any of the locks has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.guards.iter().any(LockGuard::is_lost)
+    }
+
+    /// Completes when any of the locks is lost.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe.
+    pub async fn lost(&self) {
+        poll_fn(|cx| {
+            for g in &self.guards {
+                if g.held.lost.poll_lost(cx).is_ready() {
+                    return Poll::Ready(());
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Releases every lock, in reverse order, and reports the first error.
+    ///
+    /// # Errors
+    ///
+    /// The first backend error; the other locks are released all the same.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let mut first_err = None;
+        while let Some(g) = self.guards.pop() {
+            if let Err(e) = g.release().await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for LockSet {
+    fn drop(&mut self) {
+        // Reverse order, as release does.
+        while let Some(g) = self.guards.pop() {
+            drop(g);
+        }
+    }
+}

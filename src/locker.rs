@@ -1,0 +1,569 @@
+//! Taking locks from code: [`BackendExt::lock`] on any backend, and
+//! [`Locker`], a cloneable handle with defaults (namespace, wait, lease).
+
+use std::fmt;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tracing::field::Empty;
+
+use crate::backend::{Acquired, Backend, BackendFuture, LockRequest, DEFAULT_LEASE};
+use crate::error::LockError;
+use crate::guard::{HeldLock, LockGuard, LockSet};
+use crate::key::{KeyError, LockKey};
+use crate::mode::{LockMode, Wait};
+
+/// Something that names a lock key: `&str`, `String` or [`LockKey`].
+pub trait IntoLockKey {
+    /// Validates the key and prefixes `namespace` (when not empty) as
+    /// `namespace:key`.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError`] if the result is not a valid key.
+    fn into_lock_key(self, namespace: &str) -> Result<LockKey, KeyError>;
+}
+
+impl IntoLockKey for &str {
+    fn into_lock_key(self, namespace: &str) -> Result<LockKey, KeyError> {
+        LockKey::namespaced(namespace, self)
+    }
+}
+
+impl IntoLockKey for String {
+    fn into_lock_key(self, namespace: &str) -> Result<LockKey, KeyError> {
+        if namespace.is_empty() {
+            return LockKey::try_from(self);
+        }
+        LockKey::namespaced(namespace, &self)
+    }
+}
+
+impl IntoLockKey for &String {
+    fn into_lock_key(self, namespace: &str) -> Result<LockKey, KeyError> {
+        LockKey::namespaced(namespace, self)
+    }
+}
+
+impl IntoLockKey for LockKey {
+    fn into_lock_key(self, namespace: &str) -> Result<LockKey, KeyError> {
+        if namespace.is_empty() {
+            return Ok(self);
+        }
+        LockKey::namespaced(namespace, self.as_str())
+    }
+}
+
+impl IntoLockKey for &LockKey {
+    fn into_lock_key(self, namespace: &str) -> Result<LockKey, KeyError> {
+        self.clone().into_lock_key(namespace)
+    }
+}
+
+/// `lock` and `lock_all` on every [`Backend`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::{BackendExt, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let _guard = backend.lock("report:daily").wait(Duration::from_secs(2)).await?;
+/// let _both = backend.lock_all(["acct:2", "acct:1"]).await?;
+/// # Ok(()) }
+/// ```
+pub trait BackendExt: Backend {
+    /// Starts building an acquisition of `key` (exclusive, default wait and
+    /// lease); `.await` it.
+    fn lock(&self, key: impl IntoLockKey) -> LockBuilder<'_, Self> {
+        LockBuilder::new(self, key.into_lock_key(""), DEFAULT_LEASE, Wait::DEFAULT)
+    }
+
+    /// Starts building an all-or-nothing acquisition of several keys; `.await`
+    /// it.
+    fn lock_all<K: IntoLockKey>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> LockAllBuilder<'_, Self> {
+        LockAllBuilder::new(self, keys, "", DEFAULT_LEASE, Wait::DEFAULT)
+    }
+}
+
+impl<B: Backend + ?Sized> BackendExt for B {}
+
+/// A cloneable handle on a backend, with defaults for every lock it takes.
+///
+/// With the `axum` feature, `Locker` is also an extractor: the
+/// [`LockLayer`](crate::LockLayer) puts one in every request it serves, or add
+/// one yourself with `axum::Extension(locker)`.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::{Locker, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new())
+///     .namespace("acct")
+///     .wait(Duration::from_secs(1));
+/// let set = locker.lock_all(["7", "3"]).await?;
+/// assert_eq!(set.guards()[0].key().as_str(), "acct:3");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locker {
+    backend: Arc<dyn Backend>,
+    namespace: Arc<str>,
+    wait: Wait,
+    lease: Duration,
+}
+
+impl Locker {
+    /// A locker on `backend` with no namespace, the default wait (10 s) and
+    /// lease (30 s).
+    pub fn new(backend: impl Backend) -> Self {
+        Self::from_arc(Arc::new(backend))
+    }
+
+    /// A locker on a shared backend.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        Locker {
+            backend,
+            namespace: Arc::from(""),
+            wait: Wait::DEFAULT,
+            lease: DEFAULT_LEASE,
+        }
+    }
+
+    /// Prefixes every key with `namespace:`.
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.namespace = Arc::from(namespace);
+        self
+    }
+
+    /// The default wait: a [`Duration`] or a [`Wait`].
+    pub fn wait(mut self, wait: impl Into<Wait>) -> Self {
+        self.wait = wait.into();
+        self
+    }
+
+    /// Fail at once when a key is held, by default.
+    pub fn fail_fast(self) -> Self {
+        self.wait(Wait::FailFast)
+    }
+
+    /// The default lease of remote locks.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub(crate) fn defaults(&self) -> (Arc<str>, Wait, Duration) {
+        (self.namespace.clone(), self.wait, self.lease)
+    }
+
+    /// Starts building an acquisition of `key`; `.await` it.
+    pub fn lock(&self, key: impl IntoLockKey) -> LockBuilder<'_, dyn Backend> {
+        LockBuilder::new(
+            &*self.backend,
+            key.into_lock_key(&self.namespace),
+            self.lease,
+            self.wait,
+        )
+    }
+
+    /// Starts building an all-or-nothing acquisition of several keys, taken
+    /// in sorted order so that two callers cannot deadlock; `.await` it.
+    pub fn lock_all<K: IntoLockKey>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> LockAllBuilder<'_, dyn Backend> {
+        LockAllBuilder::new(&*self.backend, keys, &self.namespace, self.lease, self.wait)
+    }
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Locker")
+            .field("backend", &self.backend.name())
+            .field("namespace", &self.namespace)
+            .field("wait", &self.wait)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+/// An acquisition being set up; `.await` it for a [`LockGuard`].
+#[must_use = "a lock builder does nothing until awaited"]
+pub struct LockBuilder<'a, B: ?Sized> {
+    backend: &'a B,
+    key: Result<LockKey, KeyError>,
+    mode: LockMode,
+    wait: Wait,
+    lease: Duration,
+}
+
+impl<'a, B: Backend + ?Sized> LockBuilder<'a, B> {
+    fn new(backend: &'a B, key: Result<LockKey, KeyError>, lease: Duration, wait: Wait) -> Self {
+        LockBuilder {
+            backend,
+            key,
+            mode: LockMode::Exclusive,
+            wait,
+            lease,
+        }
+    }
+
+    /// Sets the mode.
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Shared read lock.
+    pub fn read(self) -> Self {
+        self.mode(LockMode::Read)
+    }
+
+    /// Exclusive write lock (of a read/write lock).
+    pub fn write(self) -> Self {
+        self.mode(LockMode::Write)
+    }
+
+    /// One of `permits` permits.
+    pub fn semaphore(self, permits: u32) -> Self {
+        self.mode(LockMode::Semaphore { permits })
+    }
+
+    /// How long to wait: a [`Duration`] or a [`Wait`].
+    pub fn wait(mut self, wait: impl Into<Wait>) -> Self {
+        self.wait = wait.into();
+        self
+    }
+
+    /// Fail with [`LockError::Busy`] at once if the key is held.
+    pub fn fail_fast(self) -> Self {
+        self.wait(Wait::FailFast)
+    }
+
+    /// The lease of a remote lock.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+impl<B: Backend + ?Sized> IntoFuture for LockBuilder<'_, B> {
+    type Output = Result<LockGuard, LockError>;
+    type IntoFuture = LockFuture;
+
+    fn into_future(self) -> LockFuture {
+        let started = Instant::now();
+        let deadline = match self.wait {
+            Wait::Timeout(d) => started.checked_add(d),
+            Wait::FailFast | Wait::Forever => None,
+        };
+        match self.key {
+            Ok(key) => LockFuture::start(
+                self.backend,
+                key,
+                self.mode,
+                self.wait,
+                deadline,
+                self.lease,
+                started,
+            ),
+            Err(e) => LockFuture::failed(LockError::InvalidKey(e)),
+        }
+    }
+}
+
+pin_project! {
+    /// Future of one acquisition: waits at most until its deadline, and
+    /// leaves the backend's queue if dropped.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping it before it completes withdraws the request, and
+    /// a lock granted in the meantime is released.
+    #[must_use = "futures do nothing unless polled"]
+    pub struct LockFuture {
+        state: Option<Acquiring>,
+        #[pin]
+        sleep: Option<Sleep>,
+    }
+}
+
+struct Acquiring {
+    acquire: Result<BackendFuture<Result<Acquired, LockError>>, LockError>,
+    key: Option<LockKey>,
+    mode: LockMode,
+    backend: &'static str,
+    started: Instant,
+    deadline: Option<Instant>,
+    span: tracing::Span,
+}
+
+impl LockFuture {
+    pub(crate) fn start<B: Backend + ?Sized>(
+        backend: &B,
+        key: LockKey,
+        mode: LockMode,
+        wait: Wait,
+        deadline: Option<Instant>,
+        lease: Duration,
+        started: Instant,
+    ) -> Self {
+        let name = backend.name();
+        let span = tracing::debug_span!(
+            "lock",
+            key = %key,
+            backend = name,
+            mode = mode.as_str(),
+            wait_us = Empty,
+            hold_us = Empty,
+            outcome = Empty,
+        );
+        let request = LockRequest {
+            key: key.clone(),
+            mode,
+            wait,
+            deadline,
+            lease,
+        };
+        let acquire = span.in_scope(|| backend.acquire(request));
+        LockFuture {
+            state: Some(Acquiring {
+                acquire: Ok(acquire),
+                key: Some(key),
+                mode,
+                backend: name,
+                started,
+                deadline,
+                span,
+            }),
+            sleep: None,
+        }
+    }
+
+    pub(crate) fn failed(error: LockError) -> Self {
+        LockFuture {
+            state: Some(Acquiring {
+                acquire: Err(error),
+                key: None,
+                mode: LockMode::Exclusive,
+                backend: "",
+                started: Instant::now(),
+                deadline: None,
+                span: tracing::Span::none(),
+            }),
+            sleep: None,
+        }
+    }
+}
+
+impl Future for LockFuture {
+    type Output = Result<LockGuard, LockError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let state = this
+            .state
+            .as_mut()
+            .expect("LockFuture polled after completion");
+        let acquire = match &mut state.acquire {
+            Ok(f) => f,
+            Err(_) => {
+                let Some(Acquiring {
+                    acquire: Err(e), ..
+                }) = this.state.take()
+                else {
+                    unreachable!()
+                };
+                return Poll::Ready(Err(e));
+            }
+        };
+        let result = match Pin::new(acquire).poll(cx) {
+            Poll::Ready(r) => r,
+            Poll::Pending => {
+                let Some(deadline) = state.deadline else {
+                    return Poll::Pending;
+                };
+                if this.sleep.is_none() {
+                    this.sleep
+                        .set(Some(tokio::time::sleep_until(deadline.into())));
+                }
+                ready!(this.sleep.as_pin_mut().expect("set above").poll(cx));
+                Err(LockError::Timeout {
+                    waited: state.started.elapsed(),
+                })
+            }
+        };
+        // Dropping the state drops a pending backend future: that withdraws
+        // the request (the backend contract).
+        let state = this.state.take().expect("state present");
+        let waited = state.started.elapsed();
+        state.span.record("wait_us", waited.as_micros() as u64);
+        Poll::Ready(match result {
+            Ok(acquired) => {
+                state.span.record("outcome", "acquired");
+                let (token, lost, handle) = acquired.into_parts();
+                tracing::debug!(parent: &state.span, token = token.get(), "lock acquired");
+                let held = HeldLock {
+                    key: state.key.expect("key present when acquiring"),
+                    mode: state.mode,
+                    token,
+                    waited,
+                    backend: state.backend,
+                    lost,
+                };
+                Ok(LockGuard::new(held, handle, state.span))
+            }
+            Err(e) => {
+                state.span.record(
+                    "outcome",
+                    match e {
+                        LockError::Busy => "busy",
+                        LockError::Timeout { .. } => "timeout",
+                        _ => "error",
+                    },
+                );
+                tracing::debug!(parent: &state.span, error = %e, "lock not acquired");
+                Err(e)
+            }
+        })
+    }
+}
+
+impl fmt::Debug for LockFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockFuture")
+            .field("key", &self.state.as_ref().and_then(|s| s.key.as_ref()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// An all-or-nothing acquisition of several keys being set up; `.await` it
+/// for a [`LockSet`].
+///
+/// Keys are de-duplicated and taken in sorted order under one total wait, so
+/// two requests that lock the same keys in different orders cannot deadlock.
+/// If one key cannot be had, the ones already taken are released.
+#[must_use = "a lock builder does nothing until awaited"]
+pub struct LockAllBuilder<'a, B: ?Sized> {
+    backend: &'a B,
+    keys: Result<Vec<LockKey>, KeyError>,
+    mode: LockMode,
+    wait: Wait,
+    lease: Duration,
+}
+
+impl<'a, B: Backend + ?Sized> LockAllBuilder<'a, B> {
+    fn new<K: IntoLockKey>(
+        backend: &'a B,
+        keys: impl IntoIterator<Item = K>,
+        namespace: &str,
+        lease: Duration,
+        wait: Wait,
+    ) -> Self {
+        let keys = keys
+            .into_iter()
+            .map(|k| k.into_lock_key(namespace))
+            .collect::<Result<Vec<_>, _>>()
+            .map(|mut keys| {
+                keys.sort_unstable();
+                keys.dedup();
+                keys
+            });
+        LockAllBuilder {
+            backend,
+            keys,
+            mode: LockMode::Exclusive,
+            wait,
+            lease,
+        }
+    }
+
+    /// Sets the mode of every key.
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The total wait for all keys: a [`Duration`] or a [`Wait`].
+    pub fn wait(mut self, wait: impl Into<Wait>) -> Self {
+        self.wait = wait.into();
+        self
+    }
+
+    /// Fail with [`LockError::Busy`] at once if any key is held.
+    pub fn fail_fast(self) -> Self {
+        self.wait(Wait::FailFast)
+    }
+
+    /// The lease of remote locks.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+impl<'a, B: Backend + ?Sized> IntoFuture for LockAllBuilder<'a, B> {
+    type Output = Result<LockSet, LockError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<LockSet, LockError>> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let keys = self.keys?;
+            let started = Instant::now();
+            let deadline = match self.wait {
+                Wait::Timeout(d) => started.checked_add(d),
+                Wait::FailFast | Wait::Forever => None,
+            };
+            let mut set = LockSet {
+                guards: Vec::with_capacity(keys.len()),
+            };
+            for key in keys {
+                let guard = LockFuture::start(
+                    self.backend,
+                    key,
+                    self.mode,
+                    self.wait,
+                    deadline,
+                    self.lease,
+                    Instant::now(),
+                )
+                .await;
+                match guard {
+                    Ok(g) => set.guards.push(g),
+                    Err(e) => {
+                        // Keep the error the caller cares about; release what
+                        // was taken before reporting it.
+                        let e = match e {
+                            LockError::Timeout { .. } => LockError::Timeout {
+                                waited: started.elapsed(),
+                            },
+                            e => e,
+                        };
+                        let _ = set.release().await;
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(set)
+        })
+    }
+}

@@ -1,0 +1,184 @@
+//! The signal that a held lock has been lost.
+//!
+//! A remote lock lives on a lease (a TTL, a session). When the backend cannot
+//! renew it, or finds it taken over, it fires the lock's [`LostTrigger`]; the
+//! holder sees that through its [`LostSignal`]: [`is_lost`](LostSignal::is_lost)
+//! to check, [`lost`](LostSignal::lost) to await.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
+
+struct Shared {
+    lost: AtomicBool,
+    reason: OnceLock<String>,
+    wakers: Mutex<Vec<Waker>>,
+}
+
+/// The backend's side of a [`LostSignal`]: fires it once.
+///
+/// Backends make one per acquisition with [`LostTrigger::new`], keep the
+/// trigger and hand [`LostTrigger::signal`] to the holder.
+pub struct LostTrigger(Arc<Shared>);
+
+impl LostTrigger {
+    /// A trigger that has not fired.
+    pub fn new() -> Self {
+        LostTrigger(Arc::new(Shared {
+            lost: AtomicBool::new(false),
+            reason: OnceLock::new(),
+            wakers: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// The holder's side.
+    pub fn signal(&self) -> LostSignal {
+        LostSignal(Some(self.0.clone()))
+    }
+
+    /// Marks the lock lost and wakes everyone awaiting it. Only the first call
+    /// counts; later reasons are ignored.
+    pub fn fire(&self, reason: impl Into<String>) {
+        let _ = self.0.reason.set(reason.into());
+        self.0.lost.store(true, Ordering::Release);
+        let wakers = std::mem::take(&mut *self.0.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Whether [`fire`](Self::fire) was called.
+    pub fn is_fired(&self) -> bool {
+        self.0.lost.load(Ordering::Acquire)
+    }
+}
+
+impl Default for LostTrigger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for LostTrigger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostTrigger")
+            .field("fired", &self.is_fired())
+            .finish()
+    }
+}
+
+/// Tells a holder that its lock was lost: the lease could not be renewed,
+/// the session expired, or an operator broke the lock.
+///
+/// Cheap to clone. A signal from [`LostSignal::never`] never fires.
+#[derive(Clone, Default)]
+pub struct LostSignal(Option<Arc<Shared>>);
+
+impl LostSignal {
+    /// A signal that never fires.
+    pub const fn never() -> Self {
+        LostSignal(None)
+    }
+
+    /// Whether the lock has been lost.
+    pub fn is_lost(&self) -> bool {
+        self.0
+            .as_ref()
+            .is_some_and(|s| s.lost.load(Ordering::Acquire))
+    }
+
+    /// Why the lock was lost, once it has been.
+    pub fn reason(&self) -> Option<&str> {
+        self.0
+            .as_ref()
+            .filter(|s| s.lost.load(Ordering::Acquire))
+            .and_then(|s| s.reason.get().map(String::as_str))
+    }
+
+    /// Completes when the lock is lost; never, for a lock that cannot be.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future loses nothing.
+    pub fn lost(&self) -> Lost {
+        Lost(self.clone())
+    }
+
+    /// Polls for loss, registering `cx`'s waker to be woken when it happens.
+    pub fn poll_lost(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(shared) = &self.0 else {
+            return Poll::Pending;
+        };
+        if shared.lost.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        let mut wakers = shared.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        // Checked again under the lock: `fire` sets the flag before it takes
+        // the wakers, so a waker pushed now is either taken or not needed.
+        if shared.lost.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Whether this signal can ever fire (false for [`LostSignal::never`]).
+    pub fn can_fire(&self) -> bool {
+        self.0.is_some()
+    }
+}
+
+impl fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("lost", &self.is_lost())
+            .field("reason", &self.reason())
+            .finish()
+    }
+}
+
+/// Future returned by [`LostSignal::lost`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Lost(LostSignal);
+
+impl Future for Lost {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        self.0.poll_lost(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn fires_once_and_wakes() {
+        let trigger = LostTrigger::new();
+        let signal = trigger.signal();
+        assert!(!signal.is_lost());
+        let waiter = tokio::spawn({
+            let s = signal.clone();
+            async move { s.lost().await }
+        });
+        tokio::task::yield_now().await;
+        trigger.fire("lease expired");
+        trigger.fire("ignored");
+        waiter.await.unwrap();
+        assert!(signal.is_lost());
+        assert_eq!(signal.reason(), Some("lease expired"));
+    }
+
+    #[test]
+    fn never_never_fires() {
+        let s = LostSignal::never();
+        assert!(!s.is_lost());
+        assert!(!s.can_fire());
+    }
+}

@@ -1,0 +1,286 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Method, Response};
+use tower_layer::Layer;
+
+use super::LockService;
+use crate::backend::Backend;
+use crate::locker::Locker;
+use crate::mode::{LockMode, Wait};
+use crate::rejection::LockRejection;
+use crate::source::KeySource;
+
+/// Holds a lock on a key taken from each request while the inner service
+/// serves it.
+///
+/// The key comes from a [`KeySource`] ([`PathParam`](crate::PathParam),
+/// [`Header`](crate::Header), [`QueryParam`](crate::QueryParam) or a closure),
+/// prefixed by an optional namespace. Requests for the same key are served one
+/// at a time (or as the [mode](Self::mode) allows), across every replica that
+/// shares the backend. The lock is released exactly once, when the response
+/// is ready, the service fails or panics, or the client goes away.
+///
+/// A request that cannot be locked gets a response from the layer instead;
+/// [`LockRejection`] lists the statuses, and [`on_rejection`](Self::on_rejection)
+/// replaces them.
+///
+/// The layer puts a [`HeldLock`](crate::HeldLock) and a [`Locker`] on the same
+/// backend in the request extensions, for handlers to extract.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{routing::post, Router};
+/// use tower_lock::{HeldLock, LockLayer, MemoryBackend, PathParam};
+///
+/// async fn create_order(held: HeldLock) -> String {
+///     format!("order for {} under token {}", held.key(), held.token())
+/// }
+///
+/// let app: Router = Router::new()
+///     .route("/orders/{sku}", post(create_order))
+///     .route_layer(
+///         LockLayer::new(MemoryBackend::new(), PathParam("sku"))
+///             .namespace("sku")
+///             .wait(Duration::from_secs(5)),
+///     );
+/// ```
+#[derive(Clone)]
+pub struct LockLayer {
+    pub(crate) config: Arc<Config>,
+}
+
+/// What the layer does with a request that carries no key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnMissingKey {
+    /// Answer 400 naming the missing key. The default.
+    #[default]
+    Reject,
+    /// Serve the request without a lock.
+    PassThrough,
+}
+
+/// What the layer does when a held lock is lost while the request runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OnLost {
+    /// Drop the inner future and answer 503, so no work goes on without the
+    /// lock. The default.
+    #[default]
+    Abort,
+    /// Let the request finish; the handler can still check
+    /// [`HeldLock::is_lost`](crate::HeldLock::is_lost).
+    Continue,
+}
+
+pub(crate) type RejectFn = dyn Fn(&LockRejection) -> Response<Bytes> + Send + Sync;
+type ModeFn = dyn Fn(&Parts) -> LockMode + Send + Sync;
+
+#[derive(Clone)]
+pub(crate) enum ModeSelector {
+    Fixed(LockMode),
+    ByMethod,
+    Custom(Arc<ModeFn>),
+}
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) locker: Locker,
+    pub(crate) namespace: Arc<str>,
+    pub(crate) source: Arc<dyn KeySource>,
+    pub(crate) mode: ModeSelector,
+    pub(crate) wait: Wait,
+    pub(crate) lease: Duration,
+    pub(crate) on_missing: OnMissingKey,
+    pub(crate) on_lost: OnLost,
+    pub(crate) hold_body: bool,
+    pub(crate) retry_after: Duration,
+    pub(crate) reject: Option<Arc<RejectFn>>,
+}
+
+impl Config {
+    pub(crate) fn mode_for(&self, parts: &Parts) -> LockMode {
+        match &self.mode {
+            ModeSelector::Fixed(m) => *m,
+            ModeSelector::ByMethod => {
+                if parts.method == Method::GET
+                    || parts.method == Method::HEAD
+                    || parts.method == Method::OPTIONS
+                {
+                    LockMode::Read
+                } else {
+                    LockMode::Write
+                }
+            }
+            ModeSelector::Custom(f) => f(parts),
+        }
+    }
+
+    pub(crate) fn reject(&self, rejection: &LockRejection) -> Response<Bytes> {
+        match &self.reject {
+            Some(f) => f(rejection),
+            None => rejection.to_response(self.retry_after),
+        }
+    }
+}
+
+impl LockLayer {
+    /// Locks the key `source` finds in each request, on `backend`: exclusive,
+    /// waiting up to 10 s, 30 s lease, 400 for a request without a key.
+    pub fn new(backend: impl Backend, source: impl KeySource) -> Self {
+        Self::with_locker(Locker::new(backend), source)
+    }
+
+    /// Like [`new`](Self::new), sharing `locker`'s backend and taking its
+    /// namespace, wait and lease as defaults.
+    pub fn with_locker(locker: Locker, source: impl KeySource) -> Self {
+        let (namespace, wait, lease) = locker.defaults();
+        LockLayer {
+            config: Arc::new(Config {
+                locker,
+                namespace,
+                source: Arc::new(source),
+                mode: ModeSelector::Fixed(LockMode::Exclusive),
+                wait,
+                lease,
+                on_missing: OnMissingKey::Reject,
+                on_lost: OnLost::Abort,
+                hold_body: false,
+                retry_after: Duration::from_secs(1),
+                reject: None,
+            }),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// Takes keys from `source` instead.
+    pub fn key(self, source: impl KeySource) -> Self {
+        self.edit(|c| c.source = Arc::new(source))
+    }
+
+    /// Prefixes every key with `namespace:` (e.g. `sku:42`), so that routes
+    /// locking different kinds of entity cannot collide.
+    pub fn namespace(self, namespace: &str) -> Self {
+        self.edit(|c| c.namespace = Arc::from(namespace))
+    }
+
+    /// Locks every request in `mode`.
+    pub fn mode(self, mode: LockMode) -> Self {
+        self.edit(|c| c.mode = ModeSelector::Fixed(mode))
+    }
+
+    /// Read lock for `GET`, `HEAD` and `OPTIONS`, write lock for every other
+    /// method: reads of one entity run together, a write runs alone.
+    pub fn read_write_by_method(self) -> Self {
+        self.edit(|c| c.mode = ModeSelector::ByMethod)
+    }
+
+    /// Chooses the mode per request.
+    pub fn mode_fn(self, f: impl Fn(&Parts) -> LockMode + Send + Sync + 'static) -> Self {
+        self.edit(|c| c.mode = ModeSelector::Custom(Arc::new(f)))
+    }
+
+    /// How long a request waits for its key: a [`Duration`] or a [`Wait`].
+    /// Default: 10 seconds.
+    pub fn wait(self, wait: impl Into<Wait>) -> Self {
+        let wait = wait.into();
+        self.edit(|c| c.wait = wait)
+    }
+
+    /// Answer 423 at once when the key is held.
+    pub fn fail_fast(self) -> Self {
+        self.wait(Wait::FailFast)
+    }
+
+    /// The lease of a remote lock, renewed while the request runs. Default:
+    /// 30 seconds.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.edit(|c| c.lease = lease)
+    }
+
+    /// What to do with a request that carries no key.
+    pub fn on_missing_key(self, policy: OnMissingKey) -> Self {
+        self.edit(|c| c.on_missing = policy)
+    }
+
+    /// What to do when the lock is lost while the request runs.
+    pub fn on_lost(self, policy: OnLost) -> Self {
+        self.edit(|c| c.on_lost = policy)
+    }
+
+    /// Keeps the lock until the response body has been sent (or dropped),
+    /// not just until the response head is ready. Use it when the body is
+    /// streamed from the locked state.
+    pub fn hold_until_body_sent(self, hold: bool) -> Self {
+        self.edit(|c| c.hold_body = hold)
+    }
+
+    /// The `Retry-After` of a 423 or 503 answer, rounded up to whole seconds.
+    /// Default: 1 second.
+    pub fn retry_after(self, after: Duration) -> Self {
+        self.edit(|c| c.retry_after = after)
+    }
+
+    /// Replaces the layer's responses to requests it could not lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Response, StatusCode};
+    /// use tower_lock::{LockLayer, LockRejection, MemoryBackend, QueryParam};
+    ///
+    /// let layer = LockLayer::new(MemoryBackend::new(), QueryParam("cart"))
+    ///     .on_rejection(|rejection: &LockRejection| {
+    ///         let mut res = Response::new(Bytes::from(format!("{{\"error\":\"{rejection}\"}}")));
+    ///         *res.status_mut() = match rejection.status() {
+    ///             StatusCode::LOCKED => StatusCode::CONFLICT,
+    ///             other => other,
+    ///         };
+    ///         res
+    ///     });
+    /// ```
+    pub fn on_rejection(
+        self,
+        f: impl Fn(&LockRejection) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.edit(|c| c.reject = Some(Arc::new(f)))
+    }
+
+    /// The handle on this layer's backend.
+    pub fn locker(&self) -> &Locker {
+        &self.config.locker
+    }
+}
+
+impl<S> Layer<S> for LockLayer {
+    type Service = LockService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LockService::new(inner, self.config.clone())
+    }
+}
+
+impl fmt::Debug for LockLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        f.debug_struct("LockLayer")
+            .field("backend", &c.locker.backend().name())
+            .field("source", &c.source.describe())
+            .field("namespace", &c.namespace)
+            .field("wait", &c.wait)
+            .field("lease", &c.lease)
+            .field("on_missing", &c.on_missing)
+            .field("on_lost", &c.on_lost)
+            .field("hold_body", &c.hold_body)
+            .finish_non_exhaustive()
+    }
+}
