@@ -1,0 +1,661 @@
+//! The layer and the extractors over real HTTP: axum served on a loopback
+//! port, requests from a hyper client or a raw socket.
+
+#[path = "../examples/common/mod.rs"]
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use axum::Router;
+use http::StatusCode;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
+use tower_lock::{
+    BackendExt, Header, HeldLock, LockError, LockLayer, Locker, MemoryBackend, OnLost,
+    OnMissingKey, PathParam, QueryParam,
+};
+
+use common::Client;
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// Waits until `cond` holds, checking every millisecond for at most 10 s:
+/// sequencing for the test, not a timing assertion.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[derive(Default)]
+struct Counter {
+    inside: AtomicUsize,
+    max_inside: AtomicUsize,
+    calls: AtomicUsize,
+    last: Mutex<u64>,
+}
+
+async fn read_modify_write(State(c): State<Arc<Counter>>, held: HeldLock) -> String {
+    c.calls.fetch_add(1, Ordering::SeqCst);
+    let now = c.inside.fetch_add(1, Ordering::SeqCst) + 1;
+    c.max_inside.fetch_max(now, Ordering::SeqCst);
+    let seen = *c.last.lock().unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    *c.last.lock().unwrap() = seen + 1;
+    c.inside.fetch_sub(1, Ordering::SeqCst);
+    format!("{} {}", seen + 1, held.token())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_concurrent_requests_are_serialised() {
+    let backend = MemoryBackend::new();
+    let counter = Arc::new(Counter::default());
+    let app = Router::new()
+        .route("/orders/{sku}", post(read_modify_write))
+        .route_layer(LockLayer::new(backend.clone(), PathParam("sku")).namespace("sku"))
+        .with_state(counter.clone());
+    let addr = serve(app).await;
+
+    let mut tasks = Vec::new();
+    for _ in 0..10 {
+        let mut client = Client::connect(addr).await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            client.post("/orders/SKU-1").await.unwrap()
+        }));
+    }
+    let mut codes = Vec::new();
+    for t in tasks {
+        let reply = t.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        codes.push(reply.body);
+    }
+    codes.sort();
+    codes.dedup();
+    assert_eq!(codes.len(), 10, "duplicate order codes: {codes:?}");
+    assert_eq!(counter.max_inside.load(Ordering::SeqCst), 1);
+    assert_eq!(backend.active_keys(), 0);
+}
+
+/// One app with every key source, for the bad-input tests.
+async fn bad_input_app() -> (SocketAddr, MemoryBackend, Arc<Counter>) {
+    let backend = MemoryBackend::new();
+    let counter = Arc::new(Counter::default());
+    let app = Router::new()
+        .route(
+            "/path/{sku}",
+            post(read_modify_write)
+                .route_layer(LockLayer::new(backend.clone(), PathParam("sku")).namespace("sku")),
+        )
+        .route(
+            "/wrong-param/{sku}",
+            post(read_modify_write).route_layer(LockLayer::new(backend.clone(), PathParam("id"))),
+        )
+        .route(
+            "/header",
+            post(read_modify_write)
+                .route_layer(LockLayer::new(backend.clone(), Header::new("x-account"))),
+        )
+        .route(
+            "/query",
+            post(read_modify_write)
+                .route_layer(LockLayer::new(backend.clone(), QueryParam("cart"))),
+        )
+        .with_state(counter.clone());
+    (serve(app).await, backend, counter)
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_400_and_takes_no_lock() {
+    let (addr, backend, counter) = bad_input_app().await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let long = "x".repeat(300);
+    // (what, path, headers, what the body must say)
+    type Case<'a> = (&'a str, String, Vec<(&'a str, &'a [u8])>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "missing path parameter",
+            "/wrong-param/abc".into(),
+            vec![],
+            "missing lock key: the request has no path parameter `id`",
+        ),
+        (
+            "missing header",
+            "/header".into(),
+            vec![],
+            "missing lock key: the request has no header `x-account`",
+        ),
+        (
+            "missing query parameter",
+            "/query?other=1".into(),
+            vec![],
+            "missing lock key: the request has no query parameter `cart`",
+        ),
+        (
+            "empty header",
+            "/header".into(),
+            vec![("x-account", b"")],
+            "invalid lock key in header `x-account`: key is empty",
+        ),
+        (
+            "empty query parameter",
+            "/query?cart=".into(),
+            vec![],
+            "invalid lock key in query parameter `cart`: key is empty",
+        ),
+        (
+            "too long",
+            format!("/path/{long}"),
+            vec![],
+            "key is 304 bytes long, the maximum is 256",
+        ),
+        (
+            "slash",
+            "/path/a%2Fb".into(),
+            vec![],
+            "forbidden character '/'",
+        ),
+        (
+            "dot dot",
+            "/path/..".into(),
+            vec![],
+            "key is `.` or contains `..`",
+        ),
+        (
+            "encoded dot dot",
+            "/path/%2E%2E".into(),
+            vec![],
+            "key is `.` or contains `..`",
+        ),
+        (
+            "NUL",
+            "/path/a%00b".into(),
+            vec![],
+            "forbidden character '\\0'",
+        ),
+        (
+            "control character in a header",
+            "/header".into(),
+            vec![("x-account", b"a\tb")],
+            "forbidden character '\\t'",
+        ),
+        (
+            "control character in a query",
+            "/query?cart=a%0Ab".into(),
+            vec![],
+            "forbidden character '\\n'",
+        ),
+        (
+            "header not UTF-8",
+            "/header".into(),
+            vec![("x-account", b"\xff\xfe")],
+            "invalid lock key in header `x-account`: key is not valid UTF-8",
+        ),
+        (
+            "query not UTF-8",
+            "/query?cart=%FF".into(),
+            vec![],
+            "key is not valid UTF-8",
+        ),
+    ];
+    for (what, path, headers, expected) in cases {
+        let reply = c.send("POST", &path, &headers).await.unwrap();
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{what}: {}",
+            reply.body
+        );
+        assert!(
+            reply.body.contains(expected),
+            "{what}: body {:?} does not say {expected:?}",
+            reply.body
+        );
+    }
+    assert_eq!(counter.calls.load(Ordering::SeqCst), 0, "a handler ran");
+    assert_eq!(backend.active_keys(), 0);
+}
+
+#[tokio::test]
+async fn unicode_keys_work() {
+    let backend = MemoryBackend::new();
+    let app = Router::new()
+        .route(
+            "/orders/{sku}",
+            post(|held: HeldLock| async move { held.key().to_string() })
+                .route_layer(LockLayer::new(backend.clone(), PathParam("sku")).namespace("sku")),
+        )
+        .route(
+            "/query",
+            post(|held: HeldLock| async move { held.key().to_string() })
+                .route_layer(LockLayer::new(backend.clone(), QueryParam("cart"))),
+        );
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c
+        .post("/orders/%E8%AE%A2%E5%8D%95-%F0%9F%94%92")
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.body, "sku:订单-🔒");
+    let reply = c.post("/query?cart=caf%C3%A9+cr%C3%A8me").await.unwrap();
+    assert_eq!(reply.body, "café crème");
+    let reply = c.send("POST", "/orders/x", &[]).await.unwrap();
+    assert_eq!(reply.body, "sku:x");
+}
+
+/// An app whose handler, on `/orders/{sku}`, signals `entered` and then
+/// waits for `proceed` (or forever).
+struct Gate {
+    entered: Notify,
+    proceed: Notify,
+    calls: AtomicUsize,
+    finished: AtomicUsize,
+}
+
+fn gated_app(gate: Arc<Gate>, layer: LockLayer) -> Router {
+    Router::new()
+        .route(
+            "/orders/{sku}",
+            post(|State(g): State<Arc<Gate>>, held: HeldLock| async move {
+                g.calls.fetch_add(1, Ordering::SeqCst);
+                g.entered.notify_one();
+                g.proceed.notified().await;
+                g.finished.fetch_add(1, Ordering::SeqCst);
+                format!("token {}", held.token())
+            }),
+        )
+        .route_layer(layer)
+        .with_state(gate)
+}
+
+fn gate() -> Arc<Gate> {
+    Arc::new(Gate {
+        entered: Notify::new(),
+        proceed: Notify::new(),
+        calls: AtomicUsize::new(0),
+        finished: AtomicUsize::new(0),
+    })
+}
+
+#[tokio::test]
+async fn busy_and_timeout_answer_423_with_retry_after() {
+    let backend = MemoryBackend::new();
+    let gate = gate();
+    let layer = LockLayer::new(backend.clone(), PathParam("sku"))
+        .wait(Duration::from_millis(50))
+        .retry_after(Duration::from_millis(2500));
+    let addr = serve(gated_app(gate.clone(), layer)).await;
+    let holder = {
+        let mut c = Client::connect(addr).await.unwrap();
+        tokio::spawn(async move { c.post("/orders/A").await.unwrap() })
+    };
+    gate.entered.notified().await;
+
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/orders/A").await.unwrap();
+    assert_eq!(reply.status, StatusCode::LOCKED);
+    assert_eq!(reply.headers["retry-after"], "3");
+    assert!(reply.body.contains("timed out after"), "{}", reply.body);
+
+    // Fail fast, through a second layer on the same backend.
+    let app = Router::new()
+        .route("/orders/{sku}", post(|| async { "never" }))
+        .route_layer(LockLayer::new(backend.clone(), PathParam("sku")).fail_fast());
+    let addr2 = serve(app).await;
+    let mut c2 = Client::connect(addr2).await.unwrap();
+    let reply = c2.post("/orders/A").await.unwrap();
+    assert_eq!(reply.status, StatusCode::LOCKED);
+    assert_eq!(reply.headers["retry-after"], "1");
+    assert_eq!(reply.body, "lock is held by someone else\n");
+
+    gate.proceed.notify_one();
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+    assert_eq!(backend.active_keys(), 0);
+}
+
+#[tokio::test]
+async fn rejections_can_be_overridden() {
+    let backend = MemoryBackend::new();
+    let layer = LockLayer::new(backend, Header::new("x-id")).on_rejection(|r| {
+        let mut res = http::Response::new(bytes::Bytes::from(format!("custom: {}", r.status())));
+        *res.status_mut() = StatusCode::UNPROCESSABLE_ENTITY;
+        res
+    });
+    let app = Router::new()
+        .route("/", post(|| async { "ok" }))
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/").await.unwrap();
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(reply.body, "custom: 400 Bad Request");
+}
+
+#[tokio::test]
+async fn missing_key_can_pass_through_unlocked() {
+    let backend = MemoryBackend::new();
+    let layer = LockLayer::new(backend.clone(), Header::new("x-id"))
+        .on_missing_key(OnMissingKey::PassThrough);
+    let app = Router::new()
+        .route(
+            "/",
+            post(|held: Option<HeldLock>| async move {
+                held.map_or("unlocked".to_owned(), |h| h.key().to_string())
+            }),
+        )
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    assert_eq!(c.post("/").await.unwrap().body, "unlocked");
+    let reply = c.send("POST", "/", &[("x-id", b"7")]).await.unwrap();
+    assert_eq!(reply.body, "7");
+    // An invalid key is still rejected.
+    let reply = c.send("POST", "/", &[("x-id", b"a/b")]).await.unwrap();
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+}
+
+/// Sends a request on a raw socket and closes the connection without reading.
+async fn send_and_hang_up(addr: SocketAddr, path: &str) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("POST {path} HTTP/1.1\r\nhost: test\r\ncontent-length: 0\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_while_holding_releases() {
+    let backend = MemoryBackend::new();
+    let gate = gate();
+    let layer = LockLayer::new(backend.clone(), PathParam("sku"));
+    let addr = serve(gated_app(gate.clone(), layer)).await;
+
+    let socket = send_and_hang_up(addr, "/orders/B").await;
+    gate.entered.notified().await;
+    assert_eq!(backend.active_keys(), 1);
+    drop(socket);
+    // The server notices the closed connection, drops the handler, and the
+    // guard releases: the key is free again and the handler never finished.
+    eventually("the lock is released", || backend.active_keys() == 0).await;
+    assert_eq!(gate.finished.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_while_waiting_leaves_the_queue() {
+    let backend = MemoryBackend::new();
+    let gate = gate();
+    let layer = LockLayer::new(backend.clone(), PathParam("sku"));
+    let addr = serve(gated_app(gate.clone(), layer)).await;
+
+    let holder = {
+        let mut c = Client::connect(addr).await.unwrap();
+        tokio::spawn(async move { c.post("/orders/C").await.unwrap() })
+    };
+    gate.entered.notified().await;
+    let socket = send_and_hang_up(addr, "/orders/C").await;
+    // Let the server read the request and queue it, then hang up.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(socket);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    gate.proceed.notify_one();
+    assert_eq!(holder.await.unwrap().status, StatusCode::OK);
+    eventually("the key is idle", || backend.active_keys() == 0).await;
+    // The hung-up request never reached the handler.
+    assert_eq!(gate.calls.load(Ordering::SeqCst), 1);
+    let mut c = Client::connect(addr).await.unwrap();
+    let next = tokio::spawn(async move { c.post("/orders/C").await.unwrap() });
+    gate.entered.notified().await;
+    gate.proceed.notify_one();
+    assert_eq!(next.await.unwrap().status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_panic_releases() {
+    let backend = MemoryBackend::new();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/orders/{sku}",
+            post(|State(calls): State<Arc<AtomicUsize>>| async move {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    panic!("handler bug");
+                }
+                "second call"
+            }),
+        )
+        .route_layer(LockLayer::new(backend.clone(), PathParam("sku")).fail_fast())
+        .with_state(calls.clone());
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    assert!(
+        c.post("/orders/P").await.is_err(),
+        "the panic closes the connection"
+    );
+    eventually("the lock is released", || backend.active_keys() == 0).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/orders/P").await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body, "second call");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lock_aborts_the_handler_with_503() {
+    let backend = MemoryBackend::new();
+    let gate = gate();
+    let layer = LockLayer::new(backend.clone(), PathParam("sku"));
+    let addr = serve(gated_app(gate.clone(), layer)).await;
+
+    let mut c = Client::connect(addr).await.unwrap();
+    let req = tokio::spawn(async move { c.post("/orders/L").await.unwrap() });
+    gate.entered.notified().await;
+    assert_eq!(backend.break_lock("L"), 1);
+    let reply = req.await.unwrap();
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(reply.body.contains("lock lost"), "{}", reply.body);
+    assert_eq!(gate.finished.load(Ordering::SeqCst), 0, "handler went on");
+    assert_eq!(backend.active_keys(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lock_can_let_the_handler_finish() {
+    let backend = MemoryBackend::new();
+    let gate = gate();
+    let layer = LockLayer::new(backend.clone(), PathParam("sku")).on_lost(OnLost::Continue);
+    let addr = serve(gated_app(gate.clone(), layer)).await;
+
+    let mut c = Client::connect(addr).await.unwrap();
+    let req = tokio::spawn(async move { c.post("/orders/L").await.unwrap() });
+    gate.entered.notified().await;
+    assert_eq!(backend.break_lock("L"), 1);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    gate.proceed.notify_one();
+    let reply = req.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(gate.finished.load(Ordering::SeqCst), 1);
+}
+
+#[derive(Default)]
+struct RwProbe {
+    readers: AtomicUsize,
+    writers: AtomicUsize,
+    max_readers: AtomicUsize,
+    violations: AtomicUsize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_share_and_writes_exclude_by_method() {
+    let backend = MemoryBackend::new();
+    let probe = Arc::new(RwProbe::default());
+    let handler = |State(p): State<Arc<RwProbe>>, method: http::Method, held: HeldLock| async move {
+        let writing = method == http::Method::POST;
+        if writing {
+            let w = p.writers.fetch_add(1, Ordering::SeqCst) + 1;
+            if w != 1 || p.readers.load(Ordering::SeqCst) != 0 {
+                p.violations.fetch_add(1, Ordering::SeqCst);
+            }
+        } else {
+            let r = p.readers.fetch_add(1, Ordering::SeqCst) + 1;
+            p.max_readers.fetch_max(r, Ordering::SeqCst);
+            if p.writers.load(Ordering::SeqCst) != 0 {
+                p.violations.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        if writing {
+            p.writers.fetch_sub(1, Ordering::SeqCst);
+        } else {
+            p.readers.fetch_sub(1, Ordering::SeqCst);
+        }
+        held.mode().to_string()
+    };
+    let app = Router::new()
+        .route("/doc/{id}", get(handler).post(handler))
+        .route_layer(LockLayer::new(backend.clone(), PathParam("id")).read_write_by_method())
+        .with_state(probe.clone());
+    let addr = serve(app).await;
+
+    let mut requests = Vec::new();
+    for i in 0..12 {
+        let mut c = Client::connect(addr).await.unwrap();
+        // Four reads first, then reads and writes interleaved.
+        let method = if i >= 4 && i % 2 == 0 { "POST" } else { "GET" };
+        requests.push(tokio::spawn(async move {
+            (method, c.send(method, "/doc/1", &[]).await.unwrap())
+        }));
+    }
+    for r in requests {
+        let (method, reply) = r.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.body, if method == "POST" { "write" } else { "read" });
+    }
+    assert_eq!(
+        probe.violations.load(Ordering::SeqCst),
+        0,
+        "a write overlapped"
+    );
+    assert!(
+        probe.max_readers.load(Ordering::SeqCst) > 1,
+        "readers did not share"
+    );
+    assert_eq!(backend.active_keys(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_can_be_held_until_the_body_is_sent() {
+    use http_body_util::BodyExt;
+
+    let backend = MemoryBackend::new();
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(1);
+    let rx = Arc::new(Mutex::new(Some(rx)));
+    let app = Router::new()
+        .route(
+            "/report/{id}",
+            get(move || {
+                let rx = rx.lock().unwrap().take().unwrap();
+                async move { axum::body::Body::new(ChannelBody(rx)) }
+            }),
+        )
+        .route_layer(LockLayer::new(backend.clone(), PathParam("id")).hold_until_body_sent(true));
+    let addr = serve(app).await;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get("/report/R")
+        .header("host", "test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let res = sender.send_request(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // Head sent, body not finished: still locked.
+    assert!(matches!(
+        backend.lock("R").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    tx.send(bytes::Bytes::from("part")).await.unwrap();
+    drop(tx);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"part");
+    eventually("the lock is released", || backend.active_keys() == 0).await;
+}
+
+/// A response body fed from a channel, to control when it ends.
+struct ChannelBody(tokio::sync::mpsc::Receiver<bytes::Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+#[tokio::test]
+async fn handler_takes_more_locks_with_the_locker_extractor() {
+    let backend = MemoryBackend::new();
+    let app = Router::new()
+        .route(
+            "/transfer/{from}/{to}",
+            post(
+                |locker: Locker, Path((from, to)): Path<(u64, u64)>| async move {
+                    let set = locker
+                        .lock_all([format!("acct:{from}"), format!("acct:{to}")])
+                        .await?;
+                    let keys: Vec<_> = set.guards().iter().map(|g| g.key().to_string()).collect();
+                    Ok::<_, LockError>(keys.join(","))
+                },
+            ),
+        )
+        .route(
+            "/busy",
+            post(|locker: Locker| async move {
+                let _g = locker.lock("acct:9").fail_fast().await?;
+                Ok::<_, LockError>("free")
+            }),
+        )
+        .layer(axum::Extension(Locker::new(backend.clone())));
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/transfer/9/3").await.unwrap();
+    assert_eq!(reply.body, "acct:3,acct:9");
+    let _held = backend.lock("acct:9").await.unwrap();
+    let reply = c.post("/busy").await.unwrap();
+    assert_eq!(reply.status, StatusCode::LOCKED);
+    assert_eq!(reply.headers["retry-after"], "1");
+}
+
+#[tokio::test]
+async fn extractors_without_the_layer_say_how_to_fix_it() {
+    let app = Router::new()
+        .route("/held", post(|_h: HeldLock| async { "" }))
+        .route("/locker", post(|_l: Locker| async { "" }));
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/held").await.unwrap();
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(reply.body.contains("add LockLayer"), "{}", reply.body);
+    let reply = c.post("/locker").await.unwrap();
+    assert!(reply.body.contains("Extension(locker)"), "{}", reply.body);
+}
