@@ -71,6 +71,11 @@ impl LockKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether both are the same allocation (and so equal).
+    pub(crate) fn ptr_eq(&self, other: &LockKey) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 fn validate(key: &str) -> Result<(), KeyError> {
@@ -80,11 +85,24 @@ fn validate(key: &str) -> Result<(), KeyError> {
     if key.len() > MAX_KEY_LEN {
         return Err(KeyError::TooLong { len: key.len() });
     }
-    if key == "." || key.contains("..") {
+    if key == "." {
         return Err(KeyError::DotSegment);
     }
-    if let Some(c) = key.chars().find(|c| c.is_control() || *c == '/') {
-        return Err(KeyError::ForbiddenChar(c));
+    // One pass over the bytes, on the hot path of every request. The control
+    // characters (`char::is_control`: U+0000..=U+001F, U+007F..=U+009F) are
+    // the bytes 0x00..=0x1F and 0x7F, and 0xC2 followed by 0x80..=0x9F.
+    let bytes = key.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        match b {
+            b'/' => return Err(KeyError::ForbiddenChar('/')),
+            b'.' if bytes.get(i + 1) == Some(&b'.') => return Err(KeyError::DotSegment),
+            0x00..=0x1F | 0x7F => return Err(KeyError::ForbiddenChar(char::from(b))),
+            0xC2 if matches!(bytes.get(i + 1), Some(0x80..=0x9F)) => {
+                let c = key[i..].chars().next().expect("valid UTF-8");
+                return Err(KeyError::ForbiddenChar(c));
+            }
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -210,6 +228,39 @@ mod tests {
         assert_eq!(LockKey::new("."), Err(KeyError::DotSegment));
         assert_eq!(LockKey::new(".."), Err(KeyError::DotSegment));
         assert_eq!(LockKey::new("a..b"), Err(KeyError::DotSegment));
+        assert_eq!(
+            LockKey::new("a\u{85}b"),
+            Err(KeyError::ForbiddenChar('\u{85}'))
+        );
+        assert_eq!(
+            LockKey::new("\u{9f}"),
+            Err(KeyError::ForbiddenChar('\u{9f}'))
+        );
+        assert!(
+            LockKey::new("\u{a0}\u{c2}").is_ok(),
+            "U+00A0 and Â are not controls"
+        );
+    }
+
+    #[test]
+    fn byte_scan_agrees_with_char_rules() {
+        // Every code point up to U+0800 (all one- and two-byte forms), alone
+        // and between letters.
+        for cp in 0u32..0x800 {
+            let Some(c) = char::from_u32(cp) else {
+                continue;
+            };
+            for text in [c.to_string(), format!("a{c}b")] {
+                let by_chars = if text == "." || text.contains("..") {
+                    Err(KeyError::DotSegment)
+                } else if let Some(bad) = text.chars().find(|c| c.is_control() || *c == '/') {
+                    Err(KeyError::ForbiddenChar(bad))
+                } else {
+                    Ok(())
+                };
+                assert_eq!(validate(&text), by_chars, "{text:?}");
+            }
+        }
     }
 
     #[test]

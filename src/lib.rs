@@ -21,8 +21,8 @@ pub use error::{BoxError, LockError};
 pub use guard::{HeldLock, LockGuard, LockSet};
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use locker::{BackendExt, IntoLockKey, LockAllBuilder, LockBuilder, LockFuture, Locker};
-pub use lost::{Lost, LostSignal, LostTrigger};
-pub use middleware::{LockLayer, LockService, OnLost, OnMissingKey};
+pub use lost::{HasLostState, Lost, LostSignal, LostState, LostTrigger};
+pub use middleware::{LockBody, LockLayer, LockService, LockableBody, OnLost, OnMissingKey};
 pub use mode::{LockMode, Wait};
 pub use rejection::LockRejection;
 #[cfg(feature = "axum")]

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tracing::field::Empty;
 
@@ -120,6 +119,12 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 /// ```
 #[derive(Clone)]
 pub struct Locker {
+    // One allocation, so that a clone per request is one reference count.
+    inner: Arc<LockerInner>,
+}
+
+#[derive(Clone)]
+struct LockerInner {
     backend: Arc<dyn Backend>,
     namespace: Arc<str>,
     wait: Wait,
@@ -136,23 +141,29 @@ impl Locker {
     /// A locker on a shared backend.
     pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
         Locker {
-            backend,
-            namespace: Arc::from(""),
-            wait: Wait::DEFAULT,
-            lease: DEFAULT_LEASE,
+            inner: Arc::new(LockerInner {
+                backend,
+                namespace: Arc::from(""),
+                wait: Wait::DEFAULT,
+                lease: DEFAULT_LEASE,
+            }),
         }
     }
 
-    /// Prefixes every key with `namespace:`.
-    pub fn namespace(mut self, namespace: &str) -> Self {
-        self.namespace = Arc::from(namespace);
+    fn edit(mut self, f: impl FnOnce(&mut LockerInner)) -> Self {
+        f(Arc::make_mut(&mut self.inner));
         self
     }
 
+    /// Prefixes every key with `namespace:`.
+    pub fn namespace(self, namespace: &str) -> Self {
+        self.edit(|l| l.namespace = Arc::from(namespace))
+    }
+
     /// The default wait: a [`Duration`] or a [`Wait`].
-    pub fn wait(mut self, wait: impl Into<Wait>) -> Self {
-        self.wait = wait.into();
-        self
+    pub fn wait(self, wait: impl Into<Wait>) -> Self {
+        let wait = wait.into();
+        self.edit(|l| l.wait = wait)
     }
 
     /// Fail at once when a key is held, by default.
@@ -161,27 +172,28 @@ impl Locker {
     }
 
     /// The default lease of remote locks.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
+    pub fn lease(self, lease: Duration) -> Self {
+        self.edit(|l| l.lease = lease)
     }
 
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
+        &self.inner.backend
     }
 
     pub(crate) fn defaults(&self) -> (Arc<str>, Wait, Duration) {
-        (self.namespace.clone(), self.wait, self.lease)
+        let l = &self.inner;
+        (l.namespace.clone(), l.wait, l.lease)
     }
 
     /// Starts building an acquisition of `key`; `.await` it.
     pub fn lock(&self, key: impl IntoLockKey) -> LockBuilder<'_, dyn Backend> {
+        let l = &*self.inner;
         LockBuilder::new(
-            &*self.backend,
-            key.into_lock_key(&self.namespace),
-            self.lease,
-            self.wait,
+            &*l.backend,
+            key.into_lock_key(&l.namespace),
+            l.lease,
+            l.wait,
         )
     }
 
@@ -191,17 +203,19 @@ impl Locker {
         &self,
         keys: impl IntoIterator<Item = K>,
     ) -> LockAllBuilder<'_, dyn Backend> {
-        LockAllBuilder::new(&*self.backend, keys, &self.namespace, self.lease, self.wait)
+        let l = &*self.inner;
+        LockAllBuilder::new(&*l.backend, keys, &l.namespace, l.lease, l.wait)
     }
 }
 
 impl fmt::Debug for Locker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let l = &*self.inner;
         f.debug_struct("Locker")
-            .field("backend", &self.backend.name())
-            .field("namespace", &self.namespace)
-            .field("wait", &self.wait)
-            .field("lease", &self.lease)
+            .field("backend", &l.backend.name())
+            .field("namespace", &l.namespace)
+            .field("wait", &l.wait)
+            .field("lease", &l.lease)
             .finish()
     }
 }
@@ -271,40 +285,26 @@ impl<B: Backend + ?Sized> IntoFuture for LockBuilder<'_, B> {
     type IntoFuture = LockFuture;
 
     fn into_future(self) -> LockFuture {
-        let started = Instant::now();
-        let deadline = match self.wait {
-            Wait::Timeout(d) => started.checked_add(d),
-            Wait::FailFast | Wait::Forever => None,
-        };
         match self.key {
-            Ok(key) => LockFuture::start(
-                self.backend,
-                key,
-                self.mode,
-                self.wait,
-                deadline,
-                self.lease,
-                started,
-            ),
+            Ok(key) => LockFuture::start(self.backend, key, self.mode, self.wait, None, self.lease),
             Err(e) => LockFuture::failed(LockError::InvalidKey(e)),
         }
     }
 }
 
-pin_project! {
-    /// Future of one acquisition: waits at most until its deadline, and
-    /// leaves the backend's queue if dropped.
-    ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: dropping it before it completes withdraws the request, and
-    /// a lock granted in the meantime is released.
-    #[must_use = "futures do nothing unless polled"]
-    pub struct LockFuture {
-        state: Option<Acquiring>,
-        #[pin]
-        sleep: Option<Sleep>,
-    }
+/// Future of one acquisition: waits at most until its deadline, and leaves
+/// the backend's queue if dropped.
+///
+/// # Cancel safety
+///
+/// Cancel safe: dropping it before it completes withdraws the request, and a
+/// lock granted in the meantime is released.
+#[must_use = "futures do nothing unless polled"]
+pub struct LockFuture {
+    state: Option<Acquiring>,
+    // Boxed: only a waiting acquisition with a timeout needs a timer, and an
+    // unboxed `Sleep` would make every `LockFuture` large and `!Unpin`.
+    sleep: Option<Pin<Box<Sleep>>>,
 }
 
 struct Acquiring {
@@ -312,12 +312,19 @@ struct Acquiring {
     key: Option<LockKey>,
     mode: LockMode,
     backend: &'static str,
-    started: Instant,
+    wait: Wait,
+    /// A deadline shared with other acquisitions (`lock_all`); otherwise one
+    /// is set from `wait` when the acquisition first has to wait, so that an
+    /// uncontended lock reads no clock.
     deadline: Option<Instant>,
+    /// When the acquisition first had to wait; `None` while it never did.
+    waiting_since: Option<Instant>,
     span: tracing::Span,
 }
 
 impl LockFuture {
+    /// Starts acquiring `key`. `deadline` overrides the one `wait` implies
+    /// (a multi-key acquisition shares one).
     pub(crate) fn start<B: Backend + ?Sized>(
         backend: &B,
         key: LockKey,
@@ -325,8 +332,14 @@ impl LockFuture {
         wait: Wait,
         deadline: Option<Instant>,
         lease: Duration,
-        started: Instant,
     ) -> Self {
+        // The backend counts a shared deadline's remainder as its wait.
+        let backend_wait = match (deadline, wait) {
+            (Some(d), Wait::Timeout(_)) => {
+                Wait::Timeout(d.saturating_duration_since(Instant::now()))
+            }
+            _ => wait,
+        };
         let name = backend.name();
         let span = tracing::debug_span!(
             "lock",
@@ -340,8 +353,7 @@ impl LockFuture {
         let request = LockRequest {
             key: key.clone(),
             mode,
-            wait,
-            deadline,
+            wait: backend_wait,
             lease,
         };
         let acquire = span.in_scope(|| backend.acquire(request));
@@ -351,8 +363,9 @@ impl LockFuture {
                 key: Some(key),
                 mode,
                 backend: name,
-                started,
+                wait,
                 deadline,
+                waiting_since: None,
                 span,
             }),
             sleep: None,
@@ -366,11 +379,61 @@ impl LockFuture {
                 key: None,
                 mode: LockMode::Exclusive,
                 backend: "",
-                started: Instant::now(),
+                wait: Wait::FailFast,
                 deadline: None,
+                waiting_since: None,
                 span: tracing::Span::none(),
             }),
             sleep: None,
+        }
+    }
+
+    /// The result, if the backend decided without waiting (the memory
+    /// backend's uncontended path, an invalid key). The layer uses it to call
+    /// the inner service at once instead of through a second state.
+    pub(crate) fn try_ready(&mut self) -> Option<Result<LockGuard, LockError>> {
+        let state = self.state.as_mut()?;
+        let result = match &mut state.acquire {
+            Ok(f) => f.take_ready()?,
+            Err(_) => match self.state.take()?.acquire {
+                Err(e) => return Some(Err(e)),
+                Ok(_) => unreachable!("matched Err above"),
+            },
+        };
+        Some(finish(self.state.take()?, result))
+    }
+}
+
+/// Turns the backend's answer into a guard or an error, and traces it.
+fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockGuard, LockError> {
+    let waited = state.waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
+    state.span.record("wait_us", waited.as_micros() as u64);
+    match result {
+        Ok(acquired) => {
+            state.span.record("outcome", "acquired");
+            let (token, lost, handle) = acquired.into_parts();
+            tracing::debug!(parent: &state.span, token = token.get(), "lock acquired");
+            let held = HeldLock {
+                key: state.key.expect("key present when acquiring"),
+                mode: state.mode,
+                token,
+                waited,
+                backend: state.backend,
+                lost,
+            };
+            Ok(LockGuard::new(held, handle, state.span))
+        }
+        Err(e) => {
+            state.span.record(
+                "outcome",
+                match e {
+                    LockError::Busy => "busy",
+                    LockError::Timeout { .. } => "timeout",
+                    _ => "error",
+                },
+            );
+            tracing::debug!(parent: &state.span, error = %e, "lock not acquired");
+            Err(e)
         }
     }
 }
@@ -378,73 +441,43 @@ impl LockFuture {
 impl Future for LockFuture {
     type Output = Result<LockGuard, LockError>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let Some(ready) = this.try_ready() {
+            return Poll::Ready(ready);
+        }
         let state = this
             .state
             .as_mut()
             .expect("LockFuture polled after completion");
-        let acquire = match &mut state.acquire {
-            Ok(f) => f,
-            Err(_) => {
-                let Some(Acquiring {
-                    acquire: Err(e), ..
-                }) = this.state.take()
-                else {
-                    unreachable!()
-                };
-                return Poll::Ready(Err(e));
-            }
+        let Ok(acquire) = &mut state.acquire else {
+            unreachable!("an error is ready");
         };
         let result = match Pin::new(acquire).poll(cx) {
             Poll::Ready(r) => r,
             Poll::Pending => {
-                let Some(deadline) = state.deadline else {
-                    return Poll::Pending;
+                let since = *state.waiting_since.get_or_insert_with(Instant::now);
+                let deadline = match (state.deadline, state.wait) {
+                    (Some(d), _) => d,
+                    (None, Wait::Timeout(d)) => match since.checked_add(d) {
+                        Some(deadline) => *state.deadline.insert(deadline),
+                        // Too far to represent: as good as forever.
+                        None => return Poll::Pending,
+                    },
+                    (None, Wait::FailFast | Wait::Forever) => return Poll::Pending,
                 };
-                if this.sleep.is_none() {
-                    this.sleep
-                        .set(Some(tokio::time::sleep_until(deadline.into())));
-                }
-                ready!(this.sleep.as_pin_mut().expect("set above").poll(cx));
+                let sleep = this
+                    .sleep
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline.into())));
+                ready!(sleep.as_mut().poll(cx));
                 Err(LockError::Timeout {
-                    waited: state.started.elapsed(),
+                    waited: since.elapsed(),
                 })
             }
         };
         // Dropping the state drops a pending backend future: that withdraws
         // the request (the backend contract).
-        let state = this.state.take().expect("state present");
-        let waited = state.started.elapsed();
-        state.span.record("wait_us", waited.as_micros() as u64);
-        Poll::Ready(match result {
-            Ok(acquired) => {
-                state.span.record("outcome", "acquired");
-                let (token, lost, handle) = acquired.into_parts();
-                tracing::debug!(parent: &state.span, token = token.get(), "lock acquired");
-                let held = HeldLock {
-                    key: state.key.expect("key present when acquiring"),
-                    mode: state.mode,
-                    token,
-                    waited,
-                    backend: state.backend,
-                    lost,
-                };
-                Ok(LockGuard::new(held, handle, state.span))
-            }
-            Err(e) => {
-                state.span.record(
-                    "outcome",
-                    match e {
-                        LockError::Busy => "busy",
-                        LockError::Timeout { .. } => "timeout",
-                        _ => "error",
-                    },
-                );
-                tracing::debug!(parent: &state.span, error = %e, "lock not acquired");
-                Err(e)
-            }
-        })
+        Poll::Ready(finish(this.state.take().expect("state present"), result))
     }
 }
 
@@ -544,7 +577,6 @@ impl<'a, B: Backend + ?Sized> IntoFuture for LockAllBuilder<'a, B> {
                     self.wait,
                     deadline,
                     self.lease,
-                    Instant::now(),
                 )
                 .await;
                 match guard {

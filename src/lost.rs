@@ -12,26 +12,75 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
-struct Shared {
+/// The state behind a [`LostSignal`]: whether the lock is lost, why, and who
+/// waits to hear it.
+///
+/// Most backends use a [`LostTrigger`]. A backend that already allocates per
+/// lock can embed a `LostState` in that allocation and implement
+/// [`HasLostState`], saving an allocation per acquisition.
+pub struct LostState {
     lost: AtomicBool,
     reason: OnceLock<String>,
     wakers: Mutex<Vec<Waker>>,
+}
+
+impl LostState {
+    /// A state that has not fired.
+    pub const fn new() -> Self {
+        LostState {
+            lost: AtomicBool::new(false),
+            reason: OnceLock::new(),
+            wakers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Marks the lock lost and wakes everyone awaiting it. Only the first call
+    /// counts; later reasons are ignored.
+    pub fn fire(&self, reason: impl Into<String>) {
+        let _ = self.reason.set(reason.into());
+        self.lost.store(true, Ordering::Release);
+        let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Whether [`fire`](Self::fire) was called.
+    pub fn is_fired(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+}
+
+impl Default for LostState {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An allocation that holds a [`LostState`], so that a [`LostSignal`] can
+/// point into it.
+pub trait HasLostState: Send + Sync + 'static {
+    /// The embedded state.
+    fn lost_state(&self) -> &LostState;
+}
+
+impl HasLostState for LostState {
+    fn lost_state(&self) -> &LostState {
+        self
+    }
 }
 
 /// The backend's side of a [`LostSignal`]: fires it once.
 ///
 /// Backends make one per acquisition with [`LostTrigger::new`], keep the
 /// trigger and hand [`LostTrigger::signal`] to the holder.
-pub struct LostTrigger(Arc<Shared>);
+#[derive(Clone)]
+pub struct LostTrigger(Arc<LostState>);
 
 impl LostTrigger {
     /// A trigger that has not fired.
     pub fn new() -> Self {
-        LostTrigger(Arc::new(Shared {
-            lost: AtomicBool::new(false),
-            reason: OnceLock::new(),
-            wakers: Mutex::new(Vec::new()),
-        }))
+        LostTrigger(Arc::new(LostState::new()))
     }
 
     /// The holder's side.
@@ -42,17 +91,12 @@ impl LostTrigger {
     /// Marks the lock lost and wakes everyone awaiting it. Only the first call
     /// counts; later reasons are ignored.
     pub fn fire(&self, reason: impl Into<String>) {
-        let _ = self.0.reason.set(reason.into());
-        self.0.lost.store(true, Ordering::Release);
-        let wakers = std::mem::take(&mut *self.0.wakers.lock().unwrap_or_else(|e| e.into_inner()));
-        for w in wakers {
-            w.wake();
-        }
+        self.0.fire(reason);
     }
 
     /// Whether [`fire`](Self::fire) was called.
     pub fn is_fired(&self) -> bool {
-        self.0.lost.load(Ordering::Acquire)
+        self.0.is_fired()
     }
 }
 
@@ -75,7 +119,7 @@ impl fmt::Debug for LostTrigger {
 ///
 /// Cheap to clone. A signal from [`LostSignal::never`] never fires.
 #[derive(Clone, Default)]
-pub struct LostSignal(Option<Arc<Shared>>);
+pub struct LostSignal(Option<Arc<dyn HasLostState>>);
 
 impl LostSignal {
     /// A signal that never fires.
@@ -83,18 +127,24 @@ impl LostSignal {
         LostSignal(None)
     }
 
+    /// The signal of the state inside `source`.
+    pub fn new(source: Arc<dyn HasLostState>) -> Self {
+        LostSignal(Some(source))
+    }
+
+    fn state(&self) -> Option<&LostState> {
+        self.0.as_deref().map(HasLostState::lost_state)
+    }
+
     /// Whether the lock has been lost.
     pub fn is_lost(&self) -> bool {
-        self.0
-            .as_ref()
-            .is_some_and(|s| s.lost.load(Ordering::Acquire))
+        self.state().is_some_and(LostState::is_fired)
     }
 
     /// Why the lock was lost, once it has been.
     pub fn reason(&self) -> Option<&str> {
-        self.0
-            .as_ref()
-            .filter(|s| s.lost.load(Ordering::Acquire))
+        self.state()
+            .filter(|s| s.is_fired())
             .and_then(|s| s.reason.get().map(String::as_str))
     }
 
@@ -109,7 +159,7 @@ impl LostSignal {
 
     /// Polls for loss, registering `cx`'s waker to be woken when it happens.
     pub fn poll_lost(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(shared) = &self.0 else {
+        let Some(shared) = self.state() else {
             return Poll::Pending;
         };
         if shared.lost.load(Ordering::Acquire) {

@@ -8,7 +8,7 @@ use std::fmt;
 use http::header::HeaderName;
 use http::request::Parts;
 
-use crate::key::KeyError;
+use crate::key::{KeyError, LockKey};
 
 /// Finds the lock key in a request head.
 ///
@@ -39,6 +39,20 @@ pub trait KeySource: Send + Sync + 'static {
 
     /// Where the key comes from, for error messages: ``path parameter `sku` ``.
     fn describe(&self) -> Cow<'static, str>;
+
+    /// The validated key under `namespace`; `Ok(None)` if the request does
+    /// not carry it. The default builds it from [`extract`](Self::extract);
+    /// override it to skip an intermediate copy.
+    ///
+    /// # Errors
+    ///
+    /// [`KeyError`] if the key is present but invalid.
+    fn lock_key(&self, parts: &mut Parts, namespace: &str) -> Result<Option<LockKey>, KeyError> {
+        match self.extract(parts)? {
+            Some(raw) => LockKey::namespaced(namespace, &raw).map(Some),
+            None => Ok(None),
+        }
+    }
 }
 
 impl<F> KeySource for F
@@ -167,8 +181,13 @@ fn decode_query(raw: &str) -> Result<Cow<'_, str>, KeyError> {
 pub struct PathParam(pub &'static str);
 
 #[cfg(feature = "axum")]
-impl KeySource for PathParam {
-    fn extract<'p>(&self, parts: &'p mut Parts) -> Result<Option<Cow<'p, str>>, KeyError> {
+impl PathParam {
+    /// Finds the parameter and hands its value to `f`.
+    fn with_value<R>(
+        &self,
+        parts: &mut Parts,
+        f: impl FnOnce(&str) -> Result<R, KeyError>,
+    ) -> Result<Option<R>, KeyError> {
         use axum::extract::{rejection::RawPathParamsRejection, FromRequestParts, RawPathParams};
         use std::future::Future;
         use std::task::{Context, Poll, Waker};
@@ -180,17 +199,29 @@ impl KeySource for PathParam {
             return Ok(None);
         };
         match result {
-            Ok(params) => Ok(params
+            Ok(params) => params
                 .iter()
                 .find(|(name, _)| *name == self.0)
-                .map(|(_, value)| Cow::Owned(value.to_owned()))),
+                .map(|(_, value)| f(value))
+                .transpose(),
             Err(RawPathParamsRejection::InvalidUtf8InPathParam(_)) => Err(KeyError::NotUtf8),
             Err(_) => Ok(None),
         }
     }
+}
+
+#[cfg(feature = "axum")]
+impl KeySource for PathParam {
+    fn extract<'p>(&self, parts: &'p mut Parts) -> Result<Option<Cow<'p, str>>, KeyError> {
+        self.with_value(parts, |v| Ok(Cow::Owned(v.to_owned())))
+    }
 
     fn describe(&self) -> Cow<'static, str> {
         Cow::Owned(format!("path parameter `{}`", self.0))
+    }
+
+    fn lock_key(&self, parts: &mut Parts, namespace: &str) -> Result<Option<LockKey>, KeyError> {
+        self.with_value(parts, |v| LockKey::namespaced(namespace, v))
     }
 }
 

@@ -11,7 +11,7 @@ use std::task::{Context, Poll, Waker};
 use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::lost::{LostSignal, LostTrigger};
+use crate::lost::{HasLostState, LostSignal, LostState};
 use crate::mode::{LockMode, Wait};
 use crate::token::FencingToken;
 
@@ -60,12 +60,13 @@ pub struct MemoryBackend {
 
 struct Inner {
     hasher: RandomState,
-    shards: Box<[Shard]>,
+    shards: Box<[Arc<Shard>]>,
 }
 
-// A shard per cache line, so that two cores locking unrelated keys do not
-// bounce one line between them.
-#[repr(align(64))]
+/// One lock-protected slice of the keys. Each is its own allocation, and a
+/// hold keeps its shard alive rather than the whole backend: the reference
+/// count then sits beside the mutex the hold touches anyway, instead of on one
+/// line that every request on every core would bounce.
 struct Shard {
     state: Mutex<ShardState>,
 }
@@ -86,7 +87,9 @@ struct MapKey {
 
 impl PartialEq for MapKey {
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.key == other.key
+        // The holder's copy of the key shares the map's allocation: compare
+        // pointers before bytes.
+        self.hash == other.hash && (self.key.ptr_eq(&other.key) || self.key == other.key)
     }
 }
 impl Eq for MapKey {}
@@ -120,8 +123,53 @@ impl Hasher for PassHasher {
 struct KeyState {
     /// What the current holders hold; meaningless while `holders` is empty.
     held: Held,
-    holders: Vec<Holder>,
+    holders: Holders,
     queue: VecDeque<Waiter>,
+}
+
+/// The holders of a key: the first inline, since most keys have one, and a
+/// heap allocation per lock would be a measurable share of its cost.
+#[derive(Default)]
+struct Holders {
+    first: Option<Holder>,
+    more: Vec<Holder>,
+}
+
+impl Holders {
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.more.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    fn push(&mut self, holder: Holder) {
+        match self.first {
+            None => self.first = Some(holder),
+            Some(_) => self.more.push(holder),
+        }
+    }
+
+    /// Removes the holder with `token`; false if it is not one (revoked).
+    fn remove(&mut self, token: u64) -> bool {
+        if self.first.as_ref().is_some_and(|h| h.token == token) {
+            self.first = self.more.pop();
+            return true;
+        }
+        match self.more.iter().position(|h| h.token == token) {
+            Some(i) => {
+                self.more.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn take_all(&mut self) -> impl Iterator<Item = Holder> {
+        let first = self.first.take();
+        first.into_iter().chain(std::mem::take(&mut self.more))
+    }
 }
 
 #[derive(Default, Clone, Copy)]
@@ -132,9 +180,44 @@ enum Held {
     Permits(u32),
 }
 
-struct Holder {
+/// One granted lock: the holder list's entry, the guard's lease handle and
+/// the state of its lost signal, in a single allocation.
+struct Hold {
+    shard: Arc<Shard>,
+    key: MapKey,
     token: u64,
-    lost: LostTrigger,
+    lost: LostState,
+}
+
+type Holder = Arc<Hold>;
+
+impl HasLostState for Hold {
+    fn lost_state(&self) -> &LostState {
+        &self.lost
+    }
+}
+
+impl Hold {
+    fn acquired(self: Arc<Self>) -> Acquired {
+        let token = FencingToken::new(self.token);
+        let lost = LostSignal::new(self.clone());
+        Acquired::new(token, self).with_lost(lost)
+    }
+
+    fn release_now(&self) {
+        lock(&self.shard.state).release(&self.shard, &self.key, self.token);
+    }
+}
+
+impl LeaseHandle for Hold {
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        self.release_now();
+        BackendFuture::ready(Ok(()))
+    }
+
+    fn release_on_drop(self: Arc<Self>) {
+        self.release_now();
+    }
 }
 
 struct Waiter {
@@ -152,7 +235,7 @@ struct Slot {
 #[derive(Default)]
 struct SlotState {
     waker: Option<Waker>,
-    granted: Option<(u64, LostSignal)>,
+    granted: Option<Arc<Hold>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -175,7 +258,13 @@ impl KeyState {
         }
     }
 
-    fn grant(&mut self, mode: LockMode, next_token: &mut u64) -> (u64, LostSignal) {
+    fn grant(
+        &mut self,
+        mode: LockMode,
+        next_token: &mut u64,
+        shard: &Arc<Shard>,
+        key: &MapKey,
+    ) -> Arc<Hold> {
         self.held = match mode {
             LockMode::Read => Held::Shared,
             LockMode::Semaphore { permits } => match self.held {
@@ -188,38 +277,29 @@ impl KeyState {
         };
         let token = *next_token;
         *next_token += 1;
-        let trigger = LostTrigger::new();
-        let signal = trigger.signal();
-        self.holders.push(Holder {
+        let hold = Arc::new(Hold {
+            shard: shard.clone(),
+            key: key.clone(),
             token,
-            lost: trigger,
+            lost: LostState::new(),
         });
-        (token, signal)
+        self.holders.push(hold.clone());
+        hold
     }
 
     /// Grants queued waiters from the head while they fit (FIFO).
-    fn grant_waiters(&mut self, next_token: &mut u64) {
+    fn grant_waiters(&mut self, next_token: &mut u64, shard: &Arc<Shard>, key: &MapKey) {
         while let Some(head) = self.queue.front() {
             if !self.admits(head.mode) {
                 break;
             }
             let waiter = self.queue.pop_front().expect("front exists");
-            let grant = self.grant(waiter.mode, next_token);
+            let grant = self.grant(waiter.mode, next_token, shard, key);
             let mut slot = lock(&waiter.slot.state);
             slot.granted = Some(grant);
             if let Some(w) = slot.waker.take() {
                 w.wake();
             }
-        }
-    }
-
-    fn remove_holder(&mut self, token: u64) -> bool {
-        match self.holders.iter().position(|h| h.token == token) {
-            Some(i) => {
-                self.holders.swap_remove(i);
-                true
-            }
-            None => false,
         }
     }
 
@@ -229,26 +309,26 @@ impl KeyState {
 }
 
 impl ShardState {
-    /// Drops the entry of an idle key, and gives memory back after a burst
-    /// of distinct keys has come and gone.
-    fn forget_if_idle(&mut self, key: &MapKey) {
-        if self.keys.get(key).is_some_and(KeyState::is_idle) {
-            self.keys.remove(key);
-            let cap = self.keys.capacity();
-            if cap > 64 && self.keys.len() * 8 < cap {
-                self.keys.shrink_to(self.keys.len() * 2);
-            }
+    /// Drops the entry of a key found idle, and gives memory back after a
+    /// burst of distinct keys has come and gone.
+    fn forget(&mut self, key: &MapKey) {
+        self.keys.remove(key);
+        let cap = self.keys.capacity();
+        if cap > 64 && self.keys.len() * 8 < cap {
+            self.keys.shrink_to(self.keys.len() * 2);
         }
     }
 
-    fn release(&mut self, key: &MapKey, token: u64) {
+    fn release(&mut self, shard: &Arc<Shard>, key: &MapKey, token: u64) {
         let Some(state) = self.keys.get_mut(key) else {
             return;
         };
         // A holder whose lock was broken is no longer listed: nothing to do.
-        if state.remove_holder(token) {
-            state.grant_waiters(&mut self.next_token);
-            self.forget_if_idle(key);
+        if state.holders.remove(token) {
+            state.grant_waiters(&mut self.next_token, shard, key);
+            if state.is_idle() {
+                self.forget(key);
+            }
         }
     }
 }
@@ -257,11 +337,13 @@ impl MemoryBackend {
     /// A backend with no locks held.
     pub fn new() -> Self {
         let shards = (0..SHARDS)
-            .map(|_| Shard {
-                state: Mutex::new(ShardState {
-                    keys: HashMap::default(),
-                    next_token: 1,
-                }),
+            .map(|_| {
+                Arc::new(Shard {
+                    state: Mutex::new(ShardState {
+                        keys: HashMap::default(),
+                        next_token: 1,
+                    }),
+                })
             })
             .collect();
         MemoryBackend {
@@ -294,18 +376,22 @@ impl MemoryBackend {
             return 0;
         };
         let key = self.inner.map_key(key);
-        let mut shard = lock(&self.inner.shard(&key).state);
+        let shard_ref = self.inner.shard(&key);
+        let mut shard = lock(&shard_ref.state);
         let shard = &mut *shard;
         let Some(state) = shard.keys.get_mut(&key) else {
             return 0;
         };
-        let broken = std::mem::take(&mut state.holders);
-        for holder in &broken {
+        let mut broken = 0;
+        for holder in state.holders.take_all() {
             holder.lost.fire("the lock was broken by an operator");
+            broken += 1;
         }
-        state.grant_waiters(&mut shard.next_token);
-        shard.forget_if_idle(&key);
-        broken.len()
+        state.grant_waiters(&mut shard.next_token, shard_ref, &key);
+        if state.is_idle() {
+            shard.forget(&key);
+        }
+        broken
     }
 }
 
@@ -331,7 +417,7 @@ impl Inner {
         }
     }
 
-    fn shard(&self, key: &MapKey) -> &Shard {
+    fn shard(&self, key: &MapKey) -> &Arc<Shard> {
         // Middle bits pick the shard; the map uses the low bits for buckets and
         // the top ones for its control bytes.
         &self.shards[(key.hash >> 32) as usize % SHARDS]
@@ -350,21 +436,13 @@ impl Backend for MemoryBackend {
             )));
         }
         let key = self.inner.map_key(request.key);
-        let mut shard = lock(&self.inner.shard(&key).state);
+        let shard_ref = self.inner.shard(&key);
+        let mut shard = lock(&shard_ref.state);
         let shard = &mut *shard;
         let state = shard.keys.entry(key.clone()).or_default();
         if state.queue.is_empty() && state.admits(request.mode) {
-            let (token, lost) = state.grant(request.mode, &mut shard.next_token);
-            let handle = MemoryLease {
-                inner: self.inner.clone(),
-                key,
-                token,
-            };
-            return BackendFuture::ready(Ok(Acquired::new(
-                FencingToken::new(token),
-                Box::new(handle),
-            )
-            .with_lost(lost)));
+            let hold = state.grant(request.mode, &mut shard.next_token, shard_ref, &key);
+            return BackendFuture::ready(Ok(hold.acquired()));
         }
         if request.wait == Wait::FailFast {
             return BackendFuture::ready(Err(LockError::Busy));
@@ -375,7 +453,7 @@ impl Backend for MemoryBackend {
             slot: slot.clone(),
         });
         BackendFuture::new(WaitForGrant {
-            inner: self.inner.clone(),
+            shard: shard_ref.clone(),
             key: Some(key),
             slot,
         })
@@ -384,7 +462,7 @@ impl Backend for MemoryBackend {
 
 /// A queued acquisition.
 struct WaitForGrant {
-    inner: Arc<Inner>,
+    shard: Arc<Shard>,
     /// `None` once the grant was taken.
     key: Option<MapKey>,
     slot: Arc<Slot>,
@@ -394,10 +472,10 @@ impl Future for WaitForGrant {
     type Output = Result<Acquired, LockError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let granted = {
+        let hold = {
             let mut slot = lock(&self.slot.state);
             match slot.granted.take() {
-                Some(g) => g,
+                Some(hold) => hold,
                 None => {
                     match &slot.waker {
                         Some(w) if w.will_wake(cx.waker()) => {}
@@ -407,18 +485,8 @@ impl Future for WaitForGrant {
                 }
             }
         };
-        let key = self.key.take().expect("polled after completion");
-        let (token, lost) = granted;
-        let handle = MemoryLease {
-            inner: self.inner.clone(),
-            key,
-            token,
-        };
-        Poll::Ready(Ok(Acquired::new(
-            FencingToken::new(token),
-            Box::new(handle),
-        )
-        .with_lost(lost)))
+        self.key = None;
+        Poll::Ready(Ok(hold.acquired()))
     }
 }
 
@@ -427,12 +495,13 @@ impl Drop for WaitForGrant {
         let Some(key) = self.key.take() else {
             return;
         };
-        let mut shard = lock(&self.inner.shard(&key).state);
+        let shard_ref = &self.shard;
+        let mut shard = lock(&shard_ref.state);
         let shard = &mut *shard;
         // Granted between the last poll and now: give the lock back.
         let granted = lock(&self.slot.state).granted.take();
-        if let Some((token, _)) = granted {
-            shard.release(&key, token);
+        if let Some(hold) = granted {
+            shard.release(shard_ref, &key, hold.token);
             return;
         }
         let Some(state) = shard.keys.get_mut(&key) else {
@@ -446,31 +515,10 @@ impl Drop for WaitForGrant {
             state.queue.remove(i);
             // Leaving may unblock the waiters behind (readers behind a
             // departed writer).
-            state.grant_waiters(&mut shard.next_token);
-            shard.forget_if_idle(&key);
+            state.grant_waiters(&mut shard.next_token, shard_ref, &key);
+            if state.is_idle() {
+                shard.forget(&key);
+            }
         }
-    }
-}
-
-struct MemoryLease {
-    inner: Arc<Inner>,
-    key: MapKey,
-    token: u64,
-}
-
-impl MemoryLease {
-    fn release_now(&self) {
-        lock(&self.inner.shard(&self.key).state).release(&self.key, self.token);
-    }
-}
-
-impl LeaseHandle for MemoryLease {
-    fn release(self: Box<Self>) -> BackendFuture<Result<(), LockError>> {
-        self.release_now();
-        BackendFuture::ready(Ok(()))
-    }
-
-    fn release_on_drop(self: Box<Self>) {
-        self.release_now();
     }
 }

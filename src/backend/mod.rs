@@ -55,7 +55,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -141,10 +141,8 @@ pub struct LockRequest {
     pub key: LockKey,
     /// The mode, validated (a semaphore has at least one permit).
     pub mode: LockMode,
-    /// The wait policy the caller chose.
+    /// The wait policy: how long, from this call, the core lets it wait.
     pub wait: Wait,
-    /// When the core will give up waiting; `None` for fail-fast or forever.
-    pub deadline: Option<Instant>,
     /// How long a remote lock lives without renewal. Backends renew it while
     /// held; the memory backend has no use for it.
     pub lease: Duration,
@@ -158,18 +156,13 @@ impl LockRequest {
             key,
             mode,
             wait: Wait::DEFAULT,
-            deadline: None,
             lease: DEFAULT_LEASE,
         }
     }
 
-    /// Sets the wait policy (and the deadline it implies, counted from now).
+    /// Sets the wait policy.
     pub fn with_wait(mut self, wait: Wait) -> Self {
         self.wait = wait;
-        self.deadline = match wait {
-            Wait::Timeout(d) => Instant::now().checked_add(d),
-            Wait::FailFast | Wait::Forever => None,
-        };
         self
     }
 
@@ -191,12 +184,16 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 pub struct Acquired {
     token: FencingToken,
     lost: LostSignal,
-    handle: Option<Box<dyn LeaseHandle>>,
+    handle: Option<Arc<dyn LeaseHandle>>,
 }
 
 impl Acquired {
     /// A grant with fencing token `token`, released through `handle`.
-    pub fn new(token: FencingToken, handle: Box<dyn LeaseHandle>) -> Self {
+    ///
+    /// The handle is an `Arc` so that a backend can keep one allocation per
+    /// lock for its own state, the handle and the [`LostState`](crate::LostState)
+    /// its [`LostSignal`] points into.
+    pub fn new(token: FencingToken, handle: Arc<dyn LeaseHandle>) -> Self {
         Acquired {
             token,
             lost: LostSignal::never(),
@@ -220,7 +217,7 @@ impl Acquired {
         &self.lost
     }
 
-    pub(crate) fn into_parts(mut self) -> (FencingToken, LostSignal, Box<dyn LeaseHandle>) {
+    pub(crate) fn into_parts(mut self) -> (FencingToken, LostSignal, Arc<dyn LeaseHandle>) {
         let handle = self.handle.take().expect("handle present until taken");
         (self.token, std::mem::take(&mut self.lost), handle)
     }
@@ -246,14 +243,14 @@ impl fmt::Debug for Acquired {
 /// A backend's hold on one granted lock.
 pub trait LeaseHandle: Send + Sync + 'static {
     /// Releases the lock (and stops any renewal). Called at most once.
-    fn release(self: Box<Self>) -> BackendFuture<Result<(), LockError>>;
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>>;
 
     /// Releases the lock from a destructor, where nothing can be awaited.
     ///
     /// The default runs [`release`](Self::release) and, if it did not finish at
     /// once, spawns it on the current Tokio runtime. Outside a runtime the
     /// release is abandoned and the lease expires on its own (logged).
-    fn release_on_drop(self: Box<Self>) {
+    fn release_on_drop(self: Arc<Self>) {
         let mut fut = self.release();
         if let Some(result) = fut.take_ready() {
             if let Err(e) = result {

@@ -8,15 +8,44 @@ use pin_project_lite::pin_project;
 
 use crate::guard::LockGuard;
 
+/// A response body the [`LockLayer`](super::LockLayer) can answer with, and
+/// keep a lock in until it has been sent.
+///
+/// The layer's responses keep the inner service's body type, so it composes
+/// like any tower-http middleware. Implemented for axum's `Body` (feature
+/// `axum`) and for [`LockBody`], which wraps any body.
+pub trait LockableBody: Body + Sized {
+    /// A body of `text`, for the layer's own answers (rejections).
+    fn from_text(text: Bytes) -> Self;
+
+    /// This body, holding `guard` until it ends, fails or is dropped.
+    fn holding(self, guard: LockGuard) -> Self;
+}
+
+#[cfg(feature = "axum")]
+impl LockableBody for axum::body::Body {
+    fn from_text(text: Bytes) -> Self {
+        axum::body::Body::from(text)
+    }
+
+    fn holding(self, guard: LockGuard) -> Self {
+        axum::body::Body::new(LockBody::wrap(self).holding(guard))
+    }
+}
+
 pin_project! {
-    /// Response body of [`LockService`](super::LockService): the inner
-    /// service's body, or the layer's own text for a rejection.
+    /// A body that wraps any `B` so that it can be a
+    /// [`LockService`](super::LockService) response: it carries the layer's
+    /// rejection texts, and with
+    /// [`LockLayer::hold_until_body_sent`](super::LockLayer::hold_until_body_sent)
+    /// holds the lock until the body ends, fails or is dropped.
     ///
-    /// With [`LockLayer::hold_until_body_sent`](super::LockLayer::hold_until_body_sent)
-    /// it holds the lock until the body ends, fails or is dropped.
+    /// With axum you never see it; for another inner service, map its
+    /// response bodies with [`LockBody::wrap`].
     pub struct LockBody<B> {
         #[pin]
         kind: Kind<B>,
+        guard: Option<LockGuard>,
     }
 }
 
@@ -26,27 +55,36 @@ pin_project! {
         Inner {
             #[pin]
             body: B,
-            guard: Option<LockGuard>,
         },
-        Rejection {
+        Text {
             text: Option<Bytes>,
         },
     }
 }
 
 impl<B> LockBody<B> {
-    pub(crate) fn new(body: B, guard: Option<LockGuard>) -> Self {
+    /// Wraps `body`.
+    pub fn wrap(body: B) -> Self {
         LockBody {
-            kind: Kind::Inner { body, guard },
+            kind: Kind::Inner { body },
+            guard: None,
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> LockableBody for LockBody<B> {
+    fn from_text(text: Bytes) -> Self {
+        LockBody {
+            kind: Kind::Text {
+                text: (!text.is_empty()).then_some(text),
+            },
+            guard: None,
         }
     }
 
-    pub(crate) fn rejection(text: Bytes) -> Self {
-        LockBody {
-            kind: Kind::Rejection {
-                text: (!text.is_empty()).then_some(text),
-            },
-        }
+    fn holding(mut self, guard: LockGuard) -> Self {
+        self.guard = Some(guard);
+        self
     }
 }
 
@@ -61,29 +99,29 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body, guard } => {
-                let frame = body.poll_frame(cx);
-                if let Poll::Ready(None | Some(Err(_))) = frame {
-                    guard.take();
-                }
-                frame
-            }
-            KindProj::Rejection { text } => Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))),
+        let this = self.project();
+        let frame = match this.kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Text { text } => Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))),
+        };
+        // The body is over: release now rather than when it is dropped.
+        if let Poll::Ready(None | Some(Err(_))) = frame {
+            this.guard.take();
         }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body, .. } => body.is_end_stream(),
-            Kind::Rejection { text } => text.is_none(),
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Text { text } => text.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Inner { body, .. } => body.size_hint(),
-            Kind::Rejection { text } => {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Text { text } => {
                 SizeHint::with_exact(text.as_ref().map_or(0, |t| t.len() as u64))
             }
         }
@@ -92,15 +130,8 @@ where
 
 impl<B> fmt::Debug for LockBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.kind {
-            Kind::Inner { guard, .. } => f
-                .debug_struct("LockBody::Inner")
-                .field("guard", guard)
-                .finish_non_exhaustive(),
-            Kind::Rejection { text } => f
-                .debug_struct("LockBody::Rejection")
-                .field("text", text)
-                .finish(),
-        }
+        f.debug_struct("LockBody")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
     }
 }

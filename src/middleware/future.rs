@@ -4,12 +4,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::layer::{Config, OnLost};
-use super::LockBody;
+use super::layer::{Config, OnLost, Policy};
+use super::service::with_lock;
+use super::LockableBody;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::locker::LockFuture;
@@ -28,7 +30,9 @@ pin_project! {
     {
         #[pin]
         state: State<S, ReqBody>,
-        config: Arc<Config>,
+        // Copied out of the layer's config: an `Arc` clone per request would
+        // bounce its reference count between cores.
+        policy: Policy,
     }
 }
 
@@ -39,13 +43,12 @@ pin_project! {
         S: Service<Request<ReqBody>>,
     {
         Rejected {
-            rejection: Option<LockRejection>,
+            response: Option<Response<Bytes>>,
         },
+        // Boxed: only a request that has to wait comes here, and keeping the
+        // request and a service clone inline would make every future large.
         Acquiring {
-            #[pin]
-            lock: LockFuture,
-            service: Option<S>,
-            request: Option<Request<ReqBody>>,
+            pending: Box<Pending<S, ReqBody>>,
         },
         Running {
             #[pin]
@@ -58,27 +61,37 @@ pin_project! {
     }
 }
 
+struct Pending<S, ReqBody> {
+    config: Arc<Config>,
+    lock: LockFuture,
+    service: Option<S>,
+    request: Option<Request<ReqBody>>,
+}
+
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn rejected(rejection: LockRejection, config: Arc<Config>) -> Self {
+    pub(crate) fn rejected(rejection: LockRejection, config: &Config) -> Self {
         ResponseFuture {
             state: State::Rejected {
-                rejection: Some(rejection),
+                response: Some(config.reject(&rejection)),
             },
-            config,
+            policy: config.policy(),
         }
     }
 
-    pub(crate) fn unlocked(future: S::Future, config: Arc<Config>) -> Self {
+    pub(crate) fn running(future: S::Future, guard: Option<LockGuard>, config: &Config) -> Self {
+        let lost = guard
+            .as_ref()
+            .map_or_else(LostSignal::never, |g| g.held().lost_signal().clone());
         ResponseFuture {
             state: State::Running {
                 future,
-                guard: None,
-                lost: LostSignal::never(),
+                guard,
+                lost,
             },
-            config,
+            policy: config.policy(),
         }
     }
 
@@ -89,12 +102,15 @@ where
         config: Arc<Config>,
     ) -> Self {
         ResponseFuture {
+            policy: config.policy(),
             state: State::Acquiring {
-                lock,
-                service: Some(service),
-                request: Some(request),
+                pending: Box::new(Pending {
+                    config,
+                    lock,
+                    service: Some(service),
+                    request: Some(request),
+                }),
             },
-            config,
         }
     }
 }
@@ -102,67 +118,79 @@ where
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: LockableBody,
 {
-    type Output = Result<Response<LockBody<ResBody>>, S::Error>;
+    type Output = Result<Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Rejected { rejection } => {
-                    let rejection = rejection
+                StateProj::Rejected { response } => {
+                    let response = response
                         .take()
                         .expect("ResponseFuture polled after completion");
-                    let response = this.config.reject(&rejection);
-                    return Poll::Ready(Ok(response.map(LockBody::rejection)));
+                    return Poll::Ready(Ok(response.map(ResBody::from_text)));
                 }
-                StateProj::Acquiring {
-                    lock,
-                    service,
-                    request,
-                } => match ready!(lock.poll(cx)) {
-                    Ok(guard) => {
-                        let mut request = request.take().expect("request present");
-                        let mut service = service.take().expect("service present");
-                        let lost = guard.held().lost_signal().clone();
-                        request.extensions_mut().insert(guard.held().clone());
-                        request.extensions_mut().insert(this.config.locker.clone());
-                        let future = service.call(request);
-                        this.state.set(State::Running {
-                            future,
-                            guard: Some(guard),
-                            lost,
-                        });
+                StateProj::Acquiring { pending } => {
+                    match ready!(Pin::new(&mut pending.lock).poll(cx)) {
+                        Ok(guard) => {
+                            let request = pending.request.take().expect("request present");
+                            let mut service = pending.service.take().expect("service present");
+                            let lost = guard.held().lost_signal().clone();
+                            let future = service.call(with_lock(request, &guard));
+                            this.state.set(State::Running {
+                                future,
+                                guard: Some(guard),
+                                lost,
+                            });
+                        }
+                        Err(e) => {
+                            let response = pending.config.reject(&LockRejection::Lock(e));
+                            this.state.set(State::Rejected {
+                                response: Some(response),
+                            });
+                        }
                     }
-                    Err(e) => this.state.set(State::Rejected {
-                        rejection: Some(LockRejection::Lock(e)),
-                    }),
-                },
+                }
                 StateProj::Running {
                     future,
                     guard,
                     lost,
                 } => {
-                    if this.config.on_lost == OnLost::Abort && lost.poll_lost(cx).is_ready() {
+                    let abort = this.policy.on_lost == OnLost::Abort;
+                    // One atomic load before the handler runs; a waker is
+                    // registered only if the handler has to wait.
+                    let result = if abort && lost.is_lost() {
+                        None
+                    } else {
+                        match future.poll(cx) {
+                            Poll::Ready(result) => Some(result),
+                            Poll::Pending if abort && lost.poll_lost(cx).is_ready() => None,
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    };
+                    let guard = guard.take();
+                    let Some(result) = result else {
                         let reason = lost.reason().unwrap_or("lock lost").to_owned();
-                        let guard = guard.take();
                         tracing::warn!(
                             key = guard.as_ref().map(|g| g.key().as_str()),
                             reason,
                             "lock lost while the request ran; aborting it"
                         );
                         // Stop the handler first, then release.
-                        this.state.set(State::Rejected {
-                            rejection: Some(LockRejection::Lock(LockError::Lost(reason))),
-                        });
+                        this.state.set(State::Rejected { response: None });
                         drop(guard);
-                        continue;
-                    }
-                    let result = ready!(future.poll(cx));
-                    let guard = guard.take();
-                    return Poll::Ready(result.map(|response| {
-                        let guard = if this.config.hold_body { guard } else { None };
-                        response.map(|body| LockBody::new(body, guard))
+                        let rejection = LockRejection::Lock(LockError::Lost(reason));
+                        let response = this.policy.reject(&rejection);
+                        return Poll::Ready(Ok(response.map(ResBody::from_text)));
+                    };
+                    return Poll::Ready(result.map(|response| match guard {
+                        Some(guard) if this.policy.hold_body => {
+                            response.map(|body| body.holding(guard))
+                        }
+                        // Released here, as soon as the response is ready.
+                        _ => response,
                     }));
                 }
             }

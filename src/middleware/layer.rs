@@ -102,7 +102,34 @@ pub(crate) struct Config {
     pub(crate) reject: Option<Arc<RejectFn>>,
 }
 
+/// What a response future needs of the config after `call`.
+#[derive(Clone)]
+pub(crate) struct Policy {
+    pub(crate) on_lost: OnLost,
+    pub(crate) hold_body: bool,
+    retry_after: Duration,
+    reject: Option<Arc<RejectFn>>,
+}
+
+impl Policy {
+    pub(crate) fn reject(&self, rejection: &LockRejection) -> Response<Bytes> {
+        match &self.reject {
+            Some(f) => f(rejection),
+            None => rejection.to_response(self.retry_after),
+        }
+    }
+}
+
 impl Config {
+    pub(crate) fn policy(&self) -> Policy {
+        Policy {
+            on_lost: self.on_lost,
+            hold_body: self.hold_body,
+            retry_after: self.retry_after,
+            reject: self.reject.clone(),
+        }
+    }
+
     pub(crate) fn mode_for(&self, parts: &Parts) -> LockMode {
         match &self.mode {
             ModeSelector::Fixed(m) => *m,
@@ -121,10 +148,7 @@ impl Config {
     }
 
     pub(crate) fn reject(&self, rejection: &LockRejection) -> Response<Bytes> {
-        match &self.reject {
-            Some(f) => f(rejection),
-            None => rejection.to_response(self.retry_after),
-        }
+        self.policy().reject(rejection)
     }
 }
 

@@ -8,7 +8,7 @@ mod future;
 mod layer;
 mod service;
 
-pub use body::LockBody;
+pub use body::{LockBody, LockableBody};
 pub use future::ResponseFuture;
 pub use layer::{LockLayer, OnLost, OnMissingKey};
 pub use service::LockService;

@@ -1,18 +1,14 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body::Body;
 use tower_service::Service;
 
 use super::layer::{Config, OnMissingKey};
-use super::{LockBody, ResponseFuture};
-use crate::key::LockKey;
+use super::{LockableBody, ResponseFuture};
+use crate::guard::LockGuard;
 use crate::locker::LockFuture;
-use crate::mode::Wait;
 use crate::rejection::LockRejection;
 
 /// The service [`LockLayer`](super::LockLayer) makes: locks each request's key
@@ -53,9 +49,9 @@ impl<S: fmt::Debug> fmt::Debug for LockService<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    ResBody: Body<Data = Bytes>,
+    ResBody: LockableBody,
 {
-    type Response = Response<LockBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody>;
 
@@ -64,60 +60,58 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // The inner service was made ready by `poll_ready`: that instance goes
-        // into the future, to be called once the lock is held.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = &self.config;
-
         let (mut parts, body) = req.into_parts();
-        let key = match config.source.extract(&mut parts) {
-            Ok(Some(raw)) => LockKey::namespaced(&config.namespace, &raw).map_err(|error| {
-                LockRejection::InvalidKey {
-                    source: config.source.describe(),
-                    error,
-                }
-            }),
-            Ok(None) => Err(LockRejection::MissingKey {
-                source: config.source.describe(),
-            }),
-            Err(error) => Err(LockRejection::InvalidKey {
-                source: config.source.describe(),
-                error,
-            }),
-        };
-        let key = match key {
-            Ok(key) => key,
-            Err(LockRejection::MissingKey { .. })
-                if config.on_missing == OnMissingKey::PassThrough =>
-            {
-                parts.extensions.insert(config.locker.clone());
-                let future = inner.call(Request::from_parts(parts, body));
-                return ResponseFuture::unlocked(future, self.config.clone());
+        let key = match config.source.lock_key(&mut parts, &config.namespace) {
+            Ok(Some(key)) => key,
+            Ok(None) if config.on_missing == OnMissingKey::PassThrough => {
+                let future = self.inner.call(Request::from_parts(parts, body));
+                return ResponseFuture::running(future, None, config);
             }
-            Err(rejection) => return ResponseFuture::rejected(rejection, self.config.clone()),
+            Ok(None) => {
+                let source = config.source.describe();
+                return ResponseFuture::rejected(LockRejection::MissingKey { source }, config);
+            }
+            Err(error) => {
+                let source = config.source.describe();
+                return ResponseFuture::rejected(
+                    LockRejection::InvalidKey { source, error },
+                    config,
+                );
+            }
         };
 
         let mode = config.mode_for(&parts);
-        let started = Instant::now();
-        let deadline = match config.wait {
-            Wait::Timeout(d) => started.checked_add(d),
-            Wait::FailFast | Wait::Forever => None,
-        };
-        let lock = LockFuture::start(
-            &**config.locker.backend(),
-            key,
-            mode,
-            config.wait,
-            deadline,
-            config.lease,
-            started,
-        );
-        ResponseFuture::acquiring(
-            lock,
-            inner,
-            Request::from_parts(parts, body),
-            self.config.clone(),
-        )
+        let backend = &**config.locker.backend();
+        let mut lock = LockFuture::start(backend, key, mode, config.wait, None, config.lease);
+        match lock.try_ready() {
+            // Granted at once (uncontended memory backend): `self.inner` was
+            // made ready by `poll_ready`, so call it now.
+            Some(Ok(guard)) => {
+                let request = with_lock(Request::from_parts(parts, body), &guard);
+                let future = self.inner.call(request);
+                ResponseFuture::running(future, Some(guard), config)
+            }
+            Some(Err(e)) => ResponseFuture::rejected(LockRejection::Lock(e), config),
+            None => {
+                // The ready instance goes into the future, to be called once
+                // the lock is held; a clone takes its place here.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::acquiring(
+                    lock,
+                    inner,
+                    Request::from_parts(parts, body),
+                    self.config.clone(),
+                )
+            }
+        }
     }
+}
+
+/// Puts the held lock in the request extensions, for the `HeldLock`
+/// extractor.
+pub(crate) fn with_lock<B>(mut request: Request<B>, guard: &LockGuard) -> Request<B> {
+    request.extensions_mut().insert(guard.held().clone());
+    request
 }

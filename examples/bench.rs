@@ -1,0 +1,394 @@
+//! The benchmark program described in the project's BENCHMARKS.md.
+//!
+//! ```text
+//! cargo run --release --example bench -- --backend memory --workload uncontended --n 5000
+//! cargo run --release --example bench -- --backend memory --workload contended --secs 5 --workers 8
+//! cargo run --release --example bench -- --backend memory --workload keys --secs 5 --workers 8 --keys 100
+//! cargo run --release --example bench -- --backend memory --workload http --secs 5 --conns 32
+//! ```
+//!
+//! Each result is one line of `key=value` pairs separated by single spaces.
+//! Exit code 2 for bad arguments or a backend this build cannot open.
+
+mod common;
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::Path;
+use axum::routing::post;
+use axum::Router;
+use tower_lock::{Backend, BackendExt, LockLayer, Locker, PathParam, Wait};
+
+struct Args {
+    backend: String,
+    workload: String,
+    n: usize,
+    secs: u64,
+    workers: usize,
+    keys: usize,
+    conns: usize,
+    processes: usize,
+}
+
+const USAGE: &str = "usage: bench --backend <memory|redis://..|redlock://..|zk://..> \
+--workload <uncontended|contended|keys|http> [--n N] [--secs S] [--workers W] [--keys K] \
+[--conns C] [--processes P]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        backend: "memory".into(),
+        workload: String::new(),
+        n: 5000,
+        secs: 5,
+        workers: 8,
+        keys: 100,
+        conns: 32,
+        processes: 1,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
+            v.parse()
+                .map_err(|_| format!("{flag}: {v:?} is not a positive number"))
+        }
+        match flag.as_str() {
+            "--backend" => a.backend = value()?,
+            "--workload" => a.workload = value()?,
+            "--n" => a.n = num(&flag, value()?)?,
+            "--secs" => a.secs = num(&flag, value()?)?,
+            "--workers" => a.workers = num(&flag, value()?)?,
+            "--keys" => a.keys = num(&flag, value()?)?,
+            "--conns" => a.conns = num(&flag, value()?)?,
+            "--processes" => a.processes = num(&flag, value()?)?,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown flag {other}\n{USAGE}")),
+        }
+    }
+    if a.workload.is_empty() {
+        return Err(format!("--workload is required\n{USAGE}"));
+    }
+    if a.n == 0 || a.secs == 0 || a.workers == 0 || a.keys == 0 || a.conns == 0 || a.processes == 0
+    {
+        return Err("every count must be at least 1".into());
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> ExitCode {
+    let backend = match tower_lock::backend::connect(&args.backend).await {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.processes > 1 && backend.name() == "memory" {
+        eprintln!("bench: --processes needs a backend shared between processes; `memory` lives in one process");
+        return ExitCode::from(2);
+    }
+    let name = backend.name();
+    let line = match args.workload.as_str() {
+        "uncontended" => uncontended(&backend, args.n).await,
+        "contended" => contended(&backend, args.workers, args.secs).await,
+        "keys" => keys(&backend, args.workers, args.keys, args.secs).await,
+        "http" => http(backend.clone(), args.conns, args.secs).await,
+        other => {
+            eprintln!("bench: unknown workload {other:?}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    println!(
+        "impl=tower-lock backend={name} workload={} {line}",
+        args.workload
+    );
+    ExitCode::SUCCESS
+}
+
+/// Microseconds, with two decimals below 10 µs (the memory backend's range)
+/// and none above.
+fn us(d: Duration) -> String {
+    let us = d.as_secs_f64() * 1e6;
+    if us < 10.0 {
+        format!("{us:.2}")
+    } else {
+        format!("{us:.0}")
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+async fn uncontended(backend: &Arc<dyn Backend>, n: usize) -> String {
+    for _ in 0..50 {
+        let g = backend.lock("bench:uncontended").await.expect("lock");
+        g.release().await.expect("release");
+    }
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let g = backend.lock("bench:uncontended").await.expect("lock");
+        g.release().await.expect("release");
+        samples.push(t.elapsed());
+    }
+    samples.sort_unstable();
+    format!(
+        "n={n} p50_us={} p99_us={}",
+        us(percentile(&samples, 0.50)),
+        us(percentile(&samples, 0.99))
+    )
+}
+
+/// What `contended` and `keys` workers report.
+struct Tally {
+    cycles: u64,
+    waits: Vec<Duration>,
+}
+
+async fn contended(backend: &Arc<dyn Backend>, workers: usize, secs: u64) -> String {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        let (backend, inside, overlaps, stop) = (
+            backend.clone(),
+            inside.clone(),
+            overlaps.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut tally = Tally {
+                cycles: 0,
+                waits: Vec::with_capacity(1 << 16),
+            };
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                let g = backend
+                    .lock("bench:contended")
+                    .wait(Wait::Forever)
+                    .await
+                    .expect("lock");
+                tally.waits.push(t.elapsed());
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.expect("release");
+                tally.cycles += 1;
+            }
+            tally
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut tallies = Vec::new();
+    for t in tasks {
+        tallies.push(t.await.expect("worker"));
+    }
+    let elapsed = started.elapsed();
+    let total: u64 = tallies.iter().map(|t| t.cycles).sum();
+    let min = tallies.iter().map(|t| t.cycles).min().unwrap_or(0);
+    let max = tallies.iter().map(|t| t.cycles).max().unwrap_or(0);
+    let mut waits: Vec<Duration> = tallies.into_iter().flat_map(|t| t.waits).collect();
+    waits.sort_unstable();
+    format!(
+        "workers={workers} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} per_worker_min={min} per_worker_max={max} overlaps={}",
+        total as f64 / elapsed.as_secs_f64(),
+        us(percentile(&waits, 0.50)),
+        us(percentile(&waits, 0.99)),
+        overlaps.load(Ordering::SeqCst),
+    )
+}
+
+async fn keys(backend: &Arc<dyn Backend>, workers: usize, nkeys: usize, secs: u64) -> String {
+    let names: Arc<Vec<String>> = Arc::new((0..nkeys).map(|k| format!("bench:key:{k}")).collect());
+    let inside: Arc<Vec<AtomicUsize>> = Arc::new((0..nkeys).map(|_| AtomicUsize::new(0)).collect());
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let (backend, names, inside, overlaps, stop) = (
+            backend.clone(),
+            names.clone(),
+            inside.clone(),
+            overlaps.clone(),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            // xorshift64*: a fixed, per-worker sequence of keys.
+            let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (w as u64 + 1);
+            let mut tally = Tally {
+                cycles: 0,
+                waits: Vec::with_capacity(1 << 16),
+            };
+            while !stop.load(Ordering::Relaxed) {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                let k = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) % names.len() as u64) as usize;
+                let t = Instant::now();
+                let g = backend
+                    .lock(names[k].as_str())
+                    .wait(Wait::Forever)
+                    .await
+                    .expect("lock");
+                tally.waits.push(t.elapsed());
+                if inside[k].fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                inside[k].fetch_sub(1, Ordering::SeqCst);
+                g.release().await.expect("release");
+                tally.cycles += 1;
+            }
+            tally
+        }));
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut tallies = Vec::new();
+    for t in tasks {
+        tallies.push(t.await.expect("worker"));
+    }
+    let elapsed = started.elapsed();
+    let total: u64 = tallies.iter().map(|t| t.cycles).sum();
+    let mut waits: Vec<Duration> = tallies.into_iter().flat_map(|t| t.waits).collect();
+    waits.sort_unstable();
+    format!(
+        "workers={workers} keys={nkeys} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} overlaps={}",
+        total as f64 / elapsed.as_secs_f64(),
+        us(percentile(&waits, 0.50)),
+        us(percentile(&waits, 0.99)),
+        overlaps.load(Ordering::SeqCst),
+    )
+}
+
+async fn order(Path(sku): Path<String>) -> String {
+    sku
+}
+
+async fn serve(app: Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// Connections to one server, kept for the whole run.
+struct Clients {
+    clients: Vec<common::Client>,
+    /// Distinguishes the SKUs of every request this set sends.
+    sent: u64,
+}
+
+impl Clients {
+    async fn connect(addr: std::net::SocketAddr, conns: usize) -> Clients {
+        let mut clients = Vec::with_capacity(conns);
+        for _ in 0..conns {
+            clients.push(common::Client::connect(addr).await.expect("connect"));
+        }
+        Clients { clients, sent: 0 }
+    }
+
+    /// Every connection sends requests back to back for `dur`, each on a SKU
+    /// no other request uses; returns how many completed.
+    async fn drive(&mut self, dur: Duration) -> u64 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let base = self.sent;
+        let tasks: Vec<_> = self
+            .clients
+            .drain(..)
+            .enumerate()
+            .map(|(c, mut client)| {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let mut done = 0u64;
+                    let mut path = String::with_capacity(48);
+                    while !stop.load(Ordering::Relaxed) {
+                        use std::fmt::Write;
+                        path.clear();
+                        write!(path, "/orders/sku-{base}-{c}-{done}").unwrap();
+                        let reply = client.post(&path).await.expect("request");
+                        assert!(reply.status.is_success(), "{} {}", reply.status, reply.body);
+                        done += 1;
+                    }
+                    (client, done)
+                })
+            })
+            .collect();
+        tokio::time::sleep(dur).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut total = 0;
+        for t in tasks {
+            let (client, done) = t.await.expect("client");
+            self.clients.push(client);
+            total += done;
+        }
+        self.sent += total;
+        total
+    }
+}
+
+async fn http(backend: Arc<dyn Backend>, conns: usize, secs: u64) -> String {
+    let bare = serve(Router::new().route("/orders/{sku}", post(order))).await;
+    let locked = serve(
+        Router::new()
+            .route("/orders/{sku}", post(order))
+            .route_layer(LockLayer::with_locker(
+                Locker::from_arc(backend),
+                PathParam("sku"),
+            )),
+    )
+    .await;
+    let mut bare = Clients::connect(bare, conns).await;
+    let mut locked = Clients::connect(locked, conns).await;
+    // Warm up, then alternate short phases in an A-B-B-A pattern, so that
+    // drift (CPU frequency, other load on the machine) falls on both alike.
+    bare.drive(Duration::from_millis(250)).await;
+    locked.drive(Duration::from_millis(250)).await;
+    let phases = (secs * 10).max(2) as u32;
+    let phase = Duration::from_secs(secs) / phases;
+    let (mut n_bare, mut n_locked) = (0u64, 0u64);
+    for i in 0..phases {
+        if i % 2 == 0 {
+            n_bare += bare.drive(phase).await;
+            n_locked += locked.drive(phase).await;
+        } else {
+            n_locked += locked.drive(phase).await;
+            n_bare += bare.drive(phase).await;
+        }
+    }
+    let total = secs as f64;
+    let (rps_bare, rps_locked) = (n_bare as f64 / total, n_locked as f64 / total);
+    format!(
+        "conns={conns} secs={secs} rps_bare={rps_bare:.0} rps_locked={rps_locked:.0} ratio={:.3}",
+        rps_locked / rps_bare
+    )
+}
