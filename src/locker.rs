@@ -99,9 +99,10 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 
 /// A cloneable handle on a backend, with defaults for every lock it takes.
 ///
-/// With the `axum` feature, `Locker` is also an extractor: the
-/// [`LockLayer`](crate::LockLayer) puts one in every request it serves, or add
-/// one yourself with `axum::Extension(locker)`.
+/// With the `axum` feature, `Locker` is also an extractor, for a locker added
+/// with `.layer(axum::Extension(locker))` (a clone per request costs one
+/// reference count, so the [`LockLayer`](crate::LockLayer) does not add one
+/// unasked).
 ///
 /// # Examples
 ///

@@ -8,9 +8,9 @@ use http::StatusCode;
 use crate::guard::HeldLock;
 
 /// Rejection of the [`HeldLock`] and [`Locker`](crate::Locker) extractors when
-/// the request did not pass through a [`LockLayer`](crate::LockLayer) (or,
-/// for `Locker`, an `axum::Extension`): a server misconfiguration, answered
-/// 500 with a body that says how to fix it.
+/// the request did not pass through a [`LockLayer`](crate::LockLayer) (for
+/// `Locker`: no `axum::Extension(locker)` was added): a server
+/// misconfiguration, answered 500 with a body that says how to fix it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MissingLockExtension {
     pub(crate) what: &'static str,
@@ -24,7 +24,7 @@ impl fmt::Display for MissingLockExtension {
             ),
             what => write!(
                 f,
-                "no {what} in this request: add LockLayer to the route, or `.layer(Extension(locker))`"
+                "no {what} in this request: add one with `.layer(axum::Extension(locker))`"
             ),
         }
     }

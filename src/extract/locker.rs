@@ -4,8 +4,7 @@ use http::request::Parts;
 use super::MissingLockExtension;
 use crate::locker::Locker;
 
-/// Extracts a [`Locker`] on the backend of the route's
-/// [`LockLayer`](crate::LockLayer), or one added with `axum::Extension`.
+/// Extracts the [`Locker`] added with `.layer(axum::Extension(locker))`.
 ///
 /// # Examples
 ///

@@ -28,8 +28,9 @@ use crate::source::KeySource;
 /// [`LockRejection`] lists the statuses, and [`on_rejection`](Self::on_rejection)
 /// replaces them.
 ///
-/// The layer puts a [`HeldLock`](crate::HeldLock) and a [`Locker`] on the same
-/// backend in the request extensions, for handlers to extract.
+/// The layer puts a [`HeldLock`](crate::HeldLock) in the request extensions
+/// for handlers to extract. To take more locks inside a handler, give it the
+/// layer's [`Locker`] with `.layer(axum::Extension(layer.locker().clone()))`.
 ///
 /// # Examples
 ///
