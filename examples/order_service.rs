@@ -140,6 +140,11 @@ fn parse_reply(body: &str) -> Option<Outcome> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // `RUST_LOG=tower_lock=debug` shows one span per acquisition.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {

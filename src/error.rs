@@ -55,11 +55,15 @@ impl LockError {
         }
     }
 
-    /// Whether trying again later may succeed (busy, timeout, backend down).
+    /// Whether trying again later may succeed (busy, timeout, lock lost,
+    /// backend down).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            LockError::Busy | LockError::Timeout { .. } | LockError::Backend { .. }
+            LockError::Busy
+                | LockError::Timeout { .. }
+                | LockError::Lost(_)
+                | LockError::Backend { .. }
         )
     }
 }

@@ -466,6 +466,7 @@ async fn lost_lock_aborts_the_handler_with_503() {
     let reply = req.await.unwrap();
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(reply.body.contains("lock lost"), "{}", reply.body);
+    assert_eq!(reply.headers["retry-after"], "1");
     assert_eq!(gate.finished.load(Ordering::SeqCst), 0, "handler went on");
     assert_eq!(backend.active_keys(), 0);
 }

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# Runs every check and test of tower-lock, on a fresh machine too:
+#   1. installs the Debian packages it needs when they are missing (as root;
+#      otherwise it says which to install),
+#   2. starts its own Redis and ZooKeeper on free loopback ports,
+#   3. runs cargo fmt --check, clippy with -D warnings, the whole test suite,
+#      and the order_service and bench examples end to end,
+#   4. stops the servers, whatever happened.
+#
+# Usage: scripts/test-all.sh            (from anywhere in the repository)
+# Tests that need a server read TOWER_LOCK_REDIS_URL and TOWER_LOCK_ZK_ADDR,
+# which this script exports; run alone, such a test fails and says how to
+# start the server.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+started=$SECONDS
+work=$(mktemp -d "${TMPDIR:-/tmp}/tower-lock-test.XXXXXX")
+pids=()
+
+cleanup() {
+    local code=$?
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+    exit "$code"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf 'test-all: %s\n' "$*" >&2; exit 1; }
+
+# --- 1. packages -------------------------------------------------------------
+
+# Each line: a file that proves the package is there, and the package.
+required_packages() {
+    cat <<'EOF'
+/usr/bin/redis-server redis-server
+/usr/bin/redis-cli redis-tools
+/usr/share/java/zookeeper.jar zookeeper
+/usr/bin/java default-jre-headless
+/usr/bin/python3 python3
+EOF
+}
+
+missing=()
+while read -r file package; do
+    [ -e "$file" ] || missing+=("$package")
+done < <(required_packages)
+
+if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ]; then
+        step "installing missing Debian packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        die "missing Debian packages: ${missing[*]}; run as root, or: sudo apt-get install ${missing[*]}"
+    fi
+fi
+
+# --- 2. servers --------------------------------------------------------------
+
+free_port() {
+    /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_for SECONDS DESCRIPTION COMMAND...: retries COMMAND until it succeeds.
+wait_for() {
+    local limit=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        [ "$SECONDS" -lt "$deadline" ] || die "$what did not come up within ${limit}s"
+        sleep 0.2
+    done
+}
+
+start_redis() {
+    local port
+    port=$(free_port)
+    mkdir -p "$work/redis"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+        --dir "$work/redis" --logfile "$work/redis/redis.log" &
+    pids+=("$!")
+    wait_for 10 "redis-server on port $port" redis-cli -p "$port" ping
+    export TOWER_LOCK_REDIS_URL="redis://127.0.0.1:$port"
+    echo "redis-server on 127.0.0.1:$port"
+}
+
+# ZooKeeper answers its four-letter words on the client port.
+zk_says() {
+    local port=$1 word=$2 expect=$3 reply
+    reply=$(exec 3<>"/dev/tcp/127.0.0.1/$port" && printf '%s' "$word" >&3 && cat <&3) || return 1
+    [[ "$reply" == *"$expect"* ]]
+}
+
+start_zookeeper() {
+    local port
+    port=$(free_port)
+    mkdir -p "$work/zk/data"
+    # A short tick lets session-expiry tests finish in seconds; every
+    # four-letter word is allowed so tests can count watches.
+    cat >"$work/zk/zoo.cfg" <<EOF
+tickTime=200
+minSessionTimeout=400
+maxSessionTimeout=60000
+dataDir=$work/zk/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=*
+maxClientCnxns=0
+EOF
+    java -Dzookeeper.log.dir="$work/zk" -cp "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar" \
+        org.apache.zookeeper.server.quorum.QuorumPeerMain "$work/zk/zoo.cfg" \
+        >"$work/zk/zookeeper.log" 2>&1 &
+    pids+=("$!")
+    wait_for 60 "ZooKeeper on port $port (log: $work/zk/zookeeper.log)" zk_says "$port" ruok imok
+    export TOWER_LOCK_ZK_ADDR="127.0.0.1:$port"
+    echo "ZooKeeper on 127.0.0.1:$port"
+}
+
+step "starting servers"
+start_redis
+start_zookeeper
+
+# --- 3. checks and tests ---------------------------------------------------
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --all-targets --all-features -- -D warnings"
+cargo clippy --all-targets --all-features -- -D warnings
+
+step "cargo test --all-features"
+cargo test --all-features
+
+step "order_service example, end to end"
+expected="serialised: 10/10 requests, 10 unique order codes, max concurrent in critical section = 1"
+locked=$(cargo run -q --example order_service)
+echo "$locked" | tail -n 3
+[ "$(echo "$locked" | tail -n 1)" = "$expected" ] || die "order_service did not serialise: $(echo "$locked" | tail -n 1)"
+unlocked=$(cargo run -q --example order_service -- --no-lock | tail -n 1)
+echo "$unlocked"
+[[ "$unlocked" =~ max\ concurrent\ in\ critical\ section\ =\ ([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -gt 1 ] ||
+    die "order_service --no-lock should overlap: $unlocked"
+if cargo run -q --example order_service -- --backend nonsense:// 2>/dev/null; then
+    die "order_service accepted an unknown backend"
+fi
+
+step "bench example, short runs"
+for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16" "http --secs 1 --conns 4"; do
+    # shellcheck disable=SC2086
+    line=$(cargo run -q --example bench -- --backend memory --workload $workload)
+    echo "$line"
+    [[ "$line" == impl=tower-lock\ backend=memory\ * ]] || die "bench printed an unexpected line: $line"
+    [[ "$line" != *overlaps=* || "$line" == *overlaps=0* ]] || die "bench saw overlapping holders: $line"
+done
+set +e
+cargo run -q --example bench -- --backend zk://127.0.0.1:1 --workload uncontended 2>/dev/null
+code=$?
+set -e
+[ "$code" -eq 2 ] || die "bench with an unbuilt backend should exit 2, got $code"
+
+step "all checks passed in $((SECONDS - started))s"
