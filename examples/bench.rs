@@ -168,73 +168,34 @@ struct Tally {
     waits: Vec<Duration>,
 }
 
-async fn contended(backend: &Arc<dyn Backend>, workers: usize, secs: u64) -> String {
-    let inside = Arc::new(AtomicUsize::new(0));
-    let overlaps = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for _ in 0..workers {
-        let (backend, inside, overlaps, stop) = (
-            backend.clone(),
-            inside.clone(),
-            overlaps.clone(),
-            stop.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let mut tally = Tally {
-                cycles: 0,
-                waits: Vec::with_capacity(1 << 16),
-            };
-            while !stop.load(Ordering::Relaxed) {
-                let t = Instant::now();
-                let g = backend
-                    .lock("bench:contended")
-                    .wait(Wait::Forever)
-                    .await
-                    .expect("lock");
-                tally.waits.push(t.elapsed());
-                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                    overlaps.fetch_add(1, Ordering::SeqCst);
-                }
-                inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.expect("release");
-                tally.cycles += 1;
-            }
-            tally
-        }));
-    }
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(secs)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut tallies = Vec::new();
-    for t in tasks {
-        tallies.push(t.await.expect("worker"));
-    }
-    let elapsed = started.elapsed();
-    let total: u64 = tallies.iter().map(|t| t.cycles).sum();
-    let min = tallies.iter().map(|t| t.cycles).min().unwrap_or(0);
-    let max = tallies.iter().map(|t| t.cycles).max().unwrap_or(0);
-    let mut waits: Vec<Duration> = tallies.into_iter().flat_map(|t| t.waits).collect();
-    waits.sort_unstable();
-    format!(
-        "workers={workers} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} per_worker_min={min} per_worker_max={max} overlaps={}",
-        total as f64 / elapsed.as_secs_f64(),
-        us(percentile(&waits, 0.50)),
-        us(percentile(&waits, 0.99)),
-        overlaps.load(Ordering::SeqCst),
-    )
+/// The totals of a run of workers over some keys.
+struct Run {
+    cycles_per_s: f64,
+    waits: Vec<Duration>,
+    per_worker_min: u64,
+    per_worker_max: u64,
+    overlaps: u64,
 }
 
-async fn keys(backend: &Arc<dyn Backend>, workers: usize, nkeys: usize, secs: u64) -> String {
-    let names: Arc<Vec<String>> = Arc::new((0..nkeys).map(|k| format!("bench:key:{k}")).collect());
-    let inside: Arc<Vec<AtomicUsize>> = Arc::new((0..nkeys).map(|_| AtomicUsize::new(0)).collect());
+/// `workers` tasks loop for `secs` seconds: pick one of `keys` (a fixed
+/// pseudo-random sequence per worker), acquire, enter the critical section
+/// (a per-key counter detects overlap), leave, release.
+async fn run_workers(
+    backend: &Arc<dyn Backend>,
+    workers: usize,
+    keys: Vec<String>,
+    secs: u64,
+) -> Run {
+    let keys = Arc::new(keys);
+    let inside: Arc<Vec<AtomicUsize>> =
+        Arc::new(keys.iter().map(|_| AtomicUsize::new(0)).collect());
     let overlaps = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let (backend, names, inside, overlaps, stop) = (
+        let (backend, keys, inside, overlaps, stop) = (
             backend.clone(),
-            names.clone(),
+            keys.clone(),
             inside.clone(),
             overlaps.clone(),
             stop.clone(),
@@ -250,10 +211,10 @@ async fn keys(backend: &Arc<dyn Backend>, workers: usize, nkeys: usize, secs: u6
                 x ^= x >> 12;
                 x ^= x << 25;
                 x ^= x >> 27;
-                let k = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) % names.len() as u64) as usize;
+                let k = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) % keys.len() as u64) as usize;
                 let t = Instant::now();
                 let g = backend
-                    .lock(names[k].as_str())
+                    .lock(keys[k].as_str())
                     .wait(Wait::Forever)
                     .await
                     .expect("lock");
@@ -277,14 +238,41 @@ async fn keys(backend: &Arc<dyn Backend>, workers: usize, nkeys: usize, secs: u6
     }
     let elapsed = started.elapsed();
     let total: u64 = tallies.iter().map(|t| t.cycles).sum();
+    let per_worker_min = tallies.iter().map(|t| t.cycles).min().unwrap_or(0);
+    let per_worker_max = tallies.iter().map(|t| t.cycles).max().unwrap_or(0);
     let mut waits: Vec<Duration> = tallies.into_iter().flat_map(|t| t.waits).collect();
     waits.sort_unstable();
+    Run {
+        cycles_per_s: total as f64 / elapsed.as_secs_f64(),
+        waits,
+        per_worker_min,
+        per_worker_max,
+        overlaps: overlaps.load(Ordering::SeqCst),
+    }
+}
+
+async fn contended(backend: &Arc<dyn Backend>, workers: usize, secs: u64) -> String {
+    let r = run_workers(backend, workers, vec!["bench:contended".into()], secs).await;
+    format!(
+        "workers={workers} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} per_worker_min={} per_worker_max={} overlaps={}",
+        r.cycles_per_s,
+        us(percentile(&r.waits, 0.50)),
+        us(percentile(&r.waits, 0.99)),
+        r.per_worker_min,
+        r.per_worker_max,
+        r.overlaps,
+    )
+}
+
+async fn keys(backend: &Arc<dyn Backend>, workers: usize, nkeys: usize, secs: u64) -> String {
+    let names = (0..nkeys).map(|k| format!("bench:key:{k}")).collect();
+    let r = run_workers(backend, workers, names, secs).await;
     format!(
         "workers={workers} keys={nkeys} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} overlaps={}",
-        total as f64 / elapsed.as_secs_f64(),
-        us(percentile(&waits, 0.50)),
-        us(percentile(&waits, 0.99)),
-        overlaps.load(Ordering::SeqCst),
+        r.cycles_per_s,
+        us(percentile(&r.waits, 0.50)),
+        us(percentile(&r.waits, 0.99)),
+        r.overlaps,
     )
 }
 
