@@ -406,10 +406,15 @@ async fn client_disconnect_while_waiting_leaves_the_queue() {
     };
     gate.entered.notified().await;
     let socket = send_and_hang_up(addr, "/orders/C").await;
-    // Let the server read the request and queue it, then hang up.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("the second request is queued", || backend.queued("C") == 1).await;
     drop(socket);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The server notices the hang-up and drops the waiting request, which
+    // leaves the queue while the first still holds the key.
+    eventually("the hung-up request left the queue", || {
+        backend.queued("C") == 0
+    })
+    .await;
+    assert_eq!(backend.active_keys(), 1);
 
     gate.proceed.notify_one();
     assert_eq!(holder.await.unwrap().status, StatusCode::OK);

@@ -245,7 +245,9 @@ async fn dropped_waiter_leaves_no_trace_and_does_not_block_the_queue() {
     let mut second = Box::pin(backend.lock("k").into_future());
     assert!(poll_once(&mut first).is_pending());
     assert!(poll_once(&mut second).is_pending());
+    assert_eq!(backend.queued("k"), 2);
     drop(first);
+    assert_eq!(backend.queued("k"), 1);
     drop(holder);
     let g = match poll_once(&mut second) {
         Poll::Ready(Ok(g)) => g,

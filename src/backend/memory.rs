@@ -369,6 +369,16 @@ impl MemoryBackend {
             .sum()
     }
 
+    /// How many acquisitions of `key` are queued behind its holders.
+    pub fn queued(&self, key: &str) -> usize {
+        let Ok(key) = LockKey::new(key) else {
+            return 0;
+        };
+        let key = self.inner.map_key(key);
+        let shard = lock(&self.inner.shard(&key).state);
+        shard.keys.get(&key).map_or(0, |s| s.queue.len())
+    }
+
     /// Revokes every current hold on `key`, as an operator would break a
     /// stuck lock, and returns how many holders lost it.
     ///
