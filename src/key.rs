@@ -78,6 +78,30 @@ impl LockKey {
     }
 }
 
+/// Checks a namespace: empty, or valid as a key itself with room left for
+/// `:` and a one-byte key.
+pub(crate) fn check_namespace(namespace: &str) -> Result<(), KeyError> {
+    if namespace.is_empty() {
+        return Ok(());
+    }
+    validate(namespace)?;
+    if namespace.len() + 2 > MAX_KEY_LEN {
+        return Err(KeyError::TooLong {
+            len: namespace.len() + 2,
+        });
+    }
+    Ok(())
+}
+
+/// Panics with a clear message on an invalid namespace: it is fixed when
+/// the service is built, so the mistake shows at start-up, not as a 400 on
+/// every request.
+pub(crate) fn assert_namespace(namespace: &str) {
+    if let Err(e) = check_namespace(namespace) {
+        panic!("invalid lock namespace {namespace:?}: {e}");
+    }
+}
+
 fn validate(key: &str) -> Result<(), KeyError> {
     if key.is_empty() {
         return Err(KeyError::Empty);
@@ -176,6 +200,9 @@ pub enum KeyError {
     DotSegment,
     /// The source (a header) held bytes that are not UTF-8.
     NotUtf8,
+    /// The key source cannot work where it was installed (a server
+    /// configuration error, not the client's).
+    Misconfigured(&'static str),
 }
 
 impl fmt::Display for KeyError {
@@ -190,6 +217,7 @@ impl fmt::Display for KeyError {
             }
             KeyError::DotSegment => f.write_str("key is `.` or contains `..`"),
             KeyError::NotUtf8 => f.write_str("key is not valid UTF-8"),
+            KeyError::Misconfigured(why) => write!(f, "key source misconfigured: {why}"),
         }
     }
 }
@@ -261,6 +289,16 @@ mod tests {
                 assert_eq!(validate(&text), by_chars, "{text:?}");
             }
         }
+    }
+
+    #[test]
+    fn namespaces_are_checked() {
+        assert!(check_namespace("").is_ok());
+        assert!(check_namespace("orders").is_ok());
+        assert!(check_namespace("a/b").is_err());
+        assert!(check_namespace(&"n".repeat(MAX_KEY_LEN - 1)).is_err());
+        let bad = std::panic::catch_unwind(|| assert_namespace("a..b"));
+        assert!(bad.is_err());
     }
 
     #[test]

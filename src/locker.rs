@@ -6,7 +6,9 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::time::Sleep;
 use tracing::field::Empty;
@@ -157,7 +159,13 @@ impl Locker {
     }
 
     /// Prefixes every key with `namespace:`.
+    ///
+    /// # Panics
+    ///
+    /// If `namespace` breaks the [`LockKey`] rules or leaves no room for a
+    /// key.
     pub fn namespace(self, namespace: &str) -> Self {
+        crate::key::assert_namespace(namespace);
         self.edit(|l| l.namespace = Arc::from(namespace))
     }
 
@@ -334,6 +342,11 @@ impl LockFuture {
         deadline: Option<Instant>,
         lease: Duration,
     ) -> Self {
+        if let LockMode::Semaphore { permits: 0 } = mode {
+            return Self::failed(LockError::InvalidMode(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
         // The backend counts a shared deadline's remainder as its wait.
         let backend_wait = match (deadline, wait) {
             (Some(d), Wait::Timeout(_)) => {
@@ -358,6 +371,8 @@ impl LockFuture {
             lease,
         };
         let acquire = span.in_scope(|| backend.acquire(request));
+        // Queued from now, whenever the future is first polled.
+        let waiting_since = (!acquire.is_ready()).then(Instant::now);
         LockFuture {
             state: Some(Acquiring {
                 acquire: Ok(acquire),
@@ -366,7 +381,7 @@ impl LockFuture {
                 backend: name,
                 wait,
                 deadline,
-                waiting_since: None,
+                waiting_since,
                 span,
             }),
             sleep: None,
@@ -409,6 +424,15 @@ impl LockFuture {
 fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockGuard, LockError> {
     let waited = state.waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
     state.span.record("wait_us", waited.as_micros() as u64);
+    // A grant that was revoked before anyone saw it is no grant.
+    let result = match result {
+        Ok(acquired) if acquired.lost().is_lost() => {
+            let reason = acquired.lost().reason().unwrap_or("lock lost").to_owned();
+            drop(acquired);
+            Err(LockError::Lost(reason))
+        }
+        other => other,
+    };
     match result {
         Ok(acquired) => {
             state.span.record("outcome", "acquired");
@@ -430,6 +454,7 @@ fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockG
                 match e {
                     LockError::Busy => "busy",
                     LockError::Timeout { .. } => "timeout",
+                    LockError::Lost(_) => "lost",
                     _ => "error",
                 },
             );
@@ -454,7 +479,7 @@ impl Future for LockFuture {
         let Ok(acquire) = &mut state.acquire else {
             unreachable!("an error is ready");
         };
-        let result = match Pin::new(acquire).poll(cx) {
+        let result = match Pin::new(&mut *acquire).poll(cx) {
             Poll::Ready(r) => r,
             Poll::Pending => {
                 let since = *state.waiting_since.get_or_insert_with(Instant::now);
@@ -467,13 +492,26 @@ impl Future for LockFuture {
                     },
                     (None, Wait::FailFast | Wait::Forever) => return Poll::Pending,
                 };
-                let sleep = this
-                    .sleep
-                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline.into())));
+                if this.sleep.is_none() {
+                    if tokio::runtime::Handle::try_current().is_err() {
+                        let e = LockError::Config(
+                            "waiting for a lock with a timeout needs a Tokio runtime with timers"
+                                .into(),
+                        );
+                        return Poll::Ready(finish(this.state.take().expect("state"), Err(e)));
+                    }
+                    this.sleep = Some(Box::pin(tokio::time::sleep_until(deadline)));
+                }
+                let sleep = this.sleep.as_mut().expect("set above");
                 ready!(sleep.as_mut().poll(cx));
-                Err(LockError::Timeout {
-                    waited: since.elapsed(),
-                })
+                // A grant may have landed between the two polls: take it
+                // rather than report a timeout and release it.
+                match Pin::new(acquire).poll(cx) {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => Err(LockError::Timeout {
+                        waited: since.elapsed(),
+                    }),
+                }
             }
         };
         // Dropping the state drops a pending backend future: that withdraws
@@ -595,6 +633,18 @@ impl<'a, B: Backend + ?Sized> IntoFuture for LockAllBuilder<'a, B> {
                         return Err(e);
                     }
                 }
+            }
+            // A key taken first may have been lost while a later one was
+            // awaited: all or nothing.
+            if let Some(g) = set.guards.iter().find(|g| g.is_lost()) {
+                let reason = g
+                    .held()
+                    .lost_signal()
+                    .reason()
+                    .unwrap_or("lock lost")
+                    .to_owned();
+                let _ = set.release().await;
+                return Err(LockError::Lost(reason));
             }
             Ok(set)
         })

@@ -20,7 +20,7 @@ use crate::key::KeyError;
 /// | key busy ([`Wait::FailFast`](crate::Wait::FailFast)) or still held when the wait ran out | 423 Locked, with `Retry-After` |
 /// | backend unreachable or failing | 503 Service Unavailable |
 /// | lock lost while the request ran (lease or session gone) | 503 Service Unavailable |
-/// | invalid mode (a semaphore of zero permits) or backend configuration | 500 Internal Server Error |
+/// | invalid mode (a semaphore of zero permits), backend configuration, or a key source that cannot work where it is installed (`PathParam` outside `route_layer`) | 500 Internal Server Error |
 ///
 /// Bodies are plain text saying what went wrong. Replace any of them with
 /// [`LockLayer::on_rejection`](crate::LockLayer::on_rejection).
@@ -47,6 +47,10 @@ impl LockRejection {
     /// The response status.
     pub fn status(&self) -> StatusCode {
         match self {
+            LockRejection::InvalidKey {
+                error: KeyError::Misconfigured(_),
+                ..
+            } => StatusCode::INTERNAL_SERVER_ERROR,
             LockRejection::MissingKey { .. } | LockRejection::InvalidKey { .. } => {
                 StatusCode::BAD_REQUEST
             }

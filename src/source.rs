@@ -163,8 +163,10 @@ fn decode_query(raw: &str) -> Result<Cow<'_, str>, KeyError> {
 /// The key is a path parameter of the matched axum route, e.g. `sku` in
 /// `/orders/{sku}`.
 ///
-/// Add the layer with `Router::route_layer` (or on the route itself): path
-/// parameters are known only once a route has matched.
+/// Add the layer inside the router, with `Router::route_layer`,
+/// `Router::layer` or on the route itself: path parameters are known only
+/// once a route has matched. Wrapped around the whole router, every request
+/// gets a 500 that says so.
 ///
 /// # Examples
 ///
@@ -205,7 +207,13 @@ impl PathParam {
                 .map(|(_, value)| f(value))
                 .transpose(),
             Err(RawPathParamsRejection::InvalidUtf8InPathParam(_)) => Err(KeyError::NotUtf8),
-            Err(_) => Ok(None),
+            // No route has matched yet: the layer wraps the router from
+            // outside. Treating that as "no key" would, with pass-through,
+            // lock nothing.
+            Err(_) => Err(KeyError::Misconfigured(
+                "no path parameters in this request: add the LockLayer inside the router, \
+                 with `Router::route_layer` or `Router::layer`",
+            )),
         }
     }
 }

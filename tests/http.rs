@@ -49,7 +49,7 @@ struct Counter {
     last: Mutex<u64>,
 }
 
-async fn read_modify_write(State(c): State<Arc<Counter>>, held: HeldLock) -> String {
+async fn read_modify_write(State(c): State<Arc<Counter>>, _held: HeldLock) -> String {
     c.calls.fetch_add(1, Ordering::SeqCst);
     let now = c.inside.fetch_add(1, Ordering::SeqCst) + 1;
     c.max_inside.fetch_max(now, Ordering::SeqCst);
@@ -57,7 +57,8 @@ async fn read_modify_write(State(c): State<Arc<Counter>>, held: HeldLock) -> Str
     tokio::time::sleep(Duration::from_millis(2)).await;
     *c.last.lock().unwrap() = seen + 1;
     c.inside.fetch_sub(1, Ordering::SeqCst);
-    format!("{} {}", seen + 1, held.token())
+    // Only the number: a lost update shows as a duplicate.
+    (seen + 1).to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,6 +87,7 @@ async fn ten_concurrent_requests_are_serialised() {
     codes.sort();
     codes.dedup();
     assert_eq!(codes.len(), 10, "duplicate order codes: {codes:?}");
+    assert_eq!(*counter.last.lock().unwrap(), 10, "an update was lost");
     assert_eq!(counter.max_inside.load(Ordering::SeqCst), 1);
     assert_eq!(backend.active_keys(), 0);
 }
@@ -468,12 +470,18 @@ async fn lost_lock_aborts_the_handler_with_503() {
     let req = tokio::spawn(async move { c.post("/orders/L").await.unwrap() });
     gate.entered.notified().await;
     assert_eq!(backend.break_lock("L"), 1);
-    let reply = req.await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(10), req)
+        .await
+        .expect("the request was not aborted")
+        .unwrap();
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(reply.body.contains("lock lost"), "{}", reply.body);
     assert_eq!(reply.headers["retry-after"], "1");
+    // Let the handler go: if it had not been dropped, it would finish now.
+    gate.proceed.notify_one();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(gate.calls.load(Ordering::SeqCst), 1);
     assert_eq!(gate.finished.load(Ordering::SeqCst), 0, "handler went on");
-    assert_eq!(backend.active_keys(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -616,6 +624,85 @@ impl http_body::Body for ChannelBody {
             .poll_recv(cx)
             .map(|chunk| chunk.map(|b| Ok(http_body::Frame::data(b))))
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_cuts_a_held_body_short() {
+    use http_body_util::BodyExt;
+
+    let backend = MemoryBackend::new();
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(1);
+    let rx = Arc::new(Mutex::new(Some(rx)));
+    let app = Router::new()
+        .route(
+            "/report/{id}",
+            get(move || {
+                let rx = rx.lock().unwrap().take().unwrap();
+                async move { axum::body::Body::new(ChannelBody(rx)) }
+            }),
+        )
+        .route_layer(LockLayer::new(backend.clone(), PathParam("id")).hold_until_body_sent(true));
+    let addr = serve(app).await;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get("/report/R")
+        .header("host", "test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let res = sender.send_request(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    tx.send(bytes::Bytes::from("first part")).await.unwrap();
+    assert_eq!(backend.break_lock("R"), 1);
+    // The body ends in an error instead of streaming on without the lock;
+    // the sender is never told to stop, so only the abort can end the body.
+    let body = tokio::time::timeout(Duration::from_secs(10), res.into_body().collect())
+        .await
+        .expect("the body kept streaming after the lock was lost");
+    assert!(body.is_err(), "a body streamed after its lock was lost");
+    drop(tx);
+}
+
+#[tokio::test]
+async fn path_param_needs_the_layer_inside_the_router() {
+    use tower::{Layer, ServiceExt};
+
+    let backend = MemoryBackend::new();
+    let router = || {
+        Router::new().route(
+            "/orders/{sku}",
+            post(|held: Option<HeldLock>| async move {
+                held.map_or("unlocked".to_owned(), |h| h.key().to_string())
+            }),
+        )
+    };
+    let request = || {
+        http::Request::post("/orders/1")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+
+    // `Router::layer` wraps each route after routing: params are there.
+    let inside = router().layer(LockLayer::new(backend.clone(), PathParam("sku")));
+    let res = inside.oneshot(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+    assert_eq!(&body[..], b"1");
+
+    // Around the whole router no route has matched yet: a 500 that says so,
+    // even with pass-through, rather than serving the request unlocked.
+    let outside = LockLayer::new(backend.clone(), PathParam("sku"))
+        .on_missing_key(OnMissingKey::PassThrough)
+        .layer(router());
+    let res = outside.oneshot(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("inside the router"), "{body}");
+    assert_eq!(backend.active_keys(), 0);
 }
 
 #[tokio::test]

@@ -166,12 +166,83 @@ async fn semaphore_admits_exactly_its_permits() {
         t.await.unwrap();
     }
     assert_eq!(max.load(Ordering::SeqCst), 3);
-    assert_eq!(backend.active_keys(), 0);
 
     assert!(matches!(
         backend.lock("pool").semaphore(0).await,
         Err(LockError::InvalidMode(_))
     ));
+    assert_eq!(backend.active_keys(), 0);
+}
+
+#[tokio::test]
+async fn semaphore_bound_follows_the_current_holders() {
+    let backend = MemoryBackend::new();
+    let a = backend.lock("s").semaphore(5).await.unwrap();
+    let b = backend.lock("s").semaphore(2).await.unwrap();
+    // Two holders, and one of them allows only two.
+    assert!(backend.lock("s").semaphore(5).fail_fast().await.is_err());
+    drop(b);
+    // The small count left with its holder.
+    let c = backend.lock("s").semaphore(5).fail_fast().await.unwrap();
+    let d = backend.lock("s").semaphore(5).fail_fast().await.unwrap();
+    drop((a, c, d));
+    assert_eq!(backend.active_keys(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lock_all_waits_once_for_all_keys() {
+    let backend = MemoryBackend::new();
+    let _b = backend.lock("b").await.unwrap();
+    let a = backend.lock("a").await.unwrap();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        drop(a);
+    });
+    // `a` frees after 40 ms of the 100 ms budget; `b` never does. The whole
+    // acquisition gives up at 100 ms, not 40 + 100.
+    let started = tokio::time::Instant::now();
+    match backend
+        .lock_all(["a", "b"])
+        .wait(Duration::from_millis(100))
+        .await
+    {
+        Err(LockError::Timeout { waited }) => {
+            assert_eq!(started.elapsed(), Duration::from_millis(100));
+            assert_eq!(waited, Duration::from_millis(100));
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    // `a` was given back.
+    assert!(backend.lock("a").fail_fast().await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeouts_follow_the_tokio_clock() {
+    let backend = MemoryBackend::new();
+    let _held = backend.lock("k").await.unwrap();
+    let started = tokio::time::Instant::now();
+    let err = backend
+        .lock("k")
+        .wait(Duration::from_secs(3600))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { waited } if waited == Duration::from_secs(3600)));
+    assert_eq!(started.elapsed(), Duration::from_secs(3600));
+}
+
+#[tokio::test]
+async fn a_grant_revoked_before_it_is_seen_is_an_error() {
+    let backend = MemoryBackend::new();
+    let holder = backend.lock("k").await.unwrap();
+    let mut waiter = Box::pin(backend.lock("k").into_future());
+    assert!(poll_once(&mut waiter).is_pending());
+    drop(holder); // grants the waiter...
+    assert_eq!(backend.break_lock("k"), 1); // ...and revokes it unseen
+    match poll_once(&mut waiter) {
+        Poll::Ready(Err(LockError::Lost(_))) => {}
+        other => panic!("expected a lost lock, got {other:?}"),
+    }
+    assert_eq!(backend.active_keys(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -321,8 +392,9 @@ async fn broken_lock_fires_lost_and_admits_the_next_holder() {
     assert!(poll_once(&mut next).is_pending());
 
     assert_eq!(backend.break_lock("k"), 1);
-    first.lost().await;
-    assert!(first.is_lost());
+    tokio::time::timeout(Duration::from_secs(10), first.lost())
+        .await
+        .expect("the lost signal did not fire");
     let second = match poll_once(&mut next) {
         Poll::Ready(Ok(g)) => g,
         other => panic!("next waiter not granted: {other:?}"),

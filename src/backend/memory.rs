@@ -38,7 +38,7 @@ const SHARDS: usize = 64;
 /// called. `mem::forget` on a guard leaks the lock.
 ///
 /// `Exclusive` and `Write` are the same lock here; a semaphore's bound is the
-/// smaller of the permit counts of its holders and the newcomer.
+/// smallest permit count among its current holders and the newcomer.
 ///
 /// # Examples
 ///
@@ -171,6 +171,10 @@ impl Holders {
         }
     }
 
+    fn iter(&self) -> impl Iterator<Item = &Holder> {
+        self.first.iter().chain(&self.more)
+    }
+
     fn take_all(&mut self) -> impl Iterator<Item = Holder> {
         let first = self.first.take();
         first.into_iter().chain(std::mem::take(&mut self.more))
@@ -182,7 +186,9 @@ enum Held {
     #[default]
     Exclusive,
     Shared,
-    Permits(u32),
+    /// A semaphore; its bound is the smallest permit count among the
+    /// current holders.
+    Permits,
 }
 
 /// One granted lock: the holder list's entry, the guard's lease handle and
@@ -191,6 +197,8 @@ struct Hold {
     shard: Arc<Shard>,
     key: MapKey,
     token: u64,
+    /// The permit count it was granted with (semaphores), else 0.
+    permits: u32,
     lost: LostState,
 }
 
@@ -210,7 +218,9 @@ impl Hold {
     }
 
     fn release_now(&self) {
-        lock(&self.shard.state).release(&self.shard, &self.key, self.token);
+        let mut wake = Vec::new();
+        lock(&self.shard.state).release(&self.shard, &self.key, self.token, &mut wake);
+        wake_all(wake);
     }
 }
 
@@ -243,6 +253,14 @@ struct SlotState {
     granted: Option<Arc<Hold>>,
 }
 
+/// Wakes granted waiters. Called with no lock held: a woken task goes
+/// straight for the shard lock, and an executor may even poll it inline.
+fn wake_all(wakers: Vec<Waker>) {
+    for w in wakers {
+        w.wake();
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing panics while these locks are held, but a poisoned lock must not
     // turn one panic into a stuck key.
@@ -256,8 +274,15 @@ impl KeyState {
         }
         match (self.held, mode) {
             (Held::Shared, LockMode::Read) => true,
-            (Held::Permits(limit), LockMode::Semaphore { permits }) => {
-                (self.holders.len() as u64) < u64::from(limit.min(permits))
+            (Held::Permits, LockMode::Semaphore { permits }) => {
+                // Recomputed from the current holders (at most `permits` of
+                // them), so a small count leaves with its holder.
+                let limit = self
+                    .holders
+                    .iter()
+                    .map(|h| h.permits)
+                    .fold(permits, u32::min);
+                (self.holders.len() as u64) < u64::from(limit)
             }
             _ => false,
         }
@@ -270,14 +295,13 @@ impl KeyState {
         shard: &Arc<Shard>,
         key: &MapKey,
     ) -> Arc<Hold> {
+        let permits = match mode {
+            LockMode::Semaphore { permits } => permits,
+            _ => 0,
+        };
         self.held = match mode {
             LockMode::Read => Held::Shared,
-            LockMode::Semaphore { permits } => match self.held {
-                Held::Permits(limit) if !self.holders.is_empty() => {
-                    Held::Permits(limit.min(permits))
-                }
-                _ => Held::Permits(permits),
-            },
+            LockMode::Semaphore { .. } => Held::Permits,
             _ => Held::Exclusive,
         };
         let token = *next_token;
@@ -286,14 +310,22 @@ impl KeyState {
             shard: shard.clone(),
             key: key.clone(),
             token,
+            permits,
             lost: LostState::new(),
         });
         self.holders.push(hold.clone());
         hold
     }
 
-    /// Grants queued waiters from the head while they fit (FIFO).
-    fn grant_waiters(&mut self, next_token: &mut u64, shard: &Arc<Shard>, key: &MapKey) {
+    /// Grants queued waiters from the head while they fit (FIFO), and
+    /// collects their wakers, to be woken once the shard is unlocked.
+    fn grant_waiters(
+        &mut self,
+        next_token: &mut u64,
+        shard: &Arc<Shard>,
+        key: &MapKey,
+        wake: &mut Vec<Waker>,
+    ) {
         while let Some(head) = self.queue.front() {
             if !self.admits(head.mode) {
                 break;
@@ -302,9 +334,7 @@ impl KeyState {
             let grant = self.grant(waiter.mode, next_token, shard, key);
             let mut slot = lock(&waiter.slot.state);
             slot.granted = Some(grant);
-            if let Some(w) = slot.waker.take() {
-                w.wake();
-            }
+            wake.extend(slot.waker.take());
         }
     }
 
@@ -324,13 +354,13 @@ impl ShardState {
         }
     }
 
-    fn release(&mut self, shard: &Arc<Shard>, key: &MapKey, token: u64) {
+    fn release(&mut self, shard: &Arc<Shard>, key: &MapKey, token: u64, wake: &mut Vec<Waker>) {
         let Some(state) = self.keys.get_mut(key) else {
             return;
         };
         // A holder whose lock was broken is no longer listed: nothing to do.
         if state.holders.remove(token) {
-            state.grant_waiters(&mut self.next_token, shard, key);
+            state.grant_waiters(&mut self.next_token, shard, key, wake);
             if state.is_idle() {
                 self.forget(key);
             }
@@ -392,21 +422,26 @@ impl MemoryBackend {
         };
         let key = self.inner.map_key(key);
         let shard_ref = self.inner.shard(&key);
-        let mut shard = lock(&shard_ref.state);
-        let shard = &mut *shard;
-        let Some(state) = shard.keys.get_mut(&key) else {
-            return 0;
+        let mut wake = Vec::new();
+        let broken: Vec<Holder> = {
+            let mut shard = lock(&shard_ref.state);
+            let shard = &mut *shard;
+            let Some(state) = shard.keys.get_mut(&key) else {
+                return 0;
+            };
+            let broken = state.holders.take_all().collect();
+            state.grant_waiters(&mut shard.next_token, shard_ref, &key, &mut wake);
+            if state.is_idle() {
+                shard.forget(&key);
+            }
+            broken
         };
-        let mut broken = 0;
-        for holder in state.holders.take_all() {
-            holder.lost.fire("the lock was broken by an operator");
-            broken += 1;
+        // Outside the lock, like every wake-up: firing wakes the holders.
+        for hold in &broken {
+            hold.lost.fire("the lock was broken by an operator");
         }
-        state.grant_waiters(&mut shard.next_token, shard_ref, &key);
-        if state.is_idle() {
-            shard.forget(&key);
-        }
-        broken
+        wake_all(wake);
+        broken.len()
     }
 }
 
@@ -445,11 +480,6 @@ impl Backend for MemoryBackend {
     }
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
-        if let LockMode::Semaphore { permits: 0 } = request.mode {
-            return BackendFuture::ready(Err(LockError::InvalidMode(
-                "a semaphore needs at least one permit".into(),
-            )));
-        }
         let key = self.inner.map_key(request.key);
         let shard_ref = self.inner.shard(&key);
         let mut shard = lock(&shard_ref.state);
@@ -511,29 +541,30 @@ impl Drop for WaitForGrant {
             return;
         };
         let shard_ref = &self.shard;
-        let mut shard = lock(&shard_ref.state);
-        let shard = &mut *shard;
-        // Granted between the last poll and now: give the lock back.
-        let granted = lock(&self.slot.state).granted.take();
-        if let Some(hold) = granted {
-            shard.release(shard_ref, &key, hold.token);
-            return;
-        }
-        let Some(state) = shard.keys.get_mut(&key) else {
-            return;
-        };
-        if let Some(i) = state
-            .queue
-            .iter()
-            .position(|w| Arc::ptr_eq(&w.slot, &self.slot))
+        let mut wake = Vec::new();
         {
-            state.queue.remove(i);
-            // Leaving may unblock the waiters behind (readers behind a
-            // departed writer).
-            state.grant_waiters(&mut shard.next_token, shard_ref, &key);
-            if state.is_idle() {
-                shard.forget(&key);
+            let mut shard = lock(&shard_ref.state);
+            let shard = &mut *shard;
+            // Granted between the last poll and now: give the lock back.
+            let granted = lock(&self.slot.state).granted.take();
+            if let Some(hold) = granted {
+                shard.release(shard_ref, &key, hold.token, &mut wake);
+            } else if let Some(state) = shard.keys.get_mut(&key) {
+                if let Some(i) = state
+                    .queue
+                    .iter()
+                    .position(|w| Arc::ptr_eq(&w.slot, &self.slot))
+                {
+                    state.queue.remove(i);
+                    // Leaving may unblock the waiters behind (readers behind
+                    // a departed writer).
+                    state.grant_waiters(&mut shard.next_token, shard_ref, &key, &mut wake);
+                    if state.is_idle() {
+                        shard.forget(&key);
+                    }
+                }
             }
         }
+        wake_all(wake);
     }
 }

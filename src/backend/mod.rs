@@ -296,6 +296,11 @@ impl<T> BackendFuture<T> {
         BackendFuture(Repr::Boxed(Box::pin(fut)))
     }
 
+    /// Whether the future was made finished (and not yet taken).
+    pub fn is_ready(&self) -> bool {
+        matches!(self.0, Repr::Ready(Some(_)))
+    }
+
     /// The value, if the future was made finished.
     pub fn take_ready(&mut self) -> Option<T> {
         match &mut self.0 {

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::error::{BoxError, LockError};
 use crate::guard::LockGuard;
 
 /// A response body the [`LockLayer`](super::LockLayer) can answer with, and
@@ -18,8 +19,10 @@ pub trait LockableBody: Body + Sized {
     /// A body of `text`, for the layer's own answers (rejections).
     fn from_text(text: Bytes) -> Self;
 
-    /// This body, holding `guard` until it ends, fails or is dropped.
-    fn holding(self, guard: LockGuard) -> Self;
+    /// This body, holding `guard` until it ends, fails or is dropped. With
+    /// `abort_on_lost`, a lost lock ends the body with an error (the
+    /// connection is reset) rather than let it stream on unlocked.
+    fn holding(self, guard: LockGuard, abort_on_lost: bool) -> Self;
 }
 
 #[cfg(feature = "axum")]
@@ -28,8 +31,8 @@ impl LockableBody for axum::body::Body {
         axum::body::Body::from(text)
     }
 
-    fn holding(self, guard: LockGuard) -> Self {
-        axum::body::Body::new(LockBody::wrap(self).holding(guard))
+    fn holding(self, guard: LockGuard, abort_on_lost: bool) -> Self {
+        axum::body::Body::new(LockBody::wrap(self).holding(guard, abort_on_lost))
     }
 }
 
@@ -46,6 +49,7 @@ pin_project! {
         #[pin]
         kind: Kind<B>,
         guard: Option<LockGuard>,
+        abort_on_lost: bool,
     }
 }
 
@@ -68,22 +72,29 @@ impl<B> LockBody<B> {
         LockBody {
             kind: Kind::Inner { body },
             guard: None,
+            abort_on_lost: false,
         }
     }
 }
 
-impl<B: Body<Data = Bytes>> LockableBody for LockBody<B> {
+impl<B> LockableBody for LockBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     fn from_text(text: Bytes) -> Self {
         LockBody {
             kind: Kind::Text {
                 text: (!text.is_empty()).then_some(text),
             },
             guard: None,
+            abort_on_lost: false,
         }
     }
 
-    fn holding(mut self, guard: LockGuard) -> Self {
+    fn holding(mut self, guard: LockGuard, abort_on_lost: bool) -> Self {
         self.guard = Some(guard);
+        self.abort_on_lost = abort_on_lost;
         self
     }
 }
@@ -91,17 +102,28 @@ impl<B: Body<Data = Bytes>> LockableBody for LockBody<B> {
 impl<B> Body for LockBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
+        if *this.abort_on_lost {
+            if let Some(guard) = this.guard.as_ref() {
+                if guard.held().lost_signal().poll_lost(cx).is_ready() {
+                    let reason = guard.held().lost_signal().reason().unwrap_or("lock lost");
+                    let error = LockError::Lost(reason.to_owned());
+                    this.guard.take();
+                    return Poll::Ready(Some(Err(error.into())));
+                }
+            }
+        }
         let frame = match this.kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Inner { body } => body.poll_frame(cx).map_err(Into::into),
             KindProj::Text { text } => Poll::Ready(text.take().map(|t| Ok(Frame::data(t)))),
         };
         // The body is over: release now rather than when it is dropped.

@@ -185,9 +185,12 @@ where
                         let response = this.policy.reject(&rejection);
                         return Poll::Ready(Ok(response.map(ResBody::from_text)));
                     };
+                    // Done: a further poll finds no future to resume.
+                    this.state.set(State::Rejected { response: None });
+                    let abort = this.policy.on_lost == OnLost::Abort;
                     return Poll::Ready(result.map(|response| match guard {
                         Some(guard) if this.policy.hold_body => {
-                            response.map(|body| body.holding(guard))
+                            response.map(|body| body.holding(guard, abort))
                         }
                         // Released here, as soon as the response is ready.
                         _ => response,

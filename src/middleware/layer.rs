@@ -70,7 +70,14 @@ pub enum OnMissingKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OnLost {
     /// Drop the inner future and answer 503, so no work goes on without the
-    /// lock. The default.
+    /// lock. The default. With
+    /// [`hold_until_body_sent`](LockLayer::hold_until_body_sent), a body still
+    /// streaming ends in an error instead.
+    ///
+    /// The abort is prompt but not instantaneous: the signal wakes the
+    /// request's task, which drops the handler at its next poll, while the
+    /// lock may already have a new holder. Code that must never overlap
+    /// passes the [fencing token](crate::FencingToken) to its storage.
     #[default]
     Abort,
     /// Let the request finish; the handler can still check
@@ -193,7 +200,13 @@ impl LockLayer {
 
     /// Prefixes every key with `namespace:` (e.g. `sku:42`), so that routes
     /// locking different kinds of entity cannot collide.
+    ///
+    /// # Panics
+    ///
+    /// If `namespace` breaks the [`LockKey`](crate::LockKey) rules or leaves
+    /// no room for a key.
     pub fn namespace(self, namespace: &str) -> Self {
+        crate::key::assert_namespace(namespace);
         self.edit(|c| c.namespace = Arc::from(namespace))
     }
 
