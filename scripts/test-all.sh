@@ -45,6 +45,7 @@ required_packages() {
 /usr/share/java/zookeeper.jar zookeeper
 /usr/bin/java default-jre-headless
 /usr/bin/python3 python3
+/usr/lib/python3/dist-packages/redis/__init__.py python3-redis
 EOF
 }
 

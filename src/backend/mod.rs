@@ -47,7 +47,11 @@
 //! core and the layer do not change.
 
 mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisBackend, RedisOptions};
 pub use memory::MemoryBackend;
 
 use std::fmt;
@@ -90,8 +94,14 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
     let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
     match scheme {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
-        "redis" | "redlock" | "zk" => Err(LockError::Config(format!(
-            "the `{scheme}` backend is not built yet; use `memory`"
+        #[cfg(feature = "redis")]
+        "redis" => Ok(Arc::new(RedisBackend::connect(url).await?)),
+        #[cfg(not(feature = "redis"))]
+        "redis" => Err(LockError::Config(
+            "the `redis` backend needs tower-lock's `redis` feature".into(),
+        )),
+        "redlock" | "zk" => Err(LockError::Config(format!(
+            "the `{scheme}` backend is not built yet; use `memory` or `redis`"
         ))),
         _ => Err(LockError::Config(format!(
             "unknown backend URL {url:?}: expected `memory`, `redis://host:port`, \

@@ -1,0 +1,799 @@
+//! Redis, one instance (feature `redis`).
+//!
+//! # Layout
+//!
+//! For a key `K` and the prefix `lock:` (the default), every Redis key shares
+//! the hash tag `{K}`, so that each script touches one Cluster slot:
+//!
+//! | mode | Redis keys |
+//! |---|---|
+//! | exclusive | `lock:{K}`, a string holding the owner's random token |
+//! | read/write | `lock:{K}:w`, the writer's token; `lock:{K}:r`, a sorted set of reader tokens scored by their expiry (ms) |
+//! | semaphore | `lock:{K}:s`, a sorted set of holder tokens scored by their expiry (ms) |
+//! | all | `lock:{K}:fence`, the fencing counter; releases publish on the channel `lock:{K}:rel` |
+//!
+//! The exclusive lock is redis-py's `Lock` on the same name: `SET name token
+//! NX PX lease` to take it, compare-and-delete to release, compare-and-`PEXPIRE`
+//! to extend. A Python service using `r.lock("lock:{K}")` and a Rust service
+//! using this backend exclude each other.
+//!
+//! # Fencing tokens
+//!
+//! The acquire script increments `lock:{K}:fence`. A counter that does not
+//! exist yet starts at the server's clock in microseconds, not at 1, and the
+//! counter expires a day after the key was last locked. So counters do not pile
+//! up as keys come and go, and a token never goes backwards when a counter is
+//! lost (expired, or a restart without persistence): the new start is above any
+//! value the old counter reached, unless a key was locked more than once per
+//! microsecond on average, or the server clock stepped back.
+//!
+//! # Waiting
+//!
+//! Within a process, acquisitions of a key queue in arrival order and only the
+//! head talks to Redis. The head tries once; if the key is held it subscribes to
+//! the key's release channel and tries again when a release is published, or
+//! when the holder's lease would have run out (at most a second later, for
+//! holders such as redis-py that do not publish). Releases, subscriptions and
+//! commands share one RESP3 connection per backend, managed by the `redis`
+//! crate's `ConnectionManager`, which reconnects and resubscribes.
+//!
+//! # Leases and loss
+//!
+//! A held lock's lease is renewed every third of the lease. A renewal that
+//! fails, times out (after a third of the lease), or finds the key gone or owned
+//! by another token fires the lock's lost signal: within one renewal period,
+//! and before the lease ends. A lost connection triggers a renewal at once.
+//!
+//! # What it does not guarantee
+//!
+//! A single Redis is a single point of failure. Without persistence, a
+//! restarted Redis has forgotten every lock: a holder learns at once (its
+//! connection dropped, its renewal finds the key gone) and is told the lock is
+//! lost, but another process may take the key in the moments before. Fencing
+//! tokens make that overlap harmless for storage that checks them. A holder
+//! paused longer than its lease (a stopped process, a long GC) loses the lock
+//! without knowing until it runs again; again, fencing tokens catch its writes.
+//! Readers and writers of a read/write lock, and semaphore holders, are served
+//! first come first served within a process, but not across processes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest, MemoryBackend};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lost::{HasLostState, LostSignal, LostState};
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// How long a fencing counter outlives the last acquisition of its key.
+const FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The longest a waiter sleeps without a release message before it looks
+/// again: covers holders that never publish (redis-py) and lost messages.
+const MAX_RECHECK: Duration = Duration::from_secs(1);
+/// Idle subscriptions are dropped after this long.
+const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
+/// The shortest lease accepted: renewal runs every third of it.
+const MIN_LEASE: Duration = Duration::from_millis(30);
+
+/// Locks in one Redis server (or one Cluster, through hash tags).
+///
+/// See the [module documentation](self) for the layout, the fencing tokens,
+/// and what it guarantees.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::backend::RedisBackend;
+/// use tower_lock::{BackendExt, LockLayer, PathParam};
+///
+/// let redis = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+/// let guard = redis.lock("report:daily").await?;
+/// guard.release().await?;
+///
+/// // Or per request, shared by every replica that uses the same Redis:
+/// let layer = LockLayer::new(redis, PathParam("sku"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<RedisInner>,
+}
+
+/// Connection settings of a [`RedisBackend`].
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            prefix: "lock:".into(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl RedisOptions {
+    /// The prefix of every Redis key (default `lock:`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How long to wait for a connection (default 1 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a reply (default 1 s). A backend that does not
+    /// answer in time makes the acquisition fail (503 through the layer).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+}
+
+struct RedisInner {
+    conn: ConnectionManager,
+    prefix: String,
+    /// The in-process queue: only its head talks to Redis.
+    local: MemoryBackend,
+    watches: Arc<Watches>,
+    tokens: Tokens,
+}
+
+/// Waiters' interest in release channels, shared with the push handler.
+#[derive(Default)]
+struct Watches {
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Woken on a lost connection: renewals check their lease at once.
+    reconnected: Notify,
+}
+
+struct Channel {
+    notify: Arc<Notify>,
+    users: usize,
+    subscribed: bool,
+    idle_since: Option<tokio::time::Instant>,
+}
+
+impl Watches {
+    fn on_push(&self, info: PushInfo) {
+        match info.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(channel)) = info.data.first() {
+                    let channels = lock(&self.channels);
+                    if let Some(c) = std::str::from_utf8(channel)
+                        .ok()
+                        .and_then(|c| channels.get(c))
+                    {
+                        c.notify.notify_waiters();
+                    }
+                }
+            }
+            PushKind::Disconnection => {
+                // Messages may have been missed: every waiter looks again,
+                // and every holder checks its lease.
+                for c in lock(&self.channels).values() {
+                    c.notify.notify_waiters();
+                }
+                self.reconnected.notify_waiters();
+            }
+            _ => {}
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Random owner tokens: a per-backend random prefix and a counter.
+struct Tokens {
+    seed: u64,
+    next: AtomicU64,
+}
+
+impl Tokens {
+    fn new() -> Self {
+        // `RandomState` is seeded from the OS's randomness.
+        let seed = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        Tokens {
+            seed,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:016x}", self.seed)
+    }
+}
+
+/// The Redis keys of one lock.
+#[derive(Clone)]
+struct Layout {
+    kind: Kind,
+    /// The string (exclusive, writer) or sorted set (reader, semaphore).
+    main: String,
+    /// The readers' set of a writer, the writer of a reader.
+    other: Option<String>,
+    fence: String,
+    channel: String,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    Read,
+    Write,
+    Semaphore(u32),
+}
+
+impl Layout {
+    fn new(prefix: &str, key: &LockKey, mode: LockMode) -> Self {
+        let base = format!("{prefix}{{{key}}}");
+        let (kind, main, other) = match mode {
+            LockMode::Exclusive => (Kind::Exclusive, base.clone(), None),
+            LockMode::Read => (Kind::Read, format!("{base}:r"), Some(format!("{base}:w"))),
+            LockMode::Write => (Kind::Write, format!("{base}:w"), Some(format!("{base}:r"))),
+            LockMode::Semaphore { permits } => {
+                (Kind::Semaphore(permits), format!("{base}:s"), None)
+            }
+        };
+        Layout {
+            kind,
+            main,
+            other,
+            fence: format!("{base}:fence"),
+            channel: format!("{base}:rel"),
+        }
+    }
+
+    /// Whether the lock is a string (else a member of a sorted set).
+    fn is_string(&self) -> bool {
+        matches!(self.kind, Kind::Exclusive | Kind::Write)
+    }
+}
+
+/// Lua shared by the acquire scripts.
+const PRELUDE: &str = r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function int(x) return string.format('%.0f', x) end
+local function fence(key, ttl)
+  local f = redis.call('INCR', key)
+  if f == 1 then
+    -- A new counter starts at the clock, above anything a lost one reached.
+    local t = redis.call('TIME')
+    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', key, int(f))
+  end
+  redis.call('PEXPIRE', key, ttl)
+  return f
+end
+-- Adds a member to a sorted set of holders scored by expiry, and keeps the
+-- set alive as long as its longest holder.
+local function hold_in_set(key, token, lease, now)
+  redis.call('ZADD', key, int(now + tonumber(lease)), token)
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', key, last[2])
+end
+"#;
+
+/// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms.
+const ACQUIRE_EXCLUSIVE: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1, fence(KEYS[2], ARGV[3])}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+"#;
+
+/// KEYS: readers, writer, fence. ARGV: token, lease ms, fence ttl ms.
+const ACQUIRE_READ: &str = r#"
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {0, redis.call('PTTL', KEYS[2])}
+end
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
+return {1, fence(KEYS[3], ARGV[3])}
+"#;
+
+/// KEYS: writer, readers, fence. ARGV: token, lease ms, fence ttl ms.
+const ACQUIRE_WRITE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if first[1] then
+  return {0, tonumber(first[2]) - now}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, fence(KEYS[3], ARGV[3])}
+"#;
+
+/// KEYS: holders, fence. ARGV: token, lease ms, fence ttl ms, permits.
+const ACQUIRE_SEMAPHORE: &str = r#"
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, tonumber(first[2]) - now}
+end
+hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
+return {1, fence(KEYS[2], ARGV[3])}
+"#;
+
+/// KEYS: lock. ARGV: token, channel. redis-py's release, plus the PUBLISH.
+const RELEASE_STRING: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+"#;
+
+/// KEYS: holders. ARGV: token, channel.
+const RELEASE_MEMBER: &str = r#"
+local n = redis.call('ZREM', KEYS[1], ARGV[1])
+if n == 1 then
+  redis.call('PUBLISH', ARGV[2], 'released')
+end
+return n
+"#;
+
+/// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms.
+const EXTEND_STRING: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+/// KEYS: holders, fence. ARGV: token, lease ms, fence ttl ms.
+const EXTEND_MEMBER: &str = r#"
+local now = now_ms()
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) > now then
+  hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+struct Scripts {
+    acquire_exclusive: Script,
+    acquire_read: Script,
+    acquire_write: Script,
+    acquire_semaphore: Script,
+    release_string: Script,
+    release_member: Script,
+    extend_string: Script,
+    extend_member: Script,
+}
+
+fn scripts() -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    SCRIPTS.get_or_init(|| {
+        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        Scripts {
+            acquire_exclusive: with_prelude(ACQUIRE_EXCLUSIVE),
+            acquire_read: with_prelude(ACQUIRE_READ),
+            acquire_write: with_prelude(ACQUIRE_WRITE),
+            acquire_semaphore: with_prelude(ACQUIRE_SEMAPHORE),
+            release_string: Script::new(RELEASE_STRING),
+            release_member: Script::new(RELEASE_MEMBER),
+            extend_string: Script::new(EXTEND_STRING),
+            extend_member: with_prelude(EXTEND_MEMBER),
+        }
+    })
+}
+
+fn redis_error(doing: &str, e: redis::RedisError) -> LockError {
+    LockError::backend("redis", doing.to_owned(), Some(Box::new(e) as _))
+}
+
+/// The answer of an acquire script.
+enum Attempt {
+    Granted(u64),
+    /// Held; the holder's remaining lease in ms (negative: none known).
+    Busy(i64),
+}
+
+impl RedisBackend {
+    /// Connects with the default [`RedisOptions`].
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if the server cannot be reached, or
+    /// [`LockError::Config`] for a malformed URL.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(url, RedisOptions::default()).await
+    }
+
+    /// Connects with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self, LockError> {
+        let info = url
+            .into_connection_info()
+            .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))?;
+        // Releases arrive as RESP3 pushes on the same connection.
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(settings);
+        let client = redis::Client::open(info)
+            .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))?;
+        let watches = Arc::new(Watches::default());
+        let push = {
+            let watches = Arc::downgrade(&watches);
+            move |info: PushInfo| {
+                if let Some(w) = watches.upgrade() {
+                    w.on_push(info);
+                }
+                Ok::<(), ()>(())
+            }
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+            .set_push_sender(push)
+            .set_automatic_resubscription();
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| redis_error(&format!("connecting to {url}"), e))?;
+        let inner = Arc::new(RedisInner {
+            conn,
+            prefix: options.prefix,
+            local: MemoryBackend::new(),
+            watches,
+            tokens: Tokens::new(),
+        });
+        tokio::spawn(sweep_subscriptions(Arc::downgrade(&inner)));
+        Ok(RedisBackend { inner })
+    }
+
+    /// The Redis key of an exclusive lock on `key`, for peers in other
+    /// languages: redis-py's `r.lock(name)` with this name excludes us.
+    pub fn redis_key(&self, key: &LockKey) -> String {
+        format!("{}{{{key}}}", self.inner.prefix)
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Unsubscribes from channels nobody has waited on for a while. Stops when
+/// the backend is dropped.
+async fn sweep_subscriptions(inner: Weak<RedisInner>) {
+    loop {
+        tokio::time::sleep(SUBSCRIPTION_LINGER).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let idle: Vec<String> = {
+            let mut channels = lock(&inner.watches.channels);
+            let idle: Vec<String> = channels
+                .iter()
+                .filter(|(_, c)| {
+                    c.users == 0 && c.idle_since.is_some_and(|t| now - t >= SUBSCRIPTION_LINGER)
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &idle {
+                channels.remove(name);
+            }
+            idle
+        };
+        let mut conn = inner.conn.clone();
+        for name in idle {
+            let _ = conn.unsubscribe(&name).await;
+        }
+    }
+}
+
+/// A waiter's interest in a release channel.
+struct Watch {
+    inner: Arc<RedisInner>,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl RedisInner {
+    async fn watch(self: &Arc<Self>, channel: &str) -> Watch {
+        let (notify, subscribe) = {
+            let mut channels = lock(&self.watches.channels);
+            let c = channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    notify: Arc::new(Notify::new()),
+                    users: 0,
+                    subscribed: false,
+                    idle_since: None,
+                });
+            c.users += 1;
+            c.idle_since = None;
+            (c.notify.clone(), !c.subscribed)
+        };
+        if subscribe {
+            match self.conn.clone().subscribe(channel).await {
+                Ok(()) => {
+                    if let Some(c) = lock(&self.watches.channels).get_mut(channel) {
+                        c.subscribed = true;
+                    }
+                }
+                // Without the subscription the waiter still re-checks at the
+                // holder's remaining lease.
+                Err(e) => {
+                    tracing::warn!(channel, error = %e, "could not subscribe to lock releases")
+                }
+            }
+        }
+        Watch {
+            inner: self.clone(),
+            channel: channel.to_owned(),
+            notify,
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        layout: &Layout,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Attempt, LockError> {
+        let s = scripts();
+        let lease_ms = lease.as_millis() as u64;
+        let fence_ttl = FENCE_TTL.as_millis() as u64;
+        let mut conn = self.conn.clone();
+        let mut call = match layout.kind {
+            Kind::Exclusive => s.acquire_exclusive.key(&layout.main),
+            Kind::Read => s.acquire_read.key(&layout.main),
+            Kind::Write => s.acquire_write.key(&layout.main),
+            Kind::Semaphore(_) => s.acquire_semaphore.key(&layout.main),
+        };
+        if let Some(other) = &layout.other {
+            call.key(other);
+        }
+        call.key(&layout.fence)
+            .arg(token)
+            .arg(lease_ms)
+            .arg(fence_ttl);
+        if let Kind::Semaphore(permits) = layout.kind {
+            call.arg(permits);
+        }
+        let (granted, value): (i64, i64) = call
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| redis_error("acquiring a lock", e))?;
+        Ok(if granted == 1 {
+            Attempt::Granted(value as u64)
+        } else {
+            Attempt::Busy(value)
+        })
+    }
+
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        if request.lease < MIN_LEASE {
+            return Err(LockError::Config(format!(
+                "a Redis lease must be at least {} ms",
+                MIN_LEASE.as_millis()
+            )));
+        }
+        let layout = Layout::new(&self.prefix, &request.key, request.mode);
+        // Queue locally first: only the head of this process's queue talks to
+        // Redis. The core enforces the deadline by dropping this future.
+        let local_wait = match request.wait {
+            Wait::FailFast => Wait::FailFast,
+            _ => Wait::Forever,
+        };
+        let local = self
+            .local
+            .acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(local_wait))
+            .await?;
+
+        let token = self.tokens.next();
+        let mut attempt = self.try_acquire(&layout, &token, request.lease).await?;
+        if let (Attempt::Busy(_), Wait::FailFast) = (&attempt, request.wait) {
+            return Err(LockError::Busy);
+        }
+        if let Attempt::Busy(_) = attempt {
+            let watch = self.watch(&layout.channel).await;
+            loop {
+                // Armed before the attempt, so a release published between
+                // the attempt and the wait is not missed.
+                let released = watch.notify.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                attempt = self.try_acquire(&layout, &token, request.lease).await?;
+                let Attempt::Busy(ttl) = attempt else {
+                    break;
+                };
+                let recheck = u64::try_from(ttl)
+                    .map(|ms| Duration::from_millis(ms + 1))
+                    .unwrap_or(MAX_RECHECK)
+                    .min(MAX_RECHECK);
+                tokio::select! {
+                    _ = released => {}
+                    _ = tokio::time::sleep(recheck) => {}
+                }
+            }
+        }
+        let Attempt::Granted(fence) = attempt else {
+            unreachable!("the loop ends on a grant");
+        };
+        let hold = Arc::new(RedisHold {
+            inner: self.clone(),
+            layout,
+            token,
+            lease: request.lease,
+            lost: LostState::new(),
+            local: Mutex::new(Some(local)),
+            renewal: Mutex::new(None),
+        });
+        let renewal = tokio::spawn(renew(Arc::downgrade(&hold)));
+        *lock(&hold.renewal) = Some(renewal);
+        let lost = LostSignal::new(hold.clone());
+        Ok(Acquired::new(FencingToken::new(fence), hold).with_lost(lost))
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(c) = lock(&self.inner.watches.channels).get_mut(&self.channel) {
+            c.users -= 1;
+            if c.users == 0 {
+                c.idle_since = Some(tokio::time::Instant::now());
+            }
+        }
+    }
+}
+
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        BackendFuture::new(self.inner.clone().acquire(request))
+    }
+}
+
+/// One held Redis lock.
+struct RedisHold {
+    inner: Arc<RedisInner>,
+    layout: Layout,
+    token: String,
+    lease: Duration,
+    lost: LostState,
+    /// This process's queue position, given up after the Redis release.
+    local: Mutex<Option<Acquired>>,
+    renewal: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl HasLostState for RedisHold {
+    fn lost_state(&self) -> &LostState {
+        &self.lost
+    }
+}
+
+impl RedisHold {
+    /// Extends the lease; false if the lock is no longer ours.
+    async fn extend(&self) -> Result<bool, LockError> {
+        let s = scripts();
+        let script = if self.layout.is_string() {
+            &s.extend_string
+        } else {
+            &s.extend_member
+        };
+        let extended: i64 = script
+            .key(&self.layout.main)
+            .key(&self.layout.fence)
+            .arg(&self.token)
+            .arg(self.lease.as_millis() as u64)
+            .arg(FENCE_TTL.as_millis() as u64)
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis_error("renewing a lease", e))?;
+        Ok(extended == 1)
+    }
+
+    async fn release_remote(&self) -> Result<(), LockError> {
+        let s = scripts();
+        let script = if self.layout.is_string() {
+            &s.release_string
+        } else {
+            &s.release_member
+        };
+        let _released: i64 = script
+            .key(&self.layout.main)
+            .arg(&self.token)
+            .arg(&self.layout.channel)
+            .invoke_async(&mut self.inner.conn.clone())
+            .await
+            .map_err(|e| redis_error("releasing a lock", e))?;
+        Ok(())
+    }
+}
+
+/// Renews a hold's lease every third of it until released or lost.
+async fn renew(hold: Weak<RedisHold>) {
+    let Some(period) = hold.upgrade().map(|h| h.lease / 3) else {
+        return;
+    };
+    loop {
+        let Some(reconnected) = hold.upgrade().map(|h| h.inner.clone()) else {
+            return;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = reconnected.watches.reconnected.notified() => {}
+        }
+        drop(reconnected);
+        let Some(h) = hold.upgrade() else {
+            return;
+        };
+        let reason = match tokio::time::timeout(period, h.extend()).await {
+            Ok(Ok(true)) => continue,
+            Ok(Ok(false)) => "the lock expired or another owner took it".to_owned(),
+            Ok(Err(e)) => format!("renewing the lease failed: {e}"),
+            Err(_) => "renewing the lease timed out".to_owned(),
+        };
+        tracing::warn!(key = %h.layout.main, reason, "redis lock lost");
+        h.lost.fire(reason);
+        return;
+    }
+}
+
+impl LeaseHandle for RedisHold {
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        if let Some(renewal) = lock(&self.renewal).take() {
+            renewal.abort();
+        }
+        BackendFuture::new(async move {
+            let result = self.release_remote().await;
+            // Only now may the next waiter in this process try.
+            lock(&self.local).take();
+            result
+        })
+    }
+}
