@@ -86,10 +86,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    // `uncontended` is one task: a single-threaded runtime measures the lock
+    // rather than wake-ups between worker threads. The other workloads run
+    // tasks in parallel.
+    let mut builder = if args.workload == "uncontended" {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let rt = builder.enable_all().build().expect("tokio runtime");
     rt.block_on(run(args))
 }
 

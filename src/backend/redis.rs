@@ -58,6 +58,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -273,26 +274,33 @@ impl Layout {
     }
 }
 
-/// Lua shared by the acquire scripts.
-const PRELUDE: &str = r#"
+/// Lua helpers, each prepended only to the scripts that use it: Redis
+/// creates a script's functions on every call.
+const NOW_MS: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function int(x) return string.format('%.0f', x) end
+"#;
+
+const FENCE: &str = r#"
 local function fence(key, ttl)
   local f = redis.call('INCR', key)
   if f == 1 then
     -- A new counter starts at the clock, above anything a lost one reached.
     local t = redis.call('TIME')
     f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', key, int(f))
+    redis.call('SET', key, string.format('%.0f', f))
   end
   redis.call('PEXPIRE', key, ttl)
   return f
 end
--- Adds a member to a sorted set of holders scored by expiry, and keeps the
--- set alive as long as its longest holder.
+"#;
+
+/// Adds a member to a sorted set of holders scored by expiry, and keeps the
+/// set alive as long as its longest holder. Needs `NOW_MS`.
+const HOLD_IN_SET: &str = r#"
 local function hold_in_set(key, token, lease, now)
   redis.call('ZADD', key, int(now + tonumber(lease)), token)
   local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -401,16 +409,17 @@ struct Scripts {
 fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let script = |parts: &[&str]| Script::new(&parts.concat());
+        let in_set = [NOW_MS, HOLD_IN_SET].concat();
         Scripts {
-            acquire_exclusive: with_prelude(ACQUIRE_EXCLUSIVE),
-            acquire_read: with_prelude(ACQUIRE_READ),
-            acquire_write: with_prelude(ACQUIRE_WRITE),
-            acquire_semaphore: with_prelude(ACQUIRE_SEMAPHORE),
-            release_string: Script::new(RELEASE_STRING),
-            release_member: Script::new(RELEASE_MEMBER),
-            extend_string: Script::new(EXTEND_STRING),
-            extend_member: with_prelude(EXTEND_MEMBER),
+            acquire_exclusive: script(&[FENCE, ACQUIRE_EXCLUSIVE]),
+            acquire_read: script(&[&in_set, FENCE, ACQUIRE_READ]),
+            acquire_write: script(&[NOW_MS, FENCE, ACQUIRE_WRITE]),
+            acquire_semaphore: script(&[&in_set, FENCE, ACQUIRE_SEMAPHORE]),
+            release_string: script(&[RELEASE_STRING]),
+            release_member: script(&[RELEASE_MEMBER]),
+            extend_string: script(&[EXTEND_STRING]),
+            extend_member: script(&[&in_set, EXTEND_MEMBER]),
         }
     })
 }
@@ -790,10 +799,20 @@ impl LeaseHandle for RedisHold {
             renewal.abort();
         }
         BackendFuture::new(async move {
-            let result = self.release_remote().await;
-            // Only now may the next waiter in this process try.
+            let mut release = std::pin::pin!(self.release_remote());
+            // One poll puts the release on the connection. Redis runs a
+            // connection's commands in order, so the next waiter in this
+            // process may send its acquire now: it lands after the release,
+            // and the two round trips overlap. (Should the release fail, that
+            // acquire finds the key held and waits, as any other would.)
+            let first = release
+                .as_mut()
+                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
             lock(&self.local).take();
-            result
+            match first {
+                std::task::Poll::Ready(result) => result,
+                std::task::Poll::Pending => release.await,
+            }
         })
     }
 }
