@@ -9,86 +9,127 @@
 //! cargo run --example order_service                 # ten concurrent requests, locked
 //! cargo run --example order_service -- --no-lock    # the same without the lock: duplicates
 //! cargo run --example order_service -- --serve      # then keep serving: curl -X POST http://ADDR/orders/sku-1
+//! cargo run --example order_service -- --backend redis://127.0.0.1:6379 --instances 2
 //! ```
 //!
-//! Flags: `--backend <url>` (`memory`; see `tower_lock::backend::connect`),
-//! `--requests N` (default 10), `--sku S`, `--no-lock`, `--serve`.
+//! Flags: `--backend <url>` (`memory`, `redis://host:port`; see
+//! `tower_lock::backend::connect`), `--instances N` (servers in N separate
+//! processes sharing the backend, the requests split between them; needs a
+//! shared backend), `--requests N` (default 10), `--sku S`, `--no-lock`,
+//! `--serve`.
+//!
+//! With a Redis backend the order numbers live in Redis too, so that every
+//! instance reads and writes the same counter.
 
 mod common;
 
 use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::Router;
 use tower_lock::{HeldLock, LockLayer, Locker, PathParam};
 
-/// The shared state the handler races on.
-struct Shop {
-    started: Instant,
-    last_number: Mutex<HashMap<String, u64>>,
-    in_critical: AtomicUsize,
-    max_in_critical: AtomicUsize,
+/// Where the last order number of each SKU is kept: deliberately read and
+/// written in two steps.
+enum Numbers {
+    Local(Mutex<HashMap<String, u64>>),
+    Redis(redis::aio::MultiplexedConnection),
+}
+
+impl Numbers {
+    fn redis_key(sku: &str) -> String {
+        format!("order_service:last:{sku}")
+    }
+
+    async fn read(&self, sku: &str) -> u64 {
+        match self {
+            Numbers::Local(m) => m.lock().unwrap().get(sku).copied().unwrap_or(0),
+            Numbers::Redis(c) => {
+                let v: Option<u64> = redis::cmd("GET")
+                    .arg(Self::redis_key(sku))
+                    .query_async(&mut c.clone())
+                    .await
+                    .expect("read the order number");
+                v.unwrap_or(0)
+            }
+        }
+    }
+
+    async fn write(&self, sku: &str, n: u64) {
+        match self {
+            Numbers::Local(m) => {
+                m.lock().unwrap().insert(sku.to_owned(), n);
+            }
+            Numbers::Redis(c) => {
+                let _: () = redis::cmd("SET")
+                    .arg(Self::redis_key(sku))
+                    .arg(n)
+                    .query_async(&mut c.clone())
+                    .await
+                    .expect("write the order number");
+            }
+        }
+    }
 }
 
 /// How long the handler "talks to the database" between read and write.
 const DB_ROUND_TRIP: Duration = Duration::from_millis(5);
 
+fn unix_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
 async fn create_order(
-    State(shop): State<Arc<Shop>>,
+    State(numbers): State<Arc<Numbers>>,
     Path(sku): Path<String>,
     held: Option<HeldLock>,
 ) -> String {
-    let enter = shop.started.elapsed();
-    let now_inside = shop.in_critical.fetch_add(1, Ordering::SeqCst) + 1;
-    shop.max_in_critical.fetch_max(now_inside, Ordering::SeqCst);
-
+    let enter = unix_us();
     // Deliberately unsafe without the lock: read, await, write.
-    let last = shop
-        .last_number
-        .lock()
-        .unwrap()
-        .get(&sku)
-        .copied()
-        .unwrap_or(0);
+    let last = numbers.read(&sku).await;
     tokio::time::sleep(DB_ROUND_TRIP).await;
-    shop.last_number
-        .lock()
-        .unwrap()
-        .insert(sku.clone(), last + 1);
-
-    shop.in_critical.fetch_sub(1, Ordering::SeqCst);
-    let leave = shop.started.elapsed();
+    numbers.write(&sku, last + 1).await;
+    let leave = unix_us();
     let (waited, token) = held.map_or((Duration::ZERO, 0), |h| (h.waited(), h.token().get()));
     format!(
-        "code=ORD-{sku}-{:05} waited_us={} enter_us={} leave_us={} token={token}",
+        "code=ORD-{sku}-{:05} waited_us={} enter_us={enter} leave_us={leave} token={token} pid={}",
         last + 1,
         waited.as_micros(),
-        enter.as_micros(),
-        leave.as_micros(),
+        std::process::id(),
     )
 }
 
 struct Args {
     backend: String,
     requests: usize,
+    instances: usize,
     sku: String,
     no_lock: bool,
     serve: bool,
+    /// Internal: run as one of `--instances`, print the address, serve.
+    child: bool,
 }
+
+const USAGE: &str = "usage: order_service [--backend URL] [--instances N] [--requests N] [--sku S] [--no-lock] [--serve]";
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         backend: "memory".into(),
         requests: 10,
+        instances: 1,
         sku: "SKU-1001".into(),
         no_lock: false,
         serve: false,
+        child: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,21 +137,28 @@ fn parse_args() -> Result<Args, String> {
         match flag.as_str() {
             "--backend" => args.backend = value()?,
             "--requests" => {
-                args.requests = value()?
-                    .parse()
-                    .map_err(|e| format!("--requests: {e}"))?;
+                args.requests = value()?.parse().map_err(|e| format!("--requests: {e}"))?;
+            }
+            "--instances" => {
+                args.instances = value()?.parse().map_err(|e| format!("--instances: {e}"))?;
             }
             "--sku" => args.sku = value()?,
             "--no-lock" => args.no_lock = true,
             "--serve" => args.serve = true,
-            "-h" | "--help" => {
-                return Err("usage: order_service [--backend URL] [--requests N] [--sku S] [--no-lock] [--serve]".into())
-            }
-            other => return Err(format!("unknown flag {other}; try --help")),
+            "--child" => args.child = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
     }
-    if args.requests == 0 {
-        return Err("--requests must be at least 1".into());
+    if args.requests == 0 || args.instances == 0 {
+        return Err("--requests and --instances must be at least 1".into());
+    }
+    if args.instances > 1 && args.backend == "memory" {
+        return Err(
+            "--instances needs a backend the processes share (redis://...): \
+             the memory backend lives in one process"
+                .into(),
+        );
     }
     Ok(args)
 }
@@ -119,14 +167,15 @@ fn parse_args() -> Result<Args, String> {
 struct Outcome {
     code: String,
     waited_us: u64,
-    enter_us: u64,
-    leave_us: u64,
+    enter_us: u128,
+    leave_us: u128,
     token: u64,
+    pid: u32,
 }
 
 fn parse_reply(body: &str) -> Option<Outcome> {
     let field = |name: &str| {
-        body.split(' ')
+        body.split_whitespace()
             .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
     };
     Some(Outcome {
@@ -134,8 +183,65 @@ fn parse_reply(body: &str) -> Option<Outcome> {
         waited_us: field("waited_us")?.parse().ok()?,
         enter_us: field("enter_us")?.parse().ok()?,
         leave_us: field("leave_us")?.parse().ok()?,
-        token: field("token")?.trim().parse().ok()?,
+        token: field("token")?.parse().ok()?,
+        pid: field("pid")?.parse().ok()?,
     })
+}
+
+/// Builds the app and starts serving it on a free loopback port.
+async fn start_server(args: &Args) -> Result<SocketAddr, String> {
+    let backend = tower_lock::backend::connect(&args.backend)
+        .await
+        .map_err(|e| e.to_string())?;
+    let numbers = if args.backend.starts_with("redis://") {
+        let client = redis::Client::open(args.backend.as_str()).map_err(|e| e.to_string())?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        Numbers::Redis(conn)
+    } else {
+        Numbers::Local(Mutex::new(HashMap::new()))
+    };
+    let mut app = Router::new().route("/orders/{sku}", post(create_order));
+    if !args.no_lock {
+        let locker = Locker::from_arc(backend).wait(Duration::from_secs(10));
+        app = app.route_layer(LockLayer::with_locker(locker, PathParam("sku")).namespace("sku"));
+    }
+    let app = app.with_state(Arc::new(numbers));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok(addr)
+}
+
+/// Starts `n` servers in child processes and returns their addresses.
+fn spawn_instances(n: usize) -> Result<(Vec<Child>, Vec<SocketAddr>), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut children = Vec::new();
+    let mut addrs = Vec::new();
+    for _ in 0..n {
+        let mut child = Command::new(&exe)
+            .args(std::env::args().skip(1))
+            .arg("--child")
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().expect("piped"))
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        let addr = line
+            .trim()
+            .strip_prefix("listening=")
+            .and_then(|a| a.parse().ok())
+            .ok_or(format!("an instance did not start: {line:?}"))?;
+        children.push(child);
+        addrs.push(addr);
+    }
+    Ok((children, addrs))
 }
 
 #[tokio::main]
@@ -152,34 +258,52 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let backend = match tower_lock::backend::connect(&args.backend).await {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("order_service: {e}");
-            return ExitCode::from(2);
+    if args.child {
+        return match start_server(&args).await {
+            Ok(addr) => {
+                println!("listening={addr}");
+                std::future::pending::<()>().await;
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("order_service instance: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+
+    let (children, addrs) = if args.instances > 1 {
+        match spawn_instances(args.instances) {
+            Ok(started) => started,
+            Err(e) => {
+                eprintln!("order_service: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        match start_server(&args).await {
+            Ok(addr) => (Vec::new(), vec![addr]),
+            Err(e) => {
+                eprintln!("order_service: {e}");
+                return ExitCode::from(2);
+            }
         }
     };
-
-    let shop = Arc::new(Shop {
-        started: Instant::now(),
-        last_number: Mutex::new(HashMap::new()),
-        in_critical: AtomicUsize::new(0),
-        max_in_critical: AtomicUsize::new(0),
-    });
-    let mut app = Router::new().route("/orders/{sku}", post(create_order));
-    if !args.no_lock {
-        let locker = Locker::from_arc(backend).wait(Duration::from_secs(10));
-        app = app.route_layer(LockLayer::with_locker(locker, PathParam("sku")).namespace("sku"));
+    if args.backend.starts_with("redis://") {
+        // A fresh counter for this run.
+        if let Ok(client) = redis::Client::open(args.backend.as_str()) {
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                let _: Result<(), _> = redis::cmd("DEL")
+                    .arg(Numbers::redis_key(&args.sku))
+                    .query_async(&mut c)
+                    .await;
+            }
+        }
     }
-    let app = app.with_state(shop.clone());
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind loopback");
-    let addr = listener.local_addr().expect("local addr");
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let servers: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
     println!(
-        "order_service on http://{addr} (backend {}, {})",
+        "order_service on {} (backend {}, {})",
+        servers.join(" and "),
         args.backend,
         if args.no_lock {
             "NO lock"
@@ -188,26 +312,29 @@ async fn main() -> ExitCode {
         }
     );
 
-    let outcomes = fire(addr, &args.sku, args.requests).await;
-    report(&outcomes, args.requests, &shop);
+    let outcomes = fire(&addrs, &args.sku, args.requests).await;
+    report(&outcomes, args.requests);
 
     if args.serve {
         println!(
-            "serving until Ctrl-C: curl -X POST http://{addr}/orders/{}",
-            args.sku
+            "serving until Ctrl-C: curl -X POST {}/orders/{}",
+            servers[0], args.sku
         );
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            r = server => { eprintln!("server stopped: {r:?}"); }
-        }
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
     }
     ExitCode::SUCCESS
 }
 
-/// Sends `n` concurrent requests for one SKU, each on its own connection.
-async fn fire(addr: SocketAddr, sku: &str, n: usize) -> Vec<Option<Outcome>> {
+/// Sends `n` concurrent requests for one SKU, each on its own connection,
+/// spread over the servers in turn.
+async fn fire(addrs: &[SocketAddr], sku: &str, n: usize) -> Vec<Option<Outcome>> {
     let mut clients = Vec::with_capacity(n);
-    for _ in 0..n {
+    for i in 0..n {
+        let addr = addrs[i % addrs.len()];
         clients.push(common::Client::connect(addr).await.expect("connect"));
     }
     let path = format!("/orders/{sku}");
@@ -237,19 +364,21 @@ async fn fire(addr: SocketAddr, sku: &str, n: usize) -> Vec<Option<Outcome>> {
     outcomes
 }
 
-fn report(outcomes: &[Option<Outcome>], n: usize, shop: &Shop) {
+fn report(outcomes: &[Option<Outcome>], n: usize) {
     let ok: Vec<&Outcome> = outcomes.iter().flatten().collect();
     let mut sorted = ok.clone();
     sorted.sort_by_key(|o| o.enter_us);
+    let t0 = sorted.first().map_or(0, |o| o.enter_us);
     for (i, o) in sorted.iter().enumerate() {
         println!(
-            "request {:>3}: waited {:>8.3} ms, held {:>8.3} .. {:>8.3} ms, order code {}, fencing token {}",
+            "request {:>3}: waited {:>8.3} ms, held {:>8.3} .. {:>8.3} ms, order code {}, fencing token {}, server pid {}",
             i + 1,
             o.waited_us as f64 / 1e3,
-            o.enter_us as f64 / 1e3,
-            o.leave_us as f64 / 1e3,
+            (o.enter_us - t0) as f64 / 1e3,
+            (o.leave_us - t0) as f64 / 1e3,
             o.code,
             o.token,
+            o.pid,
         );
     }
     // A request was serialised if its critical section overlapped no other's.
@@ -262,12 +391,22 @@ fn report(outcomes: &[Option<Outcome>], n: usize, shop: &Shop) {
                 .all(|(j, b)| *i == j || a.leave_us <= b.enter_us || b.leave_us <= a.enter_us)
         })
         .count();
+    // The most critical sections open at one instant, across every process.
+    let mut edges: Vec<(u128, i32)> = ok
+        .iter()
+        .flat_map(|o| [(o.enter_us, 1), (o.leave_us, -1)])
+        .collect();
+    edges.sort_by_key(|&(t, d)| (t, d)); // a leave before an enter at the same instant
+    let (mut open, mut max_open) = (0, 0);
+    for (_, d) in edges {
+        open += d;
+        max_open = max_open.max(open);
+    }
     let mut codes: Vec<&str> = ok.iter().map(|o| o.code.as_str()).collect();
     codes.sort_unstable();
     codes.dedup();
     println!(
-        "serialised: {serialised}/{n} requests, {} unique order codes, max concurrent in critical section = {}",
+        "serialised: {serialised}/{n} requests, {} unique order codes, max concurrent in critical section = {max_open}",
         codes.len(),
-        shop.max_in_critical.load(Ordering::SeqCst),
     );
 }

@@ -151,6 +151,10 @@ unlocked=$(cargo run -q --example order_service -- --no-lock | tail -n 1)
 echo "$unlocked"
 [[ "$unlocked" =~ max\ concurrent\ in\ critical\ section\ =\ ([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -gt 1 ] ||
     die "order_service --no-lock should overlap: $unlocked"
+shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_REDIS_URL" --instances 2)
+echo "$shared" | tail -n 1
+[ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over Redis with 2 instances did not serialise"
+[ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
 if cargo run -q --example order_service -- --backend nonsense:// 2>/dev/null; then
     die "order_service accepted an unknown backend"
 fi
@@ -162,6 +166,13 @@ for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --
     echo "$line"
     [[ "$line" == impl=tower-lock\ backend=memory\ * ]] || die "bench printed an unexpected line: $line"
     [[ "$line" != *overlaps=* || "$line" == *overlaps=0* ]] || die "bench saw overlapping holders: $line"
+done
+for workload in "uncontended --n 500" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16"; do
+    # shellcheck disable=SC2086
+    line=$(cargo run -q --example bench -- --backend "$TOWER_LOCK_REDIS_URL" --workload $workload)
+    echo "$line"
+    [[ "$line" == impl=tower-lock\ backend=redis\ * && ("$line" != *overlaps=* || "$line" == *overlaps=0*) ]] ||
+        die "bench over Redis printed: $line"
 done
 set +e
 cargo run -q --example bench -- --backend zk://127.0.0.1:1 --workload uncontended 2>/dev/null
