@@ -568,11 +568,15 @@ async fn reads_share_and_writes_exclude_by_method() {
     assert_eq!(backend.active_keys(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lock_can_be_held_until_the_body_is_sent() {
-    use http_body_util::BodyExt;
-
-    let backend = MemoryBackend::new();
+/// Serves `GET /report/{id}` locked until its body is sent, the body fed by
+/// the returned sender, and requests `/report/R`: the response head is back,
+/// the body is still open.
+async fn held_body_response(
+    backend: &MemoryBackend,
+) -> (
+    tokio::sync::mpsc::Sender<bytes::Bytes>,
+    http::Response<hyper::body::Incoming>,
+) {
     let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(1);
     let rx = Arc::new(Mutex::new(Some(rx)));
     let app = Router::new()
@@ -595,7 +599,15 @@ async fn lock_can_be_held_until_the_body_is_sent() {
         .header("host", "test")
         .body(http_body_util::Empty::<bytes::Bytes>::new())
         .unwrap();
-    let res = sender.send_request(req).await.unwrap();
+    (tx, sender.send_request(req).await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_can_be_held_until_the_body_is_sent() {
+    use http_body_util::BodyExt;
+
+    let backend = MemoryBackend::new();
+    let (tx, res) = held_body_response(&backend).await;
     assert_eq!(res.status(), StatusCode::OK);
     // Head sent, body not finished: still locked.
     assert!(matches!(
@@ -631,29 +643,7 @@ async fn a_lost_lock_cuts_a_held_body_short() {
     use http_body_util::BodyExt;
 
     let backend = MemoryBackend::new();
-    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(1);
-    let rx = Arc::new(Mutex::new(Some(rx)));
-    let app = Router::new()
-        .route(
-            "/report/{id}",
-            get(move || {
-                let rx = rx.lock().unwrap().take().unwrap();
-                async move { axum::body::Body::new(ChannelBody(rx)) }
-            }),
-        )
-        .route_layer(LockLayer::new(backend.clone(), PathParam("id")).hold_until_body_sent(true));
-    let addr = serve(app).await;
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::get("/report/R")
-        .header("host", "test")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .unwrap();
-    let res = sender.send_request(req).await.unwrap();
+    let (tx, res) = held_body_response(&backend).await;
     assert_eq!(res.status(), StatusCode::OK);
     tx.send(bytes::Bytes::from("first part")).await.unwrap();
     assert_eq!(backend.break_lock("R"), 1);
