@@ -528,3 +528,156 @@ async fn a_restarted_server_makes_the_holder_lost_and_tokens_keep_rising() {
     server.kill().unwrap();
     server.wait().unwrap();
 }
+
+// ---- Redlock --------------------------------------------------------------
+
+/// A redis-server of the test's own, on a free port, stopped when dropped.
+struct Server {
+    port: u16,
+    child: Child,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (Debian redis-server) is needed");
+        let s = Server { port, child };
+        for _ in 0..100 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {port} did not start");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn redlock_url(servers: &[Server]) -> String {
+    let addrs: Vec<String> = servers
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    format!("redlock://{}", addrs.join(","))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_excludes_and_cleans_up() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let url = redlock_url(&servers);
+    let a = RedlockBackend::connect(&url).await.unwrap();
+    let b = RedlockBackend::connect(&url).await.unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for backend in [a.clone(), b.clone(), a.clone(), b.clone()] {
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tokens = Vec::new();
+            for _ in 0..10 {
+                let g = backend
+                    .lock("k")
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokens.push(g.token());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+            tokens
+        }));
+    }
+    for t in tasks {
+        let tokens = t.await.unwrap();
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]));
+    }
+    assert!(matches!(
+        a.lock("k").read().await,
+        Err(LockError::InvalidMode(_))
+    ));
+    for s in &servers {
+        let keys = keys_under(&s.url(), "lock:").await;
+        assert_eq!(keys, ["lock:{k}:fence"], "left behind on {}", s.url());
+    }
+}
+
+#[tokio::test]
+async fn redlock_works_with_one_of_three_down_and_says_why_with_two() {
+    use tower_lock::backend::RedlockBackend;
+    let mut servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let url = redlock_url(&servers);
+    let backend = RedlockBackend::connect(&url).await.unwrap();
+    drop(servers.pop());
+    let g = backend
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+
+    drop(servers.pop());
+    let err = backend
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    assert!(
+        err.to_string().contains("only 1 of 3 instances answered"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn redlock_holder_is_told_when_a_majority_is_gone() {
+    use tower_lock::backend::RedlockBackend;
+    let mut servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let backend = RedlockBackend::connect(&redlock_url(&servers))
+        .await
+        .unwrap();
+    let g = backend
+        .lock("k")
+        .lease(Duration::from_millis(600))
+        .await
+        .unwrap();
+    drop(servers.pop());
+    drop(servers.pop());
+    tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("not told the lock was lost");
+    assert!(g
+        .held()
+        .lost_signal()
+        .reason()
+        .unwrap()
+        .contains("majority"));
+}

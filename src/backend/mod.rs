@@ -49,10 +49,14 @@
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "redis")]
+mod redlock;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisOptions};
 pub use memory::MemoryBackend;
+#[cfg(feature = "redis")]
+pub use redlock::RedlockBackend;
 
 use std::fmt;
 use std::future::Future;
@@ -73,8 +77,8 @@ use crate::token::FencingToken;
 /// | URL | backend |
 /// |---|---|
 /// | `memory` | [`MemoryBackend`] |
-/// | `redis://host:port` | Redis, one instance (feature `redis`, not yet built) |
-/// | `redlock://h1:p1,h2:p2,h3:p3` | Redlock (feature `redis`, not yet built) |
+/// | `redis://host:port` | [`RedisBackend`], one instance (feature `redis`) |
+/// | `redlock://h1:p1,h2:p2,h3:p3` | [`RedlockBackend`] (feature `redis`) |
 /// | `zk://host:port` | ZooKeeper (feature `zookeeper`, not yet built) |
 ///
 /// # Errors
@@ -96,13 +100,15 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
         #[cfg(feature = "redis")]
         "redis" => Ok(Arc::new(RedisBackend::connect(url).await?)),
+        #[cfg(feature = "redis")]
+        "redlock" => Ok(Arc::new(RedlockBackend::connect(url).await?)),
         #[cfg(not(feature = "redis"))]
-        "redis" => Err(LockError::Config(
-            "the `redis` backend needs tower-lock's `redis` feature".into(),
-        )),
-        "redlock" | "zk" => Err(LockError::Config(format!(
-            "the `{scheme}` backend is not built yet; use `memory` or `redis`"
+        "redis" | "redlock" => Err(LockError::Config(format!(
+            "the `{scheme}` backend needs tower-lock's `redis` feature"
         ))),
+        "zk" => Err(LockError::Config(
+            "the `zk` backend is not built yet; use `memory`, `redis` or `redlock`".into(),
+        )),
         _ => Err(LockError::Config(format!(
             "unknown backend URL {url:?}: expected `memory`, `redis://host:port`, \
                  `redlock://h1:p1,h2:p2,...` or `zk://host:port`"

@@ -64,7 +64,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -84,7 +84,7 @@ const MAX_RECHECK: Duration = Duration::from_secs(1);
 /// Idle subscriptions are dropped after this long.
 const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
 /// The shortest lease accepted: renewal runs every third of it.
-const MIN_LEASE: Duration = Duration::from_millis(30);
+pub(super) const MIN_LEASE: Duration = Duration::from_millis(30);
 
 /// Locks in one Redis server (or one Cluster, through hash tags).
 ///
@@ -201,18 +201,18 @@ impl Watches {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Random owner tokens: a per-backend random prefix and a counter.
-struct Tokens {
+pub(super) struct Tokens {
     seed: u64,
     next: AtomicU64,
 }
 
 impl Tokens {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         // `RandomState` is seeded from the OS's randomness.
         let seed = std::collections::hash_map::RandomState::new()
             .hash_one((std::process::id(), std::time::SystemTime::now()));
@@ -222,7 +222,7 @@ impl Tokens {
         }
     }
 
-    fn next(&self) -> String {
+    pub(super) fn next(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         format!("{:016x}{n:016x}", self.seed)
     }
@@ -230,7 +230,7 @@ impl Tokens {
 
 /// The Redis keys of one lock.
 #[derive(Clone)]
-struct Layout {
+pub(super) struct Layout {
     kind: Kind,
     /// The string (exclusive, writer) or sorted set (reader, semaphore).
     main: String,
@@ -249,7 +249,7 @@ enum Kind {
 }
 
 impl Layout {
-    fn new(prefix: &str, key: &LockKey, mode: LockMode) -> Self {
+    pub(super) fn new(prefix: &str, key: &LockKey, mode: LockMode) -> Self {
         let base = format!("{prefix}{{{key}}}");
         let (kind, main, other) = match mode {
             LockMode::Exclusive => (Kind::Exclusive, base.clone(), None),
@@ -268,9 +268,96 @@ impl Layout {
         }
     }
 
+    /// The Redis key holding the lock (for logs).
+    pub(super) fn main_key(&self) -> &str {
+        &self.main
+    }
+
     /// Whether the lock is a string (else a member of a sorted set).
     fn is_string(&self) -> bool {
         matches!(self.kind, Kind::Exclusive | Kind::Write)
+    }
+
+    /// One attempt to take the lock for `token` on `conn`.
+    pub(super) async fn try_acquire<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Attempt, LockError> {
+        let s = scripts();
+        let mut call = match self.kind {
+            Kind::Exclusive => s.acquire_exclusive.key(&self.main),
+            Kind::Read => s.acquire_read.key(&self.main),
+            Kind::Write => s.acquire_write.key(&self.main),
+            Kind::Semaphore(_) => s.acquire_semaphore.key(&self.main),
+        };
+        if let Some(other) = &self.other {
+            call.key(other);
+        }
+        call.key(&self.fence)
+            .arg(token)
+            .arg(lease.as_millis() as u64)
+            .arg(FENCE_TTL.as_millis() as u64);
+        if let Kind::Semaphore(permits) = self.kind {
+            call.arg(permits);
+        }
+        let (granted, value): (i64, i64) = call
+            .invoke_async(conn)
+            .await
+            .map_err(|e| redis_error("acquiring a lock", e))?;
+        Ok(if granted == 1 {
+            Attempt::Granted(value as u64)
+        } else {
+            Attempt::Busy(value)
+        })
+    }
+
+    /// Extends `token`'s lease; false if the lock is no longer its.
+    pub(super) async fn extend<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        token: &str,
+        lease: Duration,
+    ) -> Result<bool, LockError> {
+        let s = scripts();
+        let script = if self.is_string() {
+            &s.extend_string
+        } else {
+            &s.extend_member
+        };
+        let extended: i64 = script
+            .key(&self.main)
+            .key(&self.fence)
+            .arg(token)
+            .arg(lease.as_millis() as u64)
+            .arg(FENCE_TTL.as_millis() as u64)
+            .invoke_async(conn)
+            .await
+            .map_err(|e| redis_error("renewing a lease", e))?;
+        Ok(extended == 1)
+    }
+
+    /// Releases `token`'s hold (if it still has one) and publishes it.
+    pub(super) async fn release<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        token: &str,
+    ) -> Result<(), LockError> {
+        let s = scripts();
+        let script = if self.is_string() {
+            &s.release_string
+        } else {
+            &s.release_member
+        };
+        let _released: i64 = script
+            .key(&self.main)
+            .arg(token)
+            .arg(&self.channel)
+            .invoke_async(conn)
+            .await
+            .map_err(|e| redis_error("releasing a lock", e))?;
+        Ok(())
     }
 }
 
@@ -424,12 +511,12 @@ fn scripts() -> &'static Scripts {
     })
 }
 
-fn redis_error(doing: &str, e: redis::RedisError) -> LockError {
+pub(super) fn redis_error(doing: &str, e: redis::RedisError) -> LockError {
     LockError::backend("redis", doing.to_owned(), Some(Box::new(e) as _))
 }
 
 /// The answer of an acquire script.
-enum Attempt {
+pub(super) enum Attempt {
     Granted(u64),
     /// Held; the holder's remaining lease in ms (negative: none known).
     Busy(i64),
@@ -584,43 +671,6 @@ impl RedisInner {
         }
     }
 
-    async fn try_acquire(
-        &self,
-        layout: &Layout,
-        token: &str,
-        lease: Duration,
-    ) -> Result<Attempt, LockError> {
-        let s = scripts();
-        let lease_ms = lease.as_millis() as u64;
-        let fence_ttl = FENCE_TTL.as_millis() as u64;
-        let mut conn = self.conn.clone();
-        let mut call = match layout.kind {
-            Kind::Exclusive => s.acquire_exclusive.key(&layout.main),
-            Kind::Read => s.acquire_read.key(&layout.main),
-            Kind::Write => s.acquire_write.key(&layout.main),
-            Kind::Semaphore(_) => s.acquire_semaphore.key(&layout.main),
-        };
-        if let Some(other) = &layout.other {
-            call.key(other);
-        }
-        call.key(&layout.fence)
-            .arg(token)
-            .arg(lease_ms)
-            .arg(fence_ttl);
-        if let Kind::Semaphore(permits) = layout.kind {
-            call.arg(permits);
-        }
-        let (granted, value): (i64, i64) = call
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| redis_error("acquiring a lock", e))?;
-        Ok(if granted == 1 {
-            Attempt::Granted(value as u64)
-        } else {
-            Attempt::Busy(value)
-        })
-    }
-
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         if request.lease < MIN_LEASE {
             return Err(LockError::Config(format!(
@@ -641,7 +691,9 @@ impl RedisInner {
             .await?;
 
         let token = self.tokens.next();
-        let mut attempt = self.try_acquire(&layout, &token, request.lease).await?;
+        let mut attempt = layout
+            .try_acquire(&mut self.conn.clone(), &token, request.lease)
+            .await?;
         if let (Attempt::Busy(_), Wait::FailFast) = (&attempt, request.wait) {
             return Err(LockError::Busy);
         }
@@ -653,7 +705,9 @@ impl RedisInner {
                 let released = watch.notify.notified();
                 tokio::pin!(released);
                 released.as_mut().enable();
-                attempt = self.try_acquire(&layout, &token, request.lease).await?;
+                attempt = layout
+                    .try_acquire(&mut self.conn.clone(), &token, request.lease)
+                    .await?;
                 let Attempt::Busy(ttl) = attempt else {
                     break;
                 };
@@ -726,41 +780,15 @@ impl HasLostState for RedisHold {
 }
 
 impl RedisHold {
-    /// Extends the lease; false if the lock is no longer ours.
     async fn extend(&self) -> Result<bool, LockError> {
-        let s = scripts();
-        let script = if self.layout.is_string() {
-            &s.extend_string
-        } else {
-            &s.extend_member
-        };
-        let extended: i64 = script
-            .key(&self.layout.main)
-            .key(&self.layout.fence)
-            .arg(&self.token)
-            .arg(self.lease.as_millis() as u64)
-            .arg(FENCE_TTL.as_millis() as u64)
-            .invoke_async(&mut self.inner.conn.clone())
-            .await
-            .map_err(|e| redis_error("renewing a lease", e))?;
-        Ok(extended == 1)
+        let mut conn = self.inner.conn.clone();
+        self.layout.extend(&mut conn, &self.token, self.lease).await
     }
 
     async fn release_remote(&self) -> Result<(), LockError> {
-        let s = scripts();
-        let script = if self.layout.is_string() {
-            &s.release_string
-        } else {
-            &s.release_member
-        };
-        let _released: i64 = script
-            .key(&self.layout.main)
-            .arg(&self.token)
-            .arg(&self.layout.channel)
-            .invoke_async(&mut self.inner.conn.clone())
+        self.layout
+            .release(&mut self.inner.conn.clone(), &self.token)
             .await
-            .map_err(|e| redis_error("releasing a lock", e))?;
-        Ok(())
     }
 }
 

@@ -1,0 +1,391 @@
+//! Redlock over several independent Redis servers (feature `redis`).
+//!
+//! The algorithm of the Redis documentation: take the lock on every instance
+//! at once, with the same random token and the scripts and key layout of the
+//! [single-instance backend](super::RedisBackend); it is held if a majority
+//! (N/2 + 1) granted it and time is left, that is if
+//! `validity = lease − elapsed − drift` is positive, drift being 1% of the lease
+//! plus 2 ms. Otherwise the attempt is undone on every instance (also those that
+//! did not answer) and tried again after a random pause of up to 50 ms, until
+//! the caller's wait runs out. Renewal every third of the lease also needs a
+//! majority; anything less fires the lost signal. Only exclusive locks.
+//!
+//! If too many instances fail to answer for a majority ever to form, the
+//! acquisition fails at once with [`LockError::Backend`] saying how many
+//! answered, rather than waiting out its timeout.
+//!
+//! # Fencing tokens
+//!
+//! Each instance keeps its own counter (started at its clock in microseconds);
+//! a grant's token is the largest counter among the instances that granted it.
+//! Two majorities always share an instance, whose counter rose between them, but
+//! the largest counter of the second may still be below that of the first when
+//! the instances' counters (or clocks) are far apart. So tokens rise across
+//! holders as long as the instances' clocks agree to within the time between
+//! two acquisitions, and are not guaranteed otherwise. Where storage must never
+//! accept a stale writer, use a single Redis or ZooKeeper, whose tokens are
+//! strictly monotonic.
+//!
+//! # What it does not guarantee
+//!
+//! Redlock assumes bounded clock drift, network delay and process pauses; a
+//! holder paused past its validity loses the lock without knowing until it runs
+//! again (M. Kleppmann, "How to do distributed locking"). Waiting is by jittered
+//! retries, not release messages, and is not first-come-first-served across
+//! processes (it is within one).
+
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::redis::{lock, redis_error, Attempt, Layout, Tokens, MIN_LEASE};
+use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest, MemoryBackend};
+use crate::error::LockError;
+use crate::lost::{HasLostState, LostSignal, LostState};
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// The longest pause between two attempts.
+const MAX_RETRY_DELAY: Duration = Duration::from_millis(50);
+
+/// Exclusive locks over several independent Redis servers, by Redlock.
+///
+/// See the [module documentation](self) for the algorithm and what its
+/// fencing tokens can promise.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::backend::RedlockBackend;
+/// use tower_lock::BackendExt;
+///
+/// let redlock = RedlockBackend::connect("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379").await?;
+/// let guard = redlock.lock("invoice:17").await?;
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<RedlockInner>,
+}
+
+struct RedlockInner {
+    nodes: Vec<Node>,
+    prefix: String,
+    local: MemoryBackend,
+    tokens: Tokens,
+    jitter: std::collections::hash_map::RandomState,
+}
+
+struct Node {
+    addr: String,
+    conn: ConnectionManager,
+}
+
+impl RedlockBackend {
+    /// Connects to `redlock://host1:port1,host2:port2,...` (at least three
+    /// instances, best an odd number). Instances that are down are connected
+    /// to when they come up; the lock works while a majority answers.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] for a malformed URL or fewer than three
+    /// instances.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        let list = url
+            .strip_prefix("redlock://")
+            .ok_or_else(|| LockError::Config(format!("{url:?} is not a redlock:// URL")))?;
+        let addrs: Vec<&str> = list.trim_end_matches('/').split(',').collect();
+        if addrs.len() < 3 || addrs.iter().any(|a| a.is_empty()) {
+            return Err(LockError::Config(format!(
+                "Redlock needs at least three instances, as redlock://h1:p1,h2:p2,h3:p3; got {url:?}"
+            )));
+        }
+        let mut nodes = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            let client = redis::Client::open(format!("redis://{addr}/"))
+                .map_err(|e| LockError::Config(format!("invalid Redis address {addr:?}: {e}")))?;
+            // Short timeouts: a dead instance must not hold up the majority.
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_millis(200)))
+                .set_response_timeout(Some(Duration::from_millis(200)))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(200));
+            let conn = ConnectionManager::new_lazy_with_config(client, config)
+                .map_err(|e| redis_error(&format!("connecting to {addr}"), e))?;
+            nodes.push(Node {
+                addr: addr.to_owned(),
+                conn,
+            });
+        }
+        Ok(RedlockBackend {
+            inner: Arc::new(RedlockInner {
+                nodes,
+                prefix: "lock:".into(),
+                local: MemoryBackend::new(),
+                tokens: Tokens::new(),
+                jitter: Default::default(),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let addrs: Vec<&str> = self.inner.nodes.iter().map(|n| n.addr.as_str()).collect();
+        f.debug_struct("RedlockBackend")
+            .field("instances", &addrs)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How one round over the instances went.
+struct Round {
+    granted: usize,
+    busy: usize,
+    failed: Vec<String>,
+    fence: u64,
+}
+
+impl RedlockInner {
+    fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// Runs `op` on every instance at once; the results in instance order.
+    async fn on_all<T, F, Fut>(&self, op: F) -> Vec<Result<T, LockError>>
+    where
+        T: Send + 'static,
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LockError>> + Send + 'static,
+    {
+        let mut set = JoinSet::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let fut = op(node.conn.clone());
+            set.spawn(async move { (i, fut.await) });
+        }
+        let mut results: Vec<Option<Result<T, LockError>>> =
+            (0..self.nodes.len()).map(|_| None).collect();
+        while let Some(done) = set.join_next().await {
+            if let Ok((i, r)) = done {
+                results[i] = Some(r);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(LockError::backend("redlock", "task failed", None))))
+            .collect()
+    }
+
+    async fn attempt(&self, layout: &Arc<Layout>, token: &Arc<str>, lease: Duration) -> Round {
+        let results = self
+            .on_all(|mut conn| {
+                let (layout, token) = (layout.clone(), token.clone());
+                async move { layout.try_acquire(&mut conn, &token, lease).await }
+            })
+            .await;
+        let mut round = Round {
+            granted: 0,
+            busy: 0,
+            failed: Vec::new(),
+            fence: 0,
+        };
+        for (node, r) in self.nodes.iter().zip(results) {
+            match r {
+                Ok(Attempt::Granted(f)) => {
+                    round.granted += 1;
+                    round.fence = round.fence.max(f);
+                }
+                Ok(Attempt::Busy(_)) => round.busy += 1,
+                Err(e) => round.failed.push(format!("{}: {e}", node.addr)),
+            }
+        }
+        round
+    }
+
+    async fn release_all(&self, layout: &Arc<Layout>, token: &Arc<str>) -> usize {
+        self.on_all(|mut conn| {
+            let (layout, token) = (layout.clone(), token.clone());
+            async move { layout.release(&mut conn, &token).await }
+        })
+        .await
+        .iter()
+        .filter(|r| r.is_ok())
+        .count()
+    }
+
+    fn retry_delay(&self, token: &str, attempt: u32) -> Duration {
+        let r = self.jitter.hash_one((token, attempt));
+        MAX_RETRY_DELAY.mul_f64((r % 1000) as f64 / 1000.0)
+    }
+
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        if request.mode != LockMode::Exclusive {
+            return Err(LockError::InvalidMode(format!(
+                "the redlock backend takes exclusive locks only, not {}",
+                request.mode
+            )));
+        }
+        if request.lease < MIN_LEASE {
+            return Err(LockError::Config(format!(
+                "a Redlock lease must be at least {} ms",
+                MIN_LEASE.as_millis()
+            )));
+        }
+        let local_wait = match request.wait {
+            Wait::FailFast => Wait::FailFast,
+            _ => Wait::Forever,
+        };
+        let local = self
+            .local
+            .acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(local_wait))
+            .await?;
+        let layout = Arc::new(Layout::new(&self.prefix, &request.key, request.mode));
+        let token: Arc<str> = self.tokens.next().into();
+        let lease = request.lease;
+        let drift = lease / 100 + Duration::from_millis(2);
+        let quorum = self.quorum();
+        let mut tries = 0;
+        let fence = loop {
+            let started = tokio::time::Instant::now();
+            let round = self.attempt(&layout, &token, lease).await;
+            let elapsed = started.elapsed();
+            if round.granted >= quorum && elapsed + drift < lease {
+                break round.fence;
+            }
+            // Undo everywhere, also where no answer came: it may have landed.
+            self.release_all(&layout, &token).await;
+            if self.nodes.len() - round.failed.len() < quorum {
+                return Err(LockError::backend(
+                    "redlock",
+                    format!(
+                        "only {} of {} instances answered, a majority needs {quorum} ({})",
+                        self.nodes.len() - round.failed.len(),
+                        self.nodes.len(),
+                        round.failed.join("; ")
+                    ),
+                    None,
+                ));
+            }
+            if request.wait == Wait::FailFast {
+                return Err(LockError::Busy);
+            }
+            tries += 1;
+            tokio::time::sleep(self.retry_delay(&token, tries)).await;
+        };
+        let hold = Arc::new(RedlockHold {
+            inner: self.clone(),
+            layout,
+            token,
+            lease,
+            lost: LostState::new(),
+            local: Mutex::new(Some(local)),
+            renewal: Mutex::new(None),
+        });
+        let renewal = tokio::spawn(renew(Arc::downgrade(&hold)));
+        *lock(&hold.renewal) = Some(renewal);
+        let lost = LostSignal::new(hold.clone());
+        Ok(Acquired::new(FencingToken::new(fence), hold).with_lost(lost))
+    }
+}
+
+impl Backend for RedlockBackend {
+    fn name(&self) -> &'static str {
+        "redlock"
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        BackendFuture::new(self.inner.clone().acquire(request))
+    }
+}
+
+struct RedlockHold {
+    inner: Arc<RedlockInner>,
+    layout: Arc<Layout>,
+    token: Arc<str>,
+    lease: Duration,
+    lost: LostState,
+    local: Mutex<Option<Acquired>>,
+    renewal: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl HasLostState for RedlockHold {
+    fn lost_state(&self) -> &LostState {
+        &self.lost
+    }
+}
+
+/// Renews on every instance each third of the lease; fewer than a majority
+/// renewed in time means the lock is lost.
+async fn renew(hold: Weak<RedlockHold>) {
+    let Some(period) = hold.upgrade().map(|h| h.lease / 3) else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(h) = hold.upgrade() else {
+            return;
+        };
+        let (layout, token, lease) = (h.layout.clone(), h.token.clone(), h.lease);
+        let renewed = tokio::time::timeout(
+            period,
+            h.inner.on_all(|mut conn| {
+                let (layout, token) = (layout.clone(), token.clone());
+                async move { layout.extend(&mut conn, &token, lease).await }
+            }),
+        )
+        .await;
+        let quorum = h.inner.quorum();
+        let reason = match renewed {
+            Ok(results) => {
+                let ok = results.iter().filter(|r| matches!(r, Ok(true))).count();
+                if ok >= quorum {
+                    continue;
+                }
+                format!(
+                    "only {ok} of {} instances renewed the lease, a majority needs {quorum}",
+                    results.len()
+                )
+            }
+            Err(_) => "renewing the lease timed out".to_owned(),
+        };
+        tracing::warn!(key = %h.layout_key(), reason, "redlock lock lost");
+        h.lost.fire(reason);
+        return;
+    }
+}
+
+impl RedlockHold {
+    fn layout_key(&self) -> &str {
+        self.layout.main_key()
+    }
+}
+
+impl LeaseHandle for RedlockHold {
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        if let Some(renewal) = lock(&self.renewal).take() {
+            renewal.abort();
+        }
+        BackendFuture::new(async move {
+            let released = self.inner.release_all(&self.layout, &self.token).await;
+            lock(&self.local).take();
+            if released >= self.inner.quorum() {
+                Ok(())
+            } else {
+                Err(LockError::backend(
+                    "redlock",
+                    format!(
+                        "released on {released} of {} instances; the rest expire with the lease",
+                        self.inner.nodes.len()
+                    ),
+                    None,
+                ))
+            }
+        })
+    }
+}
