@@ -21,10 +21,10 @@
 //!   [`Acquired`] it produced, must undo everything: leave the wait queue, delete
 //!   the half-made node, release the granted lock. The core relies on that for
 //!   timeouts and for clients that go away.
-//! - With [`Wait::FailFast`](crate::Wait::FailFast), answer
+//! - With [`Wait::FailFast`], answer
 //!   [`LockError::Busy`] after one attempt. Otherwise wait until granted; the
-//!   core enforces [`LockRequest::deadline`] by dropping the future, and a
-//!   backend may use the deadline to bound its own re-checks.
+//!   core enforces [`LockRequest::wait`] by dropping the future, and a backend
+//!   may use it to bound its own re-checks.
 //! - Every grant gets a [`FencingToken`] strictly greater than the previous
 //!   grant's of the same key.
 //! - A lease that the backend cannot keep fires the [`LostTrigger`](crate::LostTrigger)
@@ -48,9 +48,9 @@
 
 mod memory;
 #[cfg(feature = "redis")]
-mod redis;
+pub mod redis;
 #[cfg(feature = "redis")]
-mod redlock;
+pub mod redlock;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisOptions};
