@@ -12,14 +12,15 @@
 //! cargo run --example order_service -- --backend redis://127.0.0.1:6379 --instances 2
 //! ```
 //!
-//! Flags: `--backend <url>` (`memory`, `redis://host:port`; see
+//! Flags: `--backend <url>` (`memory`, `redis://host:port`, `redlock://h1:p1,h2:p2,h3:p3`; see
 //! `tower_lock::backend::connect`), `--instances N` (servers in N separate
 //! processes sharing the backend, the requests split between them; needs a
 //! shared backend), `--requests N` (default 10), `--sku S`, `--no-lock`,
 //! `--serve`.
 //!
-//! With a Redis backend the order numbers live in Redis too, so that every
-//! instance reads and writes the same counter.
+//! With a Redis backend the order numbers live in Redis too (with Redlock, in
+//! the first server), so that every instance reads and writes the same
+//! counter.
 
 mod common;
 
@@ -76,6 +77,16 @@ impl Numbers {
             }
         }
     }
+}
+
+/// Where the instances keep the order numbers when they share a backend: the
+/// Redis server, or the first of the Redlock servers.
+fn shared_store(backend: &str) -> Option<String> {
+    if backend.starts_with("redis://") {
+        return Some(backend.to_owned());
+    }
+    let first = backend.strip_prefix("redlock://")?.split(',').next()?;
+    Some(format!("redis://{first}/"))
 }
 
 /// How long the handler "talks to the database" between read and write.
@@ -193,8 +204,8 @@ async fn start_server(args: &Args) -> Result<SocketAddr, String> {
     let backend = tower_lock::backend::connect(&args.backend)
         .await
         .map_err(|e| e.to_string())?;
-    let numbers = if args.backend.starts_with("redis://") {
-        let client = redis::Client::open(args.backend.as_str()).map_err(|e| e.to_string())?;
+    let numbers = if let Some(url) = shared_store(&args.backend) {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
         let conn = client
             .get_multiplexed_async_connection()
             .await
@@ -289,9 +300,9 @@ async fn main() -> ExitCode {
             }
         }
     };
-    if args.backend.starts_with("redis://") {
+    if let Some(url) = shared_store(&args.backend) {
         // A fresh counter for this run.
-        if let Ok(client) = redis::Client::open(args.backend.as_str()) {
+        if let Ok(client) = redis::Client::open(url) {
             if let Ok(mut c) = client.get_multiplexed_async_connection().await {
                 let _: Result<(), _> = redis::cmd("DEL")
                     .arg(Numbers::redis_key(&args.sku))

@@ -82,16 +82,17 @@ wait_for() {
     done
 }
 
+# start_redis NAME: a redis-server on a free port, left in $redis_port (not
+# printed: a command substitution would lose the pid kept for cleanup).
 start_redis() {
     local port
     port=$(free_port)
-    mkdir -p "$work/redis"
+    mkdir -p "$work/$1"
     redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-        --dir "$work/redis" --logfile "$work/redis/redis.log" &
+        --dir "$work/$1" --logfile "$work/$1/redis.log" >/dev/null &
     pids+=("$!")
     wait_for 10 "redis-server on port $port" redis-cli -p "$port" ping
-    export TOWER_LOCK_REDIS_URL="redis://127.0.0.1:$port"
-    echo "redis-server on 127.0.0.1:$port"
+    redis_port=$port
 }
 
 # ZooKeeper answers its four-letter words on the client port.
@@ -128,7 +129,17 @@ EOF
 }
 
 step "starting servers"
-start_redis
+start_redis redis
+export TOWER_LOCK_REDIS_URL="redis://127.0.0.1:$redis_port"
+echo "redis-server on 127.0.0.1:$redis_port"
+redlock=()
+for i in 1 2 3; do
+    start_redis "redlock$i"
+    redlock+=("127.0.0.1:$redis_port")
+done
+TOWER_LOCK_REDLOCK_URL="redlock://$(IFS=,; echo "${redlock[*]}")"
+export TOWER_LOCK_REDLOCK_URL
+echo "Redlock over $TOWER_LOCK_REDLOCK_URL"
 start_zookeeper
 
 # --- 3. checks and tests ---------------------------------------------------
@@ -155,6 +166,9 @@ shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_REDIS_UR
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over Redis with 2 instances did not serialise"
 [ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
+shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_REDLOCK_URL" --instances 2 | tail -n 1)
+echo "$shared"
+[ "$shared" = "$expected" ] || die "order_service over Redlock with 2 instances did not serialise"
 if cargo run -q --example order_service -- --backend nonsense:// 2>/dev/null; then
     die "order_service accepted an unknown backend"
 fi
@@ -167,12 +181,14 @@ for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --
     [[ "$line" == impl=tower-lock\ backend=memory\ * ]] || die "bench printed an unexpected line: $line"
     [[ "$line" != *overlaps=* || "$line" == *overlaps=0* ]] || die "bench saw overlapping holders: $line"
 done
-for workload in "uncontended --n 500" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16"; do
-    # shellcheck disable=SC2086
-    line=$(cargo run -q --example bench -- --backend "$TOWER_LOCK_REDIS_URL" --workload $workload)
-    echo "$line"
-    [[ "$line" == impl=tower-lock\ backend=redis\ * && ("$line" != *overlaps=* || "$line" == *overlaps=0*) ]] ||
-        die "bench over Redis printed: $line"
+for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL"; do
+    for workload in "uncontended --n 300" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16"; do
+        # shellcheck disable=SC2086
+        line=$(cargo run -q --example bench -- --backend "$backend" --workload $workload)
+        echo "$line"
+        [[ "$line" == impl=tower-lock\ backend=red* && ("$line" != *overlaps=* || "$line" == *overlaps=0*) ]] ||
+            die "bench over $backend printed: $line"
+    done
 done
 set +e
 cargo run -q --example bench -- --backend zk://127.0.0.1:1 --workload uncontended 2>/dev/null
