@@ -35,12 +35,15 @@
 //! processes (it is within one).
 
 use std::fmt;
+use std::future::{poll_fn, Future};
 use std::hash::BuildHasher;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 
 use super::redis::{lock, redis_error, Attempt, Layout, Tokens, MIN_LEASE};
 use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest, MemoryBackend};
@@ -158,27 +161,40 @@ impl RedlockInner {
     }
 
     /// Runs `op` on every instance at once; the results in instance order.
+    /// The futures are polled together in place: a task per instance would
+    /// cost more than the work.
     async fn on_all<T, F, Fut>(&self, op: F) -> Vec<Result<T, LockError>>
     where
-        T: Send + 'static,
         F: Fn(ConnectionManager) -> Fut,
-        Fut: std::future::Future<Output = Result<T, LockError>> + Send + 'static,
+        Fut: Future<Output = Result<T, LockError>>,
     {
-        let mut set = JoinSet::new();
-        for (i, node) in self.nodes.iter().enumerate() {
-            let fut = op(node.conn.clone());
-            set.spawn(async move { (i, fut.await) });
-        }
+        let mut pending: Vec<Pin<Box<Fut>>> = self
+            .nodes
+            .iter()
+            .map(|node| Box::pin(op(node.conn.clone())))
+            .collect();
         let mut results: Vec<Option<Result<T, LockError>>> =
-            (0..self.nodes.len()).map(|_| None).collect();
-        while let Some(done) = set.join_next().await {
-            if let Ok((i, r)) = done {
-                results[i] = Some(r);
+            (0..pending.len()).map(|_| None).collect();
+        poll_fn(|cx| {
+            let mut waiting = false;
+            for (fut, slot) in pending.iter_mut().zip(results.iter_mut()) {
+                if slot.is_none() {
+                    match fut.as_mut().poll(cx) {
+                        Poll::Ready(r) => *slot = Some(r),
+                        Poll::Pending => waiting = true,
+                    }
+                }
             }
-        }
+            if waiting {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        })
+        .await;
         results
             .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(LockError::backend("redlock", "task failed", None))))
+            .map(|r| r.expect("every future finished"))
             .collect()
     }
 
@@ -372,8 +388,18 @@ impl LeaseHandle for RedlockHold {
             renewal.abort();
         }
         BackendFuture::new(async move {
-            let released = self.inner.release_all(&self.layout, &self.token).await;
+            let mut release = std::pin::pin!(self.inner.release_all(&self.layout, &self.token));
+            // As for one instance: once the releases are on the connections,
+            // the next waiter in this process may send its attempts, which
+            // each server runs after the release.
+            let first = release
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()));
             lock(&self.local).take();
+            let released = match first {
+                Poll::Ready(n) => n,
+                Poll::Pending => release.await,
+            };
             if released >= self.inner.quorum() {
                 Ok(())
             } else {

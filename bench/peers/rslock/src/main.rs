@@ -43,7 +43,12 @@ fn main() {
     .build()
     .unwrap();
     let line = rt.block_on(async {
-        let lm = Arc::new(LockManager::new(vec![url]));
+        // redlock://h1:p1,h2:p2,... is rslock's own algorithm over several servers.
+        let urls: Vec<String> = match url.strip_prefix("redlock://") {
+            Some(list) => list.split(',').map(|a| format!("redis://{a}")).collect(),
+            None => vec![url.clone()],
+        };
+        let lm = Arc::new(LockManager::new(urls));
         match workload.as_str() {
             "uncontended" => {
                 let n: usize = arg("--n", "5000").parse().unwrap();
@@ -112,5 +117,10 @@ fn main() {
             other => panic!("unknown workload {other}"),
         }
     });
-    println!("impl=rslock backend=redis workload={workload} {line}");
+    let backend = if url.starts_with("redlock://") {
+        "redlock"
+    } else {
+        "redis"
+    };
+    println!("impl=rslock backend={backend} workload={workload} {line}");
 }
