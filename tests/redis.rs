@@ -483,37 +483,13 @@ async fn a_paused_holder_loses_the_lock_and_its_stale_token_is_refused() {
 #[tokio::test]
 async fn a_restarted_server_makes_the_holder_lost_and_tokens_keep_rising() {
     // Its own server, since the test restarts it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let start = || {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server (Debian redis-server) is needed");
-        std::thread::sleep(Duration::from_millis(300));
-        child
-    };
-    let url = format!("redis://127.0.0.1:{port}/");
-    let mut server = start();
+    let server = Server::start();
+    let (port, url) = (server.port, server.url());
     let b = backend_at(&url, "restart:").await;
     let g = b.lock("k").lease(Duration::from_secs(3)).await.unwrap();
 
-    server.kill().unwrap();
-    server.wait().unwrap();
-    let mut server = start();
+    drop(server);
+    let server = Server::start_on(port);
 
     tokio::time::timeout(Duration::from_secs(5), g.lost())
         .await
@@ -525,8 +501,7 @@ async fn a_restarted_server_makes_the_holder_lost_and_tokens_keep_rising() {
     assert!(g2.token() > g.token());
     g2.release().await.unwrap();
     drop(g);
-    server.kill().unwrap();
-    server.wait().unwrap();
+    drop(server);
 }
 
 // ---- Redlock --------------------------------------------------------------
@@ -544,6 +519,11 @@ impl Server {
             .local_addr()
             .unwrap()
             .port();
+        Self::start_on(port)
+    }
+
+    /// On `port`, as after a restart.
+    fn start_on(port: u16) -> Server {
         let child = Command::new("redis-server")
             .args([
                 "--port",

@@ -84,7 +84,57 @@ const MAX_RECHECK: Duration = Duration::from_secs(1);
 /// Idle subscriptions are dropped after this long.
 const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
 /// The shortest lease accepted: renewal runs every third of it.
-pub(super) const MIN_LEASE: Duration = Duration::from_millis(30);
+const MIN_LEASE: Duration = Duration::from_millis(30);
+
+/// Refuses a lease too short to renew in time.
+pub(super) fn check_lease(lease: Duration, backend: &str) -> Result<(), LockError> {
+    if lease < MIN_LEASE {
+        return Err(LockError::Config(format!(
+            "a {backend} lease must be at least {} ms",
+            MIN_LEASE.as_millis()
+        )));
+    }
+    Ok(())
+}
+
+/// Queues `request` in this process first: only the head of a key's local
+/// queue talks to the servers. The core enforces the deadline by dropping
+/// the caller's future, so a timed wait waits here without one of its own.
+pub(super) async fn queue_locally(
+    local: &MemoryBackend,
+    request: &LockRequest,
+) -> Result<Acquired, LockError> {
+    let wait = match request.wait {
+        Wait::FailFast => Wait::FailFast,
+        _ => Wait::Forever,
+    };
+    local
+        .acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(wait))
+        .await
+}
+
+/// Runs `release` (the remote release) and gives up this process's queue
+/// position as soon as the release's commands are on the connection(s).
+///
+/// Redis runs a connection's commands in order, so the next local waiter may
+/// send its acquire at once: it lands after the release, and the two round
+/// trips overlap. (Should the release fail, that acquire finds the key held
+/// and waits, as any other would.)
+pub(super) async fn release_then_open<T>(
+    release: impl Future<Output = T>,
+    local: &Mutex<Option<Acquired>>,
+) -> T {
+    let mut release = std::pin::pin!(release);
+    // One poll puts the commands on the connection(s).
+    let first = release
+        .as_mut()
+        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+    lock(local).take();
+    match first {
+        std::task::Poll::Ready(result) => result,
+        std::task::Poll::Pending => release.await,
+    }
+}
 
 /// Locks in one Redis server (or one Cluster, through hash tags).
 ///
@@ -672,23 +722,9 @@ impl RedisInner {
     }
 
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
-        if request.lease < MIN_LEASE {
-            return Err(LockError::Config(format!(
-                "a Redis lease must be at least {} ms",
-                MIN_LEASE.as_millis()
-            )));
-        }
+        check_lease(request.lease, "Redis")?;
         let layout = Layout::new(&self.prefix, &request.key, request.mode);
-        // Queue locally first: only the head of this process's queue talks to
-        // Redis. The core enforces the deadline by dropping this future.
-        let local_wait = match request.wait {
-            Wait::FailFast => Wait::FailFast,
-            _ => Wait::Forever,
-        };
-        let local = self
-            .local
-            .acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(local_wait))
-            .await?;
+        let local = queue_locally(&self.local, &request).await?;
 
         let token = self.tokens.next();
         let mut attempt = layout
@@ -826,21 +862,8 @@ impl LeaseHandle for RedisHold {
         if let Some(renewal) = lock(&self.renewal).take() {
             renewal.abort();
         }
-        BackendFuture::new(async move {
-            let mut release = std::pin::pin!(self.release_remote());
-            // One poll puts the release on the connection. Redis runs a
-            // connection's commands in order, so the next waiter in this
-            // process may send its acquire now: it lands after the release,
-            // and the two round trips overlap. (Should the release fail, that
-            // acquire finds the key held and waits, as any other would.)
-            let first = release
-                .as_mut()
-                .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
-            lock(&self.local).take();
-            match first {
-                std::task::Poll::Ready(result) => result,
-                std::task::Poll::Pending => release.await,
-            }
-        })
+        BackendFuture::new(
+            async move { release_then_open(self.release_remote(), &self.local).await },
+        )
     }
 }

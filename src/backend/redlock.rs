@@ -39,13 +39,15 @@ use std::future::{poll_fn, Future};
 use std::hash::BuildHasher;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::Poll;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::task::JoinHandle;
 
-use super::redis::{lock, redis_error, Attempt, Layout, Tokens, MIN_LEASE};
+use super::redis::{
+    check_lease, lock, queue_locally, redis_error, release_then_open, Attempt, Layout, Tokens,
+};
 use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest, MemoryBackend};
 use crate::error::LockError;
 use crate::lost::{HasLostState, LostSignal, LostState};
@@ -247,20 +249,8 @@ impl RedlockInner {
                 request.mode
             )));
         }
-        if request.lease < MIN_LEASE {
-            return Err(LockError::Config(format!(
-                "a Redlock lease must be at least {} ms",
-                MIN_LEASE.as_millis()
-            )));
-        }
-        let local_wait = match request.wait {
-            Wait::FailFast => Wait::FailFast,
-            _ => Wait::Forever,
-        };
-        let local = self
-            .local
-            .acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(local_wait))
-            .await?;
+        check_lease(request.lease, "Redlock")?;
+        let local = queue_locally(&self.local, &request).await?;
         let layout = Arc::new(Layout::new(&self.prefix, &request.key, request.mode));
         let token: Arc<str> = self.tokens.next().into();
         let lease = request.lease;
@@ -388,18 +378,8 @@ impl LeaseHandle for RedlockHold {
             renewal.abort();
         }
         BackendFuture::new(async move {
-            let mut release = std::pin::pin!(self.inner.release_all(&self.layout, &self.token));
-            // As for one instance: once the releases are on the connections,
-            // the next waiter in this process may send its attempts, which
-            // each server runs after the release.
-            let first = release
-                .as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()));
-            lock(&self.local).take();
-            let released = match first {
-                Poll::Ready(n) => n,
-                Poll::Pending => release.await,
-            };
+            let release = self.inner.release_all(&self.layout, &self.token);
+            let released = release_then_open(release, &self.local).await;
             if released >= self.inner.quorum() {
                 Ok(())
             } else {
