@@ -44,8 +44,12 @@ required_packages() {
 /usr/bin/redis-cli redis-tools
 /usr/share/java/zookeeper.jar zookeeper
 /usr/bin/java default-jre-headless
+/usr/bin/javac default-jdk-headless
+/usr/share/java/curator-recipes.jar libcurator-recipes-java
+/usr/share/java/slf4j-nop.jar libslf4j-java
 /usr/bin/python3 python3
 /usr/lib/python3/dist-packages/redis/__init__.py python3-redis
+/usr/lib/python3/dist-packages/kazoo/__init__.py python3-kazoo
 EOF
 }
 
@@ -119,7 +123,8 @@ admin.enableServer=false
 4lw.commands.whitelist=*
 maxClientCnxns=0
 EOF
-    java -Dzookeeper.log.dir="$work/zk" -cp "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar" \
+    # Empty container parents are reaped every second rather than every minute.
+    java -Dzookeeper.log.dir="$work/zk" -Dznode.container.checkIntervalMs=1000 -cp "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar" \
         org.apache.zookeeper.server.quorum.QuorumPeerMain "$work/zk/zoo.cfg" \
         >"$work/zk/zookeeper.log" 2>&1 &
     pids+=("$!")

@@ -51,9 +51,13 @@ mod memory;
 pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisOptions};
+#[cfg(feature = "zookeeper")]
+pub use self::zookeeper::{ZookeeperBackend, ZookeeperOptions};
 pub use memory::MemoryBackend;
 #[cfg(feature = "redis")]
 pub use redlock::RedlockBackend;
@@ -79,7 +83,7 @@ use crate::token::FencingToken;
 /// | `memory` | [`MemoryBackend`] |
 /// | `redis://host:port` | [`RedisBackend`], one instance (feature `redis`) |
 /// | `redlock://h1:p1,h2:p2,h3:p3` | [`RedlockBackend`] (feature `redis`) |
-/// | `zk://host:port` | ZooKeeper (feature `zookeeper`, not yet built) |
+/// | `zk://host:port[,host:port...][/root]` | ZooKeeper (feature `zookeeper`) |
 ///
 /// # Errors
 ///
@@ -106,8 +110,11 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
         "redis" | "redlock" => Err(LockError::Config(format!(
             "the `{scheme}` backend needs tower-lock's `redis` feature"
         ))),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Ok(Arc::new(ZookeeperBackend::connect(url).await?)),
+        #[cfg(not(feature = "zookeeper"))]
         "zk" => Err(LockError::Config(
-            "the `zk` backend is not built yet; use `memory`, `redis` or `redlock`".into(),
+            "the `zk` backend needs tower-lock's `zookeeper` feature".into(),
         )),
         _ => Err(LockError::Config(format!(
             "unknown backend URL {url:?}: expected `memory`, `redis://host:port`, \

@@ -1,0 +1,996 @@
+//! ZooKeeper: session-bound locks, wire-compatible with Apache Curator.
+//!
+//! Enabled by the `zookeeper` feature; built on the `zookeeper-client` crate.
+//!
+//! # Layout
+//!
+//! The lock for key `K` lives under `<root>/<node(K)>` (root `/tower-lock`
+//! unless the URL or [`ZookeeperOptions::root`] says otherwise). Each
+//! acquisition creates one ephemeral sequential child named as Curator 5
+//! names them, so Curator's recipes and this backend queue together on the
+//! same path:
+//!
+//! | mode | node | Curator recipe on the same path |
+//! |---|---|---|
+//! | exclusive | `_c_<uuid>-lock-<seq>` | `InterProcessMutex` |
+//! | read | `_c_<uuid>-__READ__<seq>` | `InterProcessReadWriteLock.readLock()` |
+//! | write | `_c_<uuid>-__WRIT__<seq>` | `InterProcessReadWriteLock.writeLock()` |
+//! | semaphore | mutex `locks/_c_<uuid>-lock-<seq>`, then `leases/_c_<uuid>-lease-<seq>` | `InterProcessSemaphoreV2` |
+//!
+//! Parents are created as container nodes, which the server removes once
+//! they are empty (every `znode.container.checkIntervalMs`, one minute by
+//! default), so idle keys leave nothing behind for long.
+//!
+//! Waiters are served in order of their sequence numbers (FIFO). Each waiter
+//! watches only the node it waits for, with a `getData` watch: the one just
+//! before it (exclusive, write, the semaphore's mutex) or the nearest writer
+//! before it (read). A release therefore wakes one waiter, not all of them.
+//!
+//! An acquire sends `create` and `getChildren` back to back on one session:
+//! the server answers a session's requests in order, so the listing already
+//! contains the new node and an uncontended acquire costs one write round
+//! trip. A release is one `delete`.
+//!
+//! # Key encoding
+//!
+//! A node name is the key itself, with `%` and the characters ZooKeeper
+//! refuses in names (U+E000..=U+F8FF, U+FFF0..=U+FFFF) written as `%XX` per
+//! UTF-8 byte, so the mapping is one-to-one and a plain key such as
+//! `order:42` is the node `order:42` (which is where a Curator user points
+//! their recipe). Keys cannot contain `/` or `..`, nor be `.`, and hold at
+//! most [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes (at most three times that
+//! once encoded): the core refuses them before they reach this backend.
+//!
+//! # Fencing tokens
+//!
+//! A lock's token is the creation zxid of its node: the ensemble's
+//! transaction id, which only grows, across keys, restarts and leader
+//! elections, and even when a container parent is reaped and its sequence
+//! numbers start again from zero.
+//!
+//! # Sessions: what is and is not guaranteed
+//!
+//! A lock lives as long as the ZooKeeper session that created it. One
+//! session serves all of a backend's locks (as one Curator client does).
+//!
+//! - **Expiry** (or the client closed) fires every held lock's
+//!   [lost signal](crate::LostSignal); the layer's default then aborts the
+//!   handler. The next acquire opens a new session: a lock is never assumed
+//!   held across sessions.
+//! - **A short disconnect** (Curator's `SUSPENDED`) does not end a lock: the
+//!   session, and with it the node, survive a disconnect shorter than the
+//!   session timeout, and the client reconnects to the same session. During
+//!   the disconnect, though, the holder cannot know whether the server has
+//!   expired it. The client notices silence after two fifths of the session
+//!   timeout; if it is still disconnected half a session timeout later (nine
+//!   tenths of the timeout after it last heard from the server, before the
+//!   server can expire the session and grant the lock to someone else) the
+//!   locks are reported lost, and that session is not used again.
+//! - **A paused holder** (GC pause, SIGSTOP) beyond the session timeout
+//!   cannot be told in time: its session expires and the next waiter takes
+//!   the lock. Its fencing token is then older than the new holder's, so a
+//!   store that checks tokens refuses its late writes.
+//! - A node deleted by hand while held is not noticed by its holder (as with
+//!   Curator).
+//!
+//! The `lease` of a [`LockRequest`] does not apply: a lock ends when it is
+//! released or its session does.
+//!
+//! # Other clients on the same path
+//!
+//! - **Curator**: mutex, read/write lock and semaphore interoperate in both
+//!   directions (tested against Curator 5.4).
+//! - **kazoo**: kazoo's `Lock` names its nodes `<hex>__lock__<seq>`, its
+//!   `ReadLock` `<hex>__rlock__<seq>`. This backend counts them as writers
+//!   and readers, so it waits for kazoo holders. kazoo ignores other
+//!   clients' nodes unless told about them: create kazoo's locks with
+//!   `extra_lock_patterns=["-lock-", "__WRIT__", "__READ__"]` and it waits
+//!   for ours too (tested).
+//!
+//! # Semaphore
+//!
+//! As Curator's `InterProcessSemaphoreV2`: take the mutex `<key>/locks`,
+//! create a lease under `<key>/leases`, wait (watching the leases' children)
+//! until at most `permits` leases exist, drop the mutex. The differences:
+//! the permit count is per request rather than stored in a shared count
+//! node, and a lease's data is empty.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+//! use tower_lock::backend::ZookeeperBackend;
+//! use tower_lock::BackendExt;
+//!
+//! let zk = ZookeeperBackend::connect("zk://127.0.0.1:2181/locks").await?;
+//! let guard = zk.lock("order:42").await?; // node /locks/order:42/_c_...-lock-...
+//! println!("fencing token {}", guard.token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lost::{HasLostState, LostSignal, LostState};
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// The root used when the URL names none.
+pub const DEFAULT_ROOT: &str = "/tower-lock";
+/// The session timeout asked of the server (which clamps it between 2 and
+/// 20 of its ticks).
+pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting may take before the acquire fails.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+const LOCK_NAME: &str = "lock-";
+const READ_NAME: &str = "__READ__";
+const WRITE_NAME: &str = "__WRIT__";
+const LEASE_NAME: &str = "lease-";
+/// Curator's protected-mode prefix: `_c_<uuid>-`.
+const PROTECTED: &str = "_c_";
+
+/// Settings of a [`ZookeeperBackend`].
+#[derive(Clone, Debug)]
+pub struct ZookeeperOptions {
+    root: Option<String>,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl Default for ZookeeperOptions {
+    fn default() -> Self {
+        ZookeeperOptions {
+            root: None,
+            session_timeout: DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+}
+
+impl ZookeeperOptions {
+    /// The path under which lock nodes live, e.g. `/locks`; overrides the
+    /// URL's path. Default [`DEFAULT_ROOT`].
+    pub fn root(mut self, root: impl Into<String>) -> Self {
+        self.root = Some(root.into());
+        self
+    }
+
+    /// The session timeout to ask for. Default [`DEFAULT_SESSION_TIMEOUT`].
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+
+    /// How long opening a session may take. Default
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+}
+
+/// Locks in a ZooKeeper ensemble, compatible with Curator's recipes.
+///
+/// See the [module documentation](self) for the layout, the tokens and what
+/// a session does and does not guarantee. Cloning is cheap and shares the
+/// session.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::backend::ZookeeperBackend;
+/// use tower_lock::{LockLayer, PathParam};
+///
+/// let zk = ZookeeperBackend::connect("zk://127.0.0.1:2181").await?;
+/// let layer = LockLayer::new(zk, PathParam("sku"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZookeeperBackend {
+    inner: Arc<ZkInner>,
+}
+
+struct ZkInner {
+    hosts: String,
+    root: String,
+    session_timeout: Duration,
+    connect_timeout: Duration,
+    current: Mutex<Option<Arc<Session>>>,
+    /// One session opening at a time.
+    opening: tokio::sync::Mutex<()>,
+}
+
+/// One ZooKeeper session and the locks that live with it.
+struct Session {
+    client: zk::Client,
+    /// Fired when the session ends: every lock it holds is lost with it.
+    lost: LostState,
+}
+
+impl HasLostState for Session {
+    fn lost_state(&self) -> &LostState {
+        &self.lost
+    }
+}
+
+fn zk_error(doing: &str, e: zk::Error) -> LockError {
+    LockError::backend("zookeeper", doing.to_owned(), Some(Box::new(e) as _))
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `zk://host:port[,host:port...][/root]` into hosts and root.
+fn parse_url(url: &str) -> Result<(String, Option<String>), LockError> {
+    let rest = url.strip_prefix("zk://").ok_or_else(|| {
+        LockError::Config(format!(
+            "a ZooKeeper URL looks like zk://host:port[,host:port...][/root], not {url:?}"
+        ))
+    })?;
+    let (hosts, root) = match rest.find('/') {
+        Some(i) => (&rest[..i], Some(&rest[i..])),
+        None => (rest, None),
+    };
+    if hosts.is_empty() || hosts.split(',').any(|h| !h.contains(':')) {
+        return Err(LockError::Config(format!(
+            "a ZooKeeper URL names each server as host:port: {url:?}"
+        )));
+    }
+    let root = root.filter(|r| *r != "/").map(str::to_owned);
+    Ok((hosts.to_owned(), root))
+}
+
+fn check_root(root: &str) -> Result<(), LockError> {
+    let bad = |why: &str| Err(LockError::Config(format!("ZooKeeper root {root:?} {why}")));
+    if !root.starts_with('/') || root.len() < 2 {
+        return bad("must be an absolute path below `/`");
+    }
+    if root.ends_with('/') {
+        return bad("must not end with `/`");
+    }
+    for segment in root[1..].split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return bad("has an empty, `.` or `..` segment");
+        }
+        if segment.chars().any(forbidden_in_name) {
+            return bad("holds a character ZooKeeper refuses in node names");
+        }
+    }
+    if root == "/zookeeper" || root.starts_with("/zookeeper/") {
+        return bad("is inside ZooKeeper's reserved `/zookeeper`");
+    }
+    Ok(())
+}
+
+/// Characters ZooKeeper refuses in a node name (its `PathUtils`), beyond `/`.
+fn forbidden_in_name(c: char) -> bool {
+    matches!(c, '\0'..='\u{1f}' | '\u{7f}'..='\u{9f}' | '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}')
+}
+
+/// The node name of a key: the key, with `%` and refused characters
+/// percent-encoded. See the [module documentation](self#key-encoding).
+pub fn node_name(key: &LockKey) -> std::borrow::Cow<'_, str> {
+    let key = key.as_str();
+    if !key.chars().any(|c| c == '%' || forbidden_in_name(c)) {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let mut out = String::with_capacity(key.len() + 8);
+    let mut utf8 = [0u8; 4];
+    for c in key.chars() {
+        if c == '%' || forbidden_in_name(c) {
+            for b in c.encode_utf8(&mut utf8).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+impl ZookeeperBackend {
+    /// Connects to `zk://host:port[,host:port...][/root]` with default
+    /// [options](ZookeeperOptions).
+    ///
+    /// Opens the session at once, so a wrong address fails here.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(url, ZookeeperOptions::default()).await
+    }
+
+    /// Connects with explicit [options](ZookeeperOptions); an option's root
+    /// wins over the URL's.
+    pub async fn connect_with(url: &str, options: ZookeeperOptions) -> Result<Self, LockError> {
+        let (hosts, url_root) = parse_url(url)?;
+        let root = options
+            .root
+            .or(url_root)
+            .unwrap_or_else(|| DEFAULT_ROOT.to_owned());
+        check_root(&root)?;
+        let backend = ZookeeperBackend {
+            inner: Arc::new(ZkInner {
+                hosts,
+                root,
+                session_timeout: options.session_timeout,
+                connect_timeout: options.connect_timeout,
+                current: Mutex::new(None),
+                opening: tokio::sync::Mutex::new(()),
+            }),
+        };
+        backend.inner.session().await?;
+        Ok(backend)
+    }
+
+    /// The path of the node under which `key`'s lock nodes are created.
+    pub fn lock_path(&self, key: &LockKey) -> String {
+        self.inner.dir(key)
+    }
+
+    /// The root under which all lock paths live.
+    pub fn root(&self) -> &str {
+        &self.inner.root
+    }
+
+    /// The current session's id, if one is open (for diagnostics and tests).
+    pub fn session_id(&self) -> Option<i64> {
+        lock(&self.inner.current)
+            .as_ref()
+            .map(|s| s.client.session_id().0)
+    }
+}
+
+impl fmt::Debug for ZookeeperBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZookeeperBackend")
+            .field("hosts", &self.inner.hosts)
+            .field("root", &self.inner.root)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend for ZookeeperBackend {
+    fn name(&self) -> &'static str {
+        "zookeeper"
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        BackendFuture::new(self.inner.clone().acquire(request))
+    }
+}
+
+impl ZkInner {
+    fn dir(&self, key: &LockKey) -> String {
+        format!("{}/{}", self.root, node_name(key))
+    }
+
+    /// The live session, opening a new one if there is none or it ended.
+    async fn session(&self) -> Result<Arc<Session>, LockError> {
+        if let Some(s) = lock(&self.current).as_ref().filter(|s| !s.lost.is_fired()) {
+            return Ok(s.clone());
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(s) = lock(&self.current).as_ref().filter(|s| !s.lost.is_fired()) {
+            return Ok(s.clone());
+        }
+        let connect = zk::Client::connector()
+            .with_session_timeout(self.session_timeout)
+            .with_fail_eagerly()
+            .connect(&self.hosts);
+        let client = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                return Err(zk_error(
+                    &format!("connecting to ZooKeeper at {}", self.hosts),
+                    e,
+                ))
+            }
+            Err(_) => {
+                return Err(LockError::backend(
+                    "zookeeper",
+                    format!(
+                        "connecting to ZooKeeper at {} timed out after {} ms",
+                        self.hosts,
+                        self.connect_timeout.as_millis()
+                    ),
+                    None,
+                ))
+            }
+        };
+        let states = client.state_watcher();
+        let grace = client.session_timeout() / 2;
+        let session = Arc::new(Session {
+            client,
+            lost: LostState::new(),
+        });
+        tokio::spawn(watch_session(Arc::downgrade(&session), states, grace));
+        *lock(&self.current) = Some(session.clone());
+        Ok(session)
+    }
+
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        let session = self.session().await?;
+        let dir = self.dir(&request.key);
+        let node = match request.mode {
+            LockMode::Exclusive => {
+                session
+                    .lock_node(&dir, LOCK_NAME, Role::Exclusive, request.wait)
+                    .await?
+            }
+            LockMode::Read => {
+                session
+                    .lock_node(&dir, READ_NAME, Role::Read, request.wait)
+                    .await?
+            }
+            LockMode::Write => {
+                session
+                    .lock_node(&dir, WRITE_NAME, Role::Write, request.wait)
+                    .await?
+            }
+            LockMode::Semaphore { permits } => {
+                session.semaphore(&dir, permits, request.wait).await?
+            }
+        };
+        let token = FencingToken::new(node.czxid as u64);
+        let hold = Arc::new(ZkHold {
+            node: Mutex::new(Some(node)),
+        });
+        Ok(Acquired::new(token, hold).with_lost(LostSignal::new(session)))
+    }
+}
+
+/// Follows a session's state; fires its lost signal when it ends, or when
+/// it has been disconnected for `grace`.
+async fn watch_session(session: Weak<Session>, mut states: zk::StateWatcher, grace: Duration) {
+    let mut state = states.state();
+    loop {
+        let reason = match state {
+            zk::SessionState::Expired => "the ZooKeeper session expired".to_owned(),
+            zk::SessionState::Closed => "the ZooKeeper session was closed".to_owned(),
+            zk::SessionState::AuthFailed => "ZooKeeper authentication failed".to_owned(),
+            zk::SessionState::Disconnected => {
+                tokio::select! {
+                    next = states.changed() => {
+                        state = next;
+                        continue;
+                    }
+                    _ = tokio::time::sleep(grace) => format!(
+                        "disconnected from ZooKeeper for {} ms; the session may have expired",
+                        grace.as_millis()
+                    ),
+                }
+            }
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                // Dropping the last client closes the session, which ends
+                // here as `Closed`.
+                state = states.changed().await;
+                continue;
+            }
+        };
+        if let Some(s) = session.upgrade() {
+            tracing::warn!(
+                session = s.client.session_id().0,
+                reason,
+                "zookeeper locks lost"
+            );
+            s.lost.fire(reason);
+        }
+        return;
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Role {
+    Exclusive,
+    Read,
+    Write,
+}
+
+/// What a contender does after reading the children.
+#[derive(Debug, PartialEq, Eq)]
+enum Next<'a> {
+    Granted,
+    /// Watch this child, then look again.
+    Watch(&'a str),
+    /// Our node is not among the children.
+    Gone,
+}
+
+/// The sequence number at the end of a lock node's name: its last ten (or,
+/// past `i32::MAX`, nineteen) digits.
+///
+/// Only the digits count: a lock name such as `lock-` ends in a `-`, so a
+/// sign cannot be told apart. (The server's counter would wrap to negative
+/// after 2^31 nodes under one parent; a container parent is reaped long
+/// before.)
+fn sequence(name: &str) -> Option<i64> {
+    let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
+    if digits < 10 {
+        return None;
+    }
+    name[name.len() - digits..].parse().ok()
+}
+
+/// Whether a node is a shared (read) contender: ours or Curator's
+/// `__READ__`, kazoo's `__rlock__`. Anything else is exclusive.
+fn is_reader(name: &str) -> bool {
+    name.contains(READ_NAME) || name.contains("__rlock__")
+}
+
+/// Decides from one listing. One pass, no sort: what matters is the nearest
+/// blocking node before ours.
+fn next_step<'a>(children: &'a [String], ours: &str, role: Role) -> Next<'a> {
+    let Some(our_seq) = sequence(ours) else {
+        return Next::Gone;
+    };
+    let mut found = false;
+    let mut blocker: Option<(i64, &str)> = None;
+    for child in children {
+        if child == ours {
+            found = true;
+            continue;
+        }
+        let Some(seq) = sequence(child) else {
+            continue;
+        };
+        if seq >= our_seq || (role == Role::Read && is_reader(child)) {
+            continue;
+        }
+        if blocker.is_none_or(|(b, _)| seq > b) {
+            blocker = Some((seq, child));
+        }
+    }
+    match (found, blocker) {
+        (false, _) => Next::Gone,
+        (true, None) => Next::Granted,
+        (true, Some((_, child))) => Next::Watch(child),
+    }
+}
+
+/// Runs a ZooKeeper call again while the connection is lost (the session
+/// may well survive), until it succeeds, fails otherwise, or the session
+/// ends.
+async fn retry<T, F, Fut>(session: &Session, doing: &str, mut call: F) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    loop {
+        match call().await {
+            Err(zk::Error::ConnectionLoss) if !session.lost.is_fired() => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(zk_error(doing, e)),
+            Ok(v) => return Ok(v),
+        }
+    }
+}
+
+const EPHEMERAL_SEQUENTIAL: zk::CreateOptions<'static> =
+    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+const CONTAINER: zk::CreateOptions<'static> =
+    zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+
+impl Session {
+    /// Creates our node under `dir` and waits until `role` may hold it.
+    async fn lock_node(
+        self: &Arc<Self>,
+        dir: &str,
+        name: &str,
+        role: Role,
+        wait: Wait,
+    ) -> Result<Node, LockError> {
+        let protected = format!("{PROTECTED}{}-", uuid::Uuid::new_v4());
+        let prefix = format!("{dir}/{protected}{name}");
+        // From here on, dropping `node` (cancellation, error) deletes
+        // whatever this call created.
+        let mut node = Node {
+            session: self.clone(),
+            dir: dir.to_owned(),
+            protected,
+            path: None,
+            czxid: 0,
+            done: false,
+        };
+        let mut children = loop {
+            // Back to back: the listing is answered after the create, so it
+            // already holds our node.
+            let create = self.client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
+            let list = self.client.list_children(dir);
+            match create.await {
+                Ok((stat, seq)) => {
+                    node.path = Some(format!("{prefix}{seq}"));
+                    node.czxid = stat.czxid;
+                    break match list.await {
+                        Ok(children) => children,
+                        Err(_) => self.list(dir).await?,
+                    };
+                }
+                Err(zk::Error::NoNode) => {
+                    drop(list);
+                    self.make_dir(dir).await?;
+                }
+                Err(zk::Error::ConnectionLoss) if !self.lost.is_fired() => {
+                    drop(list);
+                    // Protected mode: the create may have happened.
+                    if node.find_own().await? {
+                        break self.list(dir).await?;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(zk_error("creating the lock node", e)),
+            }
+        };
+        loop {
+            let ours = node.name();
+            let watch = match next_step(&children, ours, role) {
+                Next::Granted => return Ok(node),
+                Next::Gone => {
+                    return Err(LockError::backend(
+                        "zookeeper",
+                        format!("our lock node {dir}/{ours} was deleted while waiting"),
+                        None,
+                    ))
+                }
+                Next::Watch(_) if wait == Wait::FailFast => {
+                    node.delete().await?;
+                    return Err(LockError::Busy);
+                }
+                Next::Watch(child) => format!("{dir}/{child}"),
+            };
+            let watched = retry(self, "watching the lock node ahead", || {
+                self.client.get_and_watch_data(&watch)
+            })
+            .await;
+            match watched {
+                Ok((_, _, watcher)) => self.changed(watcher).await?,
+                Err(LockError::Backend {
+                    source: Some(s), ..
+                }) if matches!(s.downcast_ref::<zk::Error>(), Some(zk::Error::NoNode)) => {}
+                Err(e) => return Err(e),
+            }
+            children = self.list(dir).await?;
+        }
+    }
+
+    /// Curator's `InterProcessSemaphoreV2`: mutex, lease, wait, unlock.
+    async fn semaphore(
+        self: &Arc<Self>,
+        dir: &str,
+        permits: u32,
+        wait: Wait,
+    ) -> Result<Node, LockError> {
+        let mutex = self
+            .lock_node(&format!("{dir}/locks"), LOCK_NAME, Role::Exclusive, wait)
+            .await?;
+        let leases = format!("{dir}/leases");
+        let lease = self.create_node(&leases, LEASE_NAME).await?;
+        loop {
+            let (children, watcher) = retry(self, "listing the semaphore's leases", || {
+                self.client.list_and_watch_children(&leases)
+            })
+            .await?;
+            let held = children.iter().filter(|c| sequence(c).is_some()).count();
+            if held <= permits as usize {
+                break;
+            }
+            if wait == Wait::FailFast {
+                lease.delete().await?;
+                mutex.delete().await?;
+                return Err(LockError::Busy);
+            }
+            self.changed(watcher).await?;
+        }
+        mutex.delete().await?;
+        Ok(lease)
+    }
+
+    /// Creates one protected ephemeral sequential node, making parents.
+    async fn create_node(self: &Arc<Self>, dir: &str, name: &str) -> Result<Node, LockError> {
+        let protected = format!("{PROTECTED}{}-", uuid::Uuid::new_v4());
+        let prefix = format!("{dir}/{protected}{name}");
+        let mut node = Node {
+            session: self.clone(),
+            dir: dir.to_owned(),
+            protected,
+            path: None,
+            czxid: 0,
+            done: false,
+        };
+        loop {
+            match self
+                .client
+                .create(&prefix, &[], &EPHEMERAL_SEQUENTIAL)
+                .await
+            {
+                Ok((stat, seq)) => {
+                    node.path = Some(format!("{prefix}{seq}"));
+                    node.czxid = stat.czxid;
+                    return Ok(node);
+                }
+                Err(zk::Error::NoNode) => self.make_dir(dir).await?,
+                Err(zk::Error::ConnectionLoss) if !self.lost.is_fired() => {
+                    if node.find_own().await? {
+                        return Ok(node);
+                    }
+                }
+                Err(e) => return Err(zk_error("creating a lease node", e)),
+            }
+        }
+    }
+
+    async fn list(&self, dir: &str) -> Result<Vec<String>, LockError> {
+        retry(self, "listing lock nodes", || {
+            self.client.list_children(dir)
+        })
+        .await
+    }
+
+    /// Creates `dir` and its missing parents as container nodes.
+    async fn make_dir(&self, dir: &str) -> Result<(), LockError> {
+        retry(self, "creating the lock's parent nodes", || {
+            self.client.mkdir(dir, &CONTAINER)
+        })
+        .await
+    }
+
+    /// Waits for a watch to fire, or fails if the session ends first.
+    /// Dropping the watcher (cancellation) removes the watch.
+    async fn changed(self: &Arc<Self>, watcher: zk::OneshotWatcher) -> Result<(), LockError> {
+        tokio::select! {
+            _ = watcher.changed() => Ok(()),
+            _ = LostSignal::new(self.clone()).lost() => Err(LockError::backend(
+                "zookeeper",
+                "the ZooKeeper session ended while waiting",
+                None,
+            )),
+        }
+    }
+}
+
+/// A lock node this process created (or is creating). Dropped without
+/// [`delete`](Node::delete), it deletes itself in the background, retrying
+/// until the server confirms or the session is gone.
+struct Node {
+    session: Arc<Session>,
+    dir: String,
+    /// `_c_<uuid>-`: finds the node when the create's answer was lost.
+    protected: String,
+    /// Known once the create answered.
+    path: Option<String>,
+    czxid: i64,
+    /// Deleted (or found never created): nothing left to clean up.
+    done: bool,
+}
+
+impl Node {
+    fn name(&self) -> &str {
+        let path = self.path.as_deref().unwrap_or_default();
+        &path[path.rfind('/').map_or(0, |i| i + 1)..]
+    }
+
+    /// Looks for our node after a lost create answer; fills in its path and
+    /// zxid if the create happened.
+    async fn find_own(&mut self) -> Result<bool, LockError> {
+        let children = match self.session.list(&self.dir).await {
+            Ok(c) => c,
+            Err(LockError::Backend {
+                source: Some(s), ..
+            }) if matches!(s.downcast_ref::<zk::Error>(), Some(zk::Error::NoNode)) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(child) = children.iter().find(|c| c.starts_with(&self.protected)) else {
+            return Ok(false);
+        };
+        let path = format!("{}/{child}", self.dir);
+        let stat = retry(&self.session, "reading our lock node", || {
+            self.session.client.check_stat(&path)
+        })
+        .await?;
+        match stat {
+            Some(stat) => {
+                self.czxid = stat.czxid;
+                self.path = Some(path);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Deletes the node now. Cancelled, the drop finishes the job.
+    async fn delete(mut self) -> Result<(), LockError> {
+        if let Some(path) = &self.path {
+            delete_until_done(&self.session, path).await?;
+        }
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let session = self.session.clone();
+        let path = self.path.take();
+        let dir = std::mem::take(&mut self.dir);
+        let protected = std::mem::take(&mut self.protected);
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "zookeeper lock node dropped outside a Tokio runtime; it goes with the session"
+            );
+            return;
+        };
+        rt.spawn(async move {
+            let path = match path {
+                Some(path) => path,
+                // A create may be in flight or done: find it by its prefix.
+                None => {
+                    let mut node = Node {
+                        session: session.clone(),
+                        dir,
+                        protected,
+                        path: None,
+                        czxid: 0,
+                        done: false,
+                    };
+                    let found = node.find_own().await;
+                    node.done = true;
+                    match (found, node.path.take()) {
+                        (Ok(true), Some(path)) => path,
+                        _ => return,
+                    }
+                }
+            };
+            if let Err(e) = delete_until_done(&session, &path).await {
+                tracing::warn!(path, error = %e, "deleting a zookeeper lock node failed");
+            }
+        });
+    }
+}
+
+/// Deletes `path`, retrying through connection loss. Done when the node is
+/// gone, or the session (and with it the ephemeral node) is.
+async fn delete_until_done(session: &Session, path: &str) -> Result<(), LockError> {
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match session.client.delete(path, None).await {
+            Ok(()) | Err(zk::Error::NoNode) => return Ok(()),
+            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => return Ok(()),
+            Err(zk::Error::ConnectionLoss) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(zk_error("deleting the lock node", e)),
+        }
+    }
+}
+
+/// One held ZooKeeper lock: its node.
+struct ZkHold {
+    node: Mutex<Option<Node>>,
+}
+
+impl LeaseHandle for ZkHold {
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        let Some(node) = lock(&self.node).take() else {
+            return BackendFuture::ready(Ok(()));
+        };
+        BackendFuture::new(node.delete())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn sequences_parse_from_every_client() {
+        assert_eq!(sequence("_c_1b-lock-0000000042"), Some(42));
+        assert_eq!(sequence("_c_1b-__READ__0000000007"), Some(7));
+        assert_eq!(sequence("5f3a__lock__0000000003"), Some(3));
+        assert_eq!(sequence("locks"), None);
+        assert_eq!(sequence("lock-12"), None);
+        assert_eq!(sequence("_c_1b-lock-2147483648000"), Some(2147483648000));
+    }
+
+    #[test]
+    fn exclusive_waits_for_its_immediate_predecessor() {
+        let c = names(&[
+            "_c_a-lock-0000000003",
+            "_c_b-lock-0000000001",
+            "_c_c-lock-0000000002",
+        ]);
+        assert_eq!(
+            next_step(&c, "_c_b-lock-0000000001", Role::Exclusive),
+            Next::Granted
+        );
+        assert_eq!(
+            next_step(&c, "_c_a-lock-0000000003", Role::Exclusive),
+            Next::Watch("_c_c-lock-0000000002")
+        );
+        assert_eq!(
+            next_step(&c, "_c_z-lock-0000000009", Role::Exclusive),
+            Next::Gone
+        );
+    }
+
+    #[test]
+    fn readers_share_and_wait_only_for_the_nearest_writer() {
+        let c = names(&[
+            "_c_a-__READ__0000000001",
+            "_c_b-__WRIT__0000000002",
+            "_c_c-__READ__0000000003",
+            "k__rlock__0000000004",
+            "_c_d-__READ__0000000005",
+            "_c_e-__WRIT__0000000006",
+        ]);
+        assert_eq!(
+            next_step(&c, "_c_a-__READ__0000000001", Role::Read),
+            Next::Granted
+        );
+        assert_eq!(
+            next_step(&c, "_c_d-__READ__0000000005", Role::Read),
+            Next::Watch("_c_b-__WRIT__0000000002")
+        );
+        assert_eq!(
+            next_step(&c, "_c_b-__WRIT__0000000002", Role::Write),
+            Next::Watch("_c_a-__READ__0000000001")
+        );
+        assert_eq!(
+            next_step(&c, "_c_e-__WRIT__0000000006", Role::Write),
+            Next::Watch("_c_d-__READ__0000000005")
+        );
+    }
+
+    #[test]
+    fn node_names_encode_only_what_zookeeper_refuses() {
+        let plain = LockKey::new("order:42 ä.x").unwrap();
+        assert_eq!(node_name(&plain), "order:42 ä.x");
+        let odd = LockKey::new("50%\u{e000}\u{fff0}").unwrap();
+        assert_eq!(node_name(&odd), "50%25%EE%80%80%EF%BF%B0");
+        // One-to-one: the literal text of an encoding stays distinct.
+        let literal = LockKey::new("50%25").unwrap();
+        assert_eq!(node_name(&literal), "50%2525");
+    }
+
+    #[test]
+    fn urls_and_roots_are_checked() {
+        assert_eq!(
+            parse_url("zk://a:1,b:2/locks").unwrap(),
+            ("a:1,b:2".to_owned(), Some("/locks".to_owned()))
+        );
+        assert_eq!(parse_url("zk://a:1/").unwrap(), ("a:1".to_owned(), None));
+        assert!(parse_url("zk://a/x").is_err());
+        assert!(parse_url("redis://a:1").is_err());
+        assert!(check_root("/tower-lock").is_ok());
+        assert!(check_root("/a/b").is_ok());
+        for bad in [
+            "/",
+            "a",
+            "/a/",
+            "/a//b",
+            "/a/../b",
+            "/zookeeper/x",
+            "/a\u{1}",
+        ] {
+            assert!(check_root(bad).is_err(), "{bad:?}");
+        }
+    }
+}

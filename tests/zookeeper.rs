@@ -1,0 +1,734 @@
+//! The ZooKeeper backend against a real ZooKeeper server, Curator and kazoo.
+//! `scripts/test-all.sh` starts the server and sets `TOWER_LOCK_ZK_ADDR`;
+//! the fault tests start servers of their own so they can pause them.
+#![cfg(feature = "zookeeper")]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use tower_lock::backend::{ZookeeperBackend, ZookeeperOptions};
+use tower_lock::{BackendExt, LockError, LockKey, LockMode};
+use zookeeper_client as zk;
+
+fn zk_addr() -> String {
+    std::env::var("TOWER_LOCK_ZK_ADDR").unwrap_or_else(|_| {
+        panic!(
+            "TOWER_LOCK_ZK_ADDR is not set. Run scripts/test-all.sh, which starts a ZooKeeper \
+             server, or start one (see DEVELOPING in the README) and set \
+             TOWER_LOCK_ZK_ADDR=127.0.0.1:PORT"
+        )
+    })
+}
+
+/// This test's own root, so tests never see each other's nodes.
+fn root(test: &str) -> String {
+    format!("/t-{test}-{}", std::process::id())
+}
+
+async fn backend(test: &str) -> ZookeeperBackend {
+    backend_at(&zk_addr(), test, Duration::from_secs(4)).await
+}
+
+async fn backend_at(addr: &str, test: &str, session: Duration) -> ZookeeperBackend {
+    backend_rooted(addr, &root(test), session).await
+}
+
+async fn backend_rooted(addr: &str, root: &str, session: Duration) -> ZookeeperBackend {
+    ZookeeperBackend::connect_with(
+        &format!("zk://{addr}"),
+        ZookeeperOptions::default()
+            .root(root)
+            .session_timeout(session),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot reach ZooKeeper at {addr}: {e}"))
+}
+
+async fn raw(addr: &str) -> zk::Client {
+    zk::Client::connect(addr).await.unwrap()
+}
+
+/// The lock nodes (ephemeral) anywhere under `path`.
+async fn lock_nodes(client: &zk::Client, path: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut todo = vec![path.to_owned()];
+    while let Some(p) = todo.pop() {
+        let Ok((children, stat)) = client.get_children(&p).await else {
+            continue;
+        };
+        if stat.ephemeral_owner != 0 {
+            found.push(p.clone());
+        }
+        todo.extend(children.into_iter().map(|c| format!("{p}/{c}")));
+    }
+    found
+}
+
+/// Waits until `path` has exactly `n` lock nodes under it (nodes are created
+/// and deleted asynchronously by waiters and cancellations).
+async fn settle(client: &zk::Client, path: &str, n: usize) {
+    for _ in 0..250 {
+        if lock_nodes(client, path).await.len() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "expected {n} lock nodes under {path}, found {:?}",
+        lock_nodes(client, path).await
+    );
+}
+
+/// Asks the server a four-letter word.
+fn four_letter(addr: &str, word: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(word.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// The watched paths under `dir`, from `wchp` (path → sessions).
+fn watched_under(addr: &str, dir: &str) -> Vec<String> {
+    let out = four_letter(addr, "wchp");
+    out.lines()
+        .filter(|l| l.starts_with(&format!("{dir}/")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excludes_under_contention_with_increasing_tokens() {
+    // Two backends: two sessions, as two replicas would have.
+    let (a, b) = (backend("contention").await, backend("contention").await);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let zk = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (inside, tokens) = (inside.clone(), tokens.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let g = zk.lock("hot").wait(Duration::from_secs(30)).await.unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokens.lock().unwrap().push(g.token());
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let tokens = std::mem::take(&mut *tokens.lock().unwrap());
+    assert_eq!(tokens.len(), 80);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing"
+    );
+    let client = raw(&zk_addr()).await;
+    assert_eq!(
+        lock_nodes(&client, &root("contention")).await,
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
+async fn nodes_are_named_as_curator_names_them() {
+    let zk = backend("layout").await;
+    let client = raw(&zk_addr()).await;
+    let dir = format!("{}/order:42", root("layout"));
+    assert_eq!(zk.lock_path(&LockKey::new("order:42").unwrap()), dir);
+    let g = zk.lock("order:42").await.unwrap();
+    let (children, _) = client.get_children(&dir).await.unwrap();
+    assert_eq!(children.len(), 1);
+    let name = &children[0];
+    // _c_<uuid>-lock-<10 digits>
+    let rest = name.strip_prefix("_c_").expect(name);
+    let (uuid, seq) = rest.split_at(36);
+    assert_eq!(uuid.matches('-').count(), 4, "{name}");
+    assert!(
+        seq.strip_prefix("-lock-").is_some_and(|s| s.len() == 10),
+        "{name}"
+    );
+    // The fencing token is the node's creation zxid.
+    let (_, stat) = client.get_data(&format!("{dir}/{name}")).await.unwrap();
+    assert_eq!(g.token().get(), stat.czxid as u64);
+    assert_ne!(stat.ephemeral_owner, 0);
+    // The parent is a container node, reaped by the server once empty.
+    g.release().await.unwrap();
+    assert!(client.get_children(&dir).await.unwrap().0.is_empty());
+
+    // Keys ZooKeeper could not take as names are encoded, one-to-one.
+    let odd = LockKey::new("50%\u{e000}").unwrap();
+    let g = zk.lock(odd.clone()).await.unwrap();
+    let encoded = format!("{}/50%25%EE%80%80", root("layout"));
+    assert_eq!(zk.lock_path(&odd), encoded);
+    assert_eq!(client.get_children(&encoded).await.unwrap().0.len(), 1);
+    g.release().await.unwrap();
+    // Names the core refuses never get here.
+    for bad in ["a/b", "..", ".", "x..y"] {
+        assert!(
+            matches!(zk.lock(bad).await, Err(LockError::InvalidKey(_))),
+            "{bad}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order_each_watching_one_node() {
+    let addr = zk_addr();
+    let holder_side = backend("fifo").await;
+    let waiter_side = backend("fifo").await;
+    let client = raw(&addr).await;
+    let dir = format!("{}/k", root("fifo"));
+    let holder = holder_side.lock("k").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..5 {
+        let (zk, order) = (waiter_side.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = zk.lock("k").wait(Duration::from_secs(30)).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            g.release().await.unwrap();
+        }));
+        // Queue in a known order.
+        settle(&client, &dir, i + 2).await;
+    }
+    // No herd: five waiters, five watches, each on a different node.
+    let mut watched = Vec::new();
+    for _ in 0..100 {
+        watched = watched_under(&addr, &dir);
+        if watched.len() == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(watched.len(), 5, "watches under {dir}: {watched:?}");
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+    settle(&client, &dir, 0).await;
+    assert!(watched_under(&addr, &dir).is_empty());
+}
+
+#[tokio::test]
+async fn cancelled_and_failed_fast_acquires_leave_no_node_or_watch() {
+    let addr = zk_addr();
+    let zk = backend("cancel").await;
+    let client = raw(&addr).await;
+    let dir = format!("{}/k", root("cancel"));
+    let holder = zk.lock("k").await.unwrap();
+    assert!(matches!(
+        zk.lock("k").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    assert_eq!(lock_nodes(&client, &dir).await.len(), 1);
+    let timed_out = zk.lock("k").wait(Duration::from_millis(200)).await;
+    assert!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    // Dropped at every stage: before the create is answered, while waiting.
+    for delay_ms in [0, 1, 3, 10, 50] {
+        let attempt = zk.lock("k");
+        let _ = tokio::time::timeout(Duration::from_millis(delay_ms), attempt).await;
+    }
+    settle(&client, &dir, 1).await;
+    for _ in 0..100 {
+        if watched_under(&addr, &dir).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(watched_under(&addr, &dir), Vec::<String>::new());
+    holder.release().await.unwrap();
+    settle(&client, &dir, 0).await;
+    // A dropped guard releases too.
+    drop(zk.lock("k").await.unwrap());
+    settle(&client, &dir, 0).await;
+}
+
+#[tokio::test]
+async fn readers_share_writers_exclude_and_semaphores_count() {
+    let zk = backend("rw").await;
+    let other = backend("rw").await;
+    let r1 = zk.lock("doc").mode(LockMode::Read).await.unwrap();
+    let r2 = other
+        .lock("doc")
+        .mode(LockMode::Read)
+        .fail_fast()
+        .await
+        .unwrap();
+    let w = other.lock("doc").mode(LockMode::Write).fail_fast().await;
+    assert!(matches!(w, Err(LockError::Busy)));
+    let writer = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .lock("doc")
+                .mode(LockMode::Write)
+                .wait(Duration::from_secs(10))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A reader arriving after a queued writer waits for it (no starvation).
+    assert!(matches!(
+        zk.lock("doc").mode(LockMode::Read).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let w = writer.await.unwrap().unwrap();
+    assert!(matches!(
+        zk.lock("doc").mode(LockMode::Read).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    w.release().await.unwrap();
+
+    let sem = LockMode::Semaphore { permits: 2 };
+    let a = zk.lock("pool").mode(sem).await.unwrap();
+    let b = other.lock("pool").mode(sem).await.unwrap();
+    assert!(matches!(
+        zk.lock("pool").mode(sem).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let third = {
+        let zk = zk.clone();
+        tokio::spawn(async move {
+            zk.lock("pool")
+                .mode(sem)
+                .wait(Duration::from_secs(10))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!third.is_finished());
+    a.release().await.unwrap();
+    let c = third.await.unwrap().unwrap();
+    b.release().await.unwrap();
+    c.release().await.unwrap();
+    let client = raw(&zk_addr()).await;
+    settle(&client, &root("rw"), 0).await;
+}
+
+#[tokio::test]
+async fn several_keys_at_once() {
+    let zk = backend("multi").await;
+    let set = zk.lock_all(["a", "b", "c"]).await.unwrap();
+    assert!(matches!(
+        zk.lock("b").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    set.release().await.unwrap();
+    zk.lock("b")
+        .fail_fast()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_clear_error_within_the_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let e = ZookeeperBackend::connect_with(
+        &format!("zk://127.0.0.1:{port}"),
+        ZookeeperOptions::default().connect_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+    assert!(ZookeeperBackend::connect("zk://127.0.0.1:1/")
+        .await
+        .is_err());
+    assert!(matches!(
+        ZookeeperBackend::connect("zk://127.0.0.1:2181/zookeeper").await,
+        Err(LockError::Config(_))
+    ));
+}
+
+// ---- other processes -------------------------------------------------------
+
+/// Runs this test binary's `child_entry` as another OS process.
+fn child(role: &str, test: &str, extra: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_entry",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("TOWER_LOCK_CHILD", role)
+    .env("TOWER_LOCK_CHILD_ROOT", root(test))
+    .env("TOWER_LOCK_ZK_ADDR", zk_addr())
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap()
+}
+
+/// A child process that does not outlive a failed test.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads lines until one holds the word `word` (libtest may print on the
+/// same line).
+fn expect_word(out: &mut BufReader<ChildStdout>, word: &str) {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child ended before saying {word:?}"
+        );
+        if line.split_whitespace().any(|w| w == word) {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excludes_between_processes() {
+    let log = std::env::temp_dir().join(format!("tower-lock-zk-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let mut kids: Vec<Child> = (0..2)
+        .map(|_| {
+            child(
+                "worker",
+                "processes",
+                &[("TOWER_LOCK_CHILD_LOG", log.display().to_string())],
+            )
+        })
+        .collect();
+    for k in &mut kids {
+        assert!(k.wait().unwrap().success());
+    }
+    // Each process appends `enter` and `leave` around its critical section:
+    // with exclusion they strictly alternate.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2 * 2 * 30);
+    for pair in lines.chunks(2) {
+        let (enter, leave) = (pair[0], pair[1]);
+        assert!(enter.starts_with("enter "), "{pair:?}");
+        assert_eq!(
+            leave.strip_prefix("leave "),
+            enter.strip_prefix("enter "),
+            "overlap"
+        );
+    }
+    let pids: std::collections::HashSet<_> = lines.iter().map(|l| l.split(' ').nth(1)).collect();
+    assert_eq!(pids.len(), 2);
+    let _ = std::fs::remove_file(&log);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_is_replaced_after_its_session_times_out() {
+    let mut holder = KillOnDrop(child("holder", "killed", &[]));
+    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
+    expect_word(&mut out, "held");
+    let zk = backend("killed").await;
+    assert!(matches!(
+        zk.lock("k").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let killed_at = Instant::now();
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
+    // The child's session timeout is one second; the server expires it and
+    // deletes its node, which wakes us.
+    let g = zk.lock("k").wait(Duration::from_secs(15)).await.unwrap();
+    assert!(
+        killed_at.elapsed() >= Duration::from_millis(500),
+        "taken before the session ended"
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+#[ignore = "run as a child process by the tests above"]
+async fn child_entry() {
+    let Ok(role) = std::env::var("TOWER_LOCK_CHILD") else {
+        return;
+    };
+    let root = std::env::var("TOWER_LOCK_CHILD_ROOT").unwrap();
+    match role.as_str() {
+        "worker" => {
+            let zk = backend_rooted(&zk_addr(), &root, Duration::from_secs(4)).await;
+            let log = std::env::var("TOWER_LOCK_CHILD_LOG").unwrap();
+            let me = std::process::id();
+            for _ in 0..30 {
+                let g = zk
+                    .lock("shared")
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(&log)
+                    .unwrap();
+                writeln!(f, "enter {me}").unwrap();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                writeln!(f, "leave {me}").unwrap();
+                drop(f);
+                g.release().await.unwrap();
+            }
+        }
+        "holder" => {
+            let zk = backend_rooted(&zk_addr(), &root, Duration::from_secs(1)).await;
+            let g = zk.lock("k").await.unwrap();
+            println!("held");
+            std::io::stdout().flush().unwrap();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(g);
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+// ---- Curator and kazoo -----------------------------------------------------
+
+/// Curator's jars from Debian's libcurator-recipes-java, and the interop
+/// program compiled against them (once per test run).
+fn curator_classpath() -> &'static str {
+    static CP: OnceLock<String> = OnceLock::new();
+    CP.get_or_init(|| {
+        let jars = [
+            "curator-client", "curator-framework", "curator-recipes", "zookeeper",
+            "zookeeper-jute", "guava", "slf4j-api", "slf4j-nop",
+        ];
+        let mut cp: Vec<String> = Vec::new();
+        for jar in jars {
+            let path = format!("/usr/share/java/{jar}.jar");
+            assert!(
+                std::path::Path::new(&path).exists(),
+                "{path} is missing: install Debian's libcurator-recipes-java (scripts/test-all.sh does)"
+            );
+            cp.push(path);
+        }
+        let out: PathBuf = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("curator-interop");
+        std::fs::create_dir_all(&out).unwrap();
+        let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/CuratorLock.java");
+        let status = Command::new("javac")
+            .args(["-d", &out.display().to_string(), "-cp", &cp.join(":"), source])
+            .status()
+            .expect("javac not found: install a JDK (default-jdk-headless)");
+        assert!(status.success(), "compiling {source} failed");
+        cp.insert(0, out.display().to_string());
+        cp.join(":")
+    })
+}
+
+/// A foreign client process holding or trying a lock.
+struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    out: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn curator(path: &str, recipe: &str, action: &[&str]) -> Peer {
+        let mut cmd = Command::new("java");
+        cmd.args([
+            "-cp",
+            curator_classpath(),
+            "CuratorLock",
+            &zk_addr(),
+            path,
+            recipe,
+        ]);
+        cmd.args(action);
+        Self::spawn(cmd)
+    }
+
+    fn kazoo(path: &str, action: &[&str]) -> Peer {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/kazoo_lock.py");
+        let mut cmd = Command::new("/usr/bin/python3");
+        cmd.args([script, &zk_addr(), path]);
+        cmd.args(action);
+        Self::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Peer {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect(
+                "cannot start the peer (java / python3-kazoo; scripts/test-all.sh installs them)",
+            );
+        Peer {
+            stdin: child.stdin.take(),
+            out: BufReader::new(child.stdout.take().unwrap()),
+            child,
+        }
+    }
+
+    /// The peer's next word on its own line.
+    fn says(&mut self) -> String {
+        let mut line = String::new();
+        self.out.read_line(&mut line).unwrap();
+        line.trim().to_owned()
+    }
+
+    /// Tells a holding peer to release, and waits for it.
+    fn release(mut self) {
+        writeln!(self.stdin.take().unwrap()).unwrap();
+        assert_eq!(self.says(), "released");
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `(peer, recipe)`: Curator holds, we wait; then we hold, Curator waits.
+async fn interop_both_ways(test: &str, ours: LockMode, recipe: &str) {
+    let zk = backend(test).await;
+    let path = zk.lock_path(&LockKey::new("k").unwrap());
+
+    let mut theirs = Peer::curator(&path, recipe, &["hold"]);
+    assert_eq!(theirs.says(), "held");
+    assert!(matches!(
+        zk.lock("k").mode(ours).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let waiting = {
+        let zk = zk.clone();
+        tokio::spawn(async move { zk.lock("k").mode(ours).wait(Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "acquired while Curator held {recipe}"
+    );
+    tokio::task::spawn_blocking(move || theirs.release())
+        .await
+        .unwrap();
+    let g = waiting.await.unwrap().unwrap();
+
+    let mut peer = Peer::curator(&path, recipe, &["try", "300"]);
+    assert_eq!(
+        peer.says(),
+        "timeout",
+        "Curator's {recipe} ignored our lock"
+    );
+    g.release().await.unwrap();
+    let mut peer2 = Peer::curator(&path, recipe, &["try", "5000"]);
+    assert_eq!(peer2.says(), "acquired");
+    peer.child.wait().unwrap();
+    peer2.child.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_mutex_interoperates_both_ways() {
+    interop_both_ways("curator-mutex", LockMode::Exclusive, "mutex").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_read_write_lock_interoperates() {
+    interop_both_ways("curator-write", LockMode::Write, "write").await;
+    // Readers share with Curator's readers; a Curator writer waits for ours.
+    let zk = backend("curator-read").await;
+    let path = zk.lock_path(&LockKey::new("k").unwrap());
+    let theirs = Peer::curator(&path, "read", &["hold"]);
+    let mut theirs = theirs;
+    assert_eq!(theirs.says(), "held");
+    let r = zk.lock("k").mode(LockMode::Read).fail_fast().await.unwrap();
+    assert!(matches!(
+        zk.lock("k").mode(LockMode::Write).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let mut writer = Peer::curator(&path, "write", &["try", "300"]);
+    assert_eq!(writer.says(), "timeout");
+    writer.child.wait().unwrap();
+    tokio::task::spawn_blocking(move || theirs.release())
+        .await
+        .unwrap();
+    r.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_semaphore_v2_counts_our_leases() {
+    let zk = backend("curator-sem").await;
+    let path = zk.lock_path(&LockKey::new("k").unwrap());
+    let sem = LockMode::Semaphore { permits: 2 };
+    let mut theirs = Peer::curator(&path, "semaphore:2", &["hold"]);
+    assert_eq!(theirs.says(), "held");
+    let ours = zk.lock("k").mode(sem).fail_fast().await.unwrap();
+    assert!(matches!(
+        zk.lock("k").mode(sem).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let mut third = Peer::curator(&path, "semaphore:2", &["try", "300"]);
+    assert_eq!(third.says(), "timeout");
+    third.child.wait().unwrap();
+    ours.release().await.unwrap();
+    let mut third = Peer::curator(&path, "semaphore:2", &["try", "5000"]);
+    assert_eq!(third.says(), "acquired");
+    third.child.wait().unwrap();
+    tokio::task::spawn_blocking(move || theirs.release())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kazoo_locks_coexist_on_the_same_path() {
+    let zk = backend("kazoo").await;
+    let path = zk.lock_path(&LockKey::new("k").unwrap());
+    let mut theirs = Peer::kazoo(&path, &["hold"]);
+    assert_eq!(theirs.says(), "held");
+    assert!(matches!(
+        zk.lock("k").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let waiting = {
+        let zk = zk.clone();
+        tokio::spawn(async move { zk.lock("k").wait(Duration::from_secs(20)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished());
+    tokio::task::spawn_blocking(move || theirs.release())
+        .await
+        .unwrap();
+    let g = waiting.await.unwrap().unwrap();
+    let mut peer = Peer::kazoo(&path, &["try", "300"]);
+    assert_eq!(peer.says(), "timeout", "kazoo ignored our lock");
+    peer.child.wait().unwrap();
+    g.release().await.unwrap();
+    let mut peer = Peer::kazoo(&path, &["try", "5000"]);
+    assert_eq!(peer.says(), "acquired");
+    peer.child.wait().unwrap();
+}
