@@ -5,7 +5,13 @@
 //! cargo run --release --example bench -- --backend memory --workload contended --secs 5 --workers 8
 //! cargo run --release --example bench -- --backend memory --workload keys --secs 5 --workers 8 --keys 100
 //! cargo run --release --example bench -- --backend memory --workload http --secs 5 --conns 32
+//! cargo run --release --example bench -- --backend zk://127.0.0.1:2181 --workload floor --n 2000
 //! ```
+//!
+//! `floor` (ZooKeeper only) measures the physical floor of a lock: one raw
+//! create of an ephemeral node and its delete with `zookeeper-client`, printed
+//! as `impl=raw-create-delete ... workload=uncontended` to sit beside the
+//! locks' lines.
 //!
 //! Each result is one line of `key=value` pairs separated by single spaces.
 //! Exit code 2 for bad arguments or a backend this build cannot open.
@@ -34,7 +40,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: bench --backend <memory|redis://..|redlock://..|zk://..> \
---workload <uncontended|contended|keys|http> [--n N] [--secs S] [--workers W] [--keys K] \
+--workload <uncontended|contended|keys|http|floor> [--n N] [--secs S] [--workers W] [--keys K] \
 [--conns C] [--processes P]";
 
 fn parse_args() -> Result<Args, String> {
@@ -89,7 +95,7 @@ fn main() -> ExitCode {
     // `uncontended` is one task: a single-threaded runtime measures the lock
     // rather than wake-ups between worker threads. The other workloads run
     // tasks in parallel.
-    let mut builder = if args.workload == "uncontended" {
+    let mut builder = if args.workload == "uncontended" || args.workload == "floor" {
         tokio::runtime::Builder::new_current_thread()
     } else {
         tokio::runtime::Builder::new_multi_thread()
@@ -99,6 +105,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> ExitCode {
+    if args.workload == "floor" {
+        return floor(&args.backend, args.n).await;
+    }
     let backend = match tower_lock::backend::connect(&args.backend).await {
         Ok(b) => b,
         Err(e) => {
@@ -165,6 +174,44 @@ async fn uncontended(backend: &Arc<dyn Backend>, n: usize) -> String {
         us(percentile(&samples, 0.50)),
         us(percentile(&samples, 0.99))
     )
+}
+
+/// One raw create (ephemeral) and delete per sample: the round trips any
+/// ZooKeeper lock needs at least.
+async fn floor(backend: &str, n: usize) -> ExitCode {
+    let Some(hosts) = backend
+        .strip_prefix("zk://")
+        .map(|r| r.split('/').next().unwrap_or(r))
+    else {
+        eprintln!("bench: the floor workload is measured for zk:// backends only");
+        return ExitCode::from(2);
+    };
+    let zk = match zookeeper_client::Client::connect(hosts).await {
+        Ok(zk) => zk,
+        Err(e) => {
+            eprintln!("bench: connecting to ZooKeeper at {hosts}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let ephemeral =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    let path = format!("/bench-floor-{}", std::process::id());
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n + 50 {
+        let t = Instant::now();
+        zk.create(&path, &[], &ephemeral).await.expect("create");
+        zk.delete(&path, None).await.expect("delete");
+        if i >= 50 {
+            samples.push(t.elapsed());
+        }
+    }
+    samples.sort_unstable();
+    println!(
+        "impl=raw-create-delete backend=zookeeper workload=uncontended n={n} p50_us={} p99_us={}",
+        us(percentile(&samples, 0.50)),
+        us(percentile(&samples, 0.99))
+    );
+    ExitCode::SUCCESS
 }
 
 /// What `contended` and `keys` workers report.

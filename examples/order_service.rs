@@ -10,17 +10,19 @@
 //! cargo run --example order_service -- --no-lock    # the same without the lock: duplicates
 //! cargo run --example order_service -- --serve      # then keep serving: curl -X POST http://ADDR/orders/sku-1
 //! cargo run --example order_service -- --backend redis://127.0.0.1:6379 --instances 2
+//! cargo run --example order_service -- --backend zk://127.0.0.1:2181 --instances 2
 //! ```
 //!
-//! Flags: `--backend <url>` (`memory`, `redis://host:port`, `redlock://h1:p1,h2:p2,h3:p3`; see
+//! Flags: `--backend <url>` (`memory`, `redis://host:port`, `redlock://h1:p1,h2:p2,h3:p3`,
+//! `zk://host:port`; see
 //! `tower_lock::backend::connect`), `--instances N` (servers in N separate
 //! processes sharing the backend, the requests split between them; needs a
 //! shared backend), `--requests N` (default 10), `--sku S`, `--no-lock`,
 //! `--serve`.
 //!
 //! With a Redis backend the order numbers live in Redis too (with Redlock, in
-//! the first server), so that every instance reads and writes the same
-//! counter.
+//! the first server), with ZooKeeper in a node `/order_service/last/<sku>`, so
+//! that every instance reads and writes the same counter.
 
 mod common;
 
@@ -41,6 +43,12 @@ use tower_lock::{HeldLock, LockLayer, Locker, PathParam};
 enum Numbers {
     Local(Mutex<HashMap<String, u64>>),
     Redis(redis::aio::MultiplexedConnection),
+    ZooKeeper(zookeeper_client::Client),
+}
+
+/// The ZooKeeper node holding a SKU's last order number, as decimal text.
+fn zk_node(sku: &str) -> String {
+    format!("/order_service/last/{sku}")
 }
 
 impl Numbers {
@@ -59,6 +67,11 @@ impl Numbers {
                     .expect("read the order number");
                 v.unwrap_or(0)
             }
+            Numbers::ZooKeeper(zk) => match zk.get_data(&zk_node(sku)).await {
+                Ok((data, _)) => String::from_utf8_lossy(&data).parse().unwrap_or(0),
+                Err(zookeeper_client::Error::NoNode) => 0,
+                Err(e) => panic!("read the order number: {e}"),
+            },
         }
     }
 
@@ -75,18 +88,80 @@ impl Numbers {
                     .await
                     .expect("write the order number");
             }
+            Numbers::ZooKeeper(zk) => {
+                let (path, data) = (zk_node(sku), n.to_string());
+                match zk.set_data(&path, data.as_bytes(), None).await {
+                    Err(zookeeper_client::Error::NoNode) => {
+                        let persistent = zookeeper_client::CreateMode::Persistent
+                            .with_acls(zookeeper_client::Acls::anyone_all());
+                        zk.mkdir("/order_service/last", &persistent)
+                            .await
+                            .expect("create the order numbers' parent");
+                        // Without the lock another request may create it first.
+                        match zk.create(&path, data.as_bytes(), &persistent).await {
+                            Ok(_) => {}
+                            Err(zookeeper_client::Error::NodeExists) => {
+                                zk.set_data(&path, data.as_bytes(), None)
+                                    .await
+                                    .expect("write the order number");
+                            }
+                            Err(e) => panic!("write the order number: {e}"),
+                        }
+                    }
+                    r => {
+                        r.expect("write the order number");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets a SKU's number, so that a run starts from 1.
+    async fn reset(&self, sku: &str) {
+        match self {
+            Numbers::Local(m) => {
+                m.lock().unwrap().remove(sku);
+            }
+            Numbers::Redis(c) => {
+                let _: Result<(), _> = redis::cmd("DEL")
+                    .arg(Self::redis_key(sku))
+                    .query_async(&mut c.clone())
+                    .await;
+            }
+            Numbers::ZooKeeper(zk) => {
+                let _ = zk.delete(&zk_node(sku), None).await;
+            }
         }
     }
 }
 
 /// Where the instances keep the order numbers when they share a backend: the
-/// Redis server, or the first of the Redlock servers.
-fn shared_store(backend: &str) -> Option<String> {
-    if backend.starts_with("redis://") {
-        return Some(backend.to_owned());
+/// Redis server (with Redlock, the first server) or the ZooKeeper ensemble.
+async fn shared_store(backend: &str) -> Result<Numbers, String> {
+    let redis_url = if backend.starts_with("redis://") {
+        Some(backend.to_owned())
+    } else {
+        backend
+            .strip_prefix("redlock://")
+            .and_then(|rest| rest.split(',').next())
+            .map(|first| format!("redis://{first}/"))
+    };
+    if let Some(url) = redis_url {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok(Numbers::Redis(conn));
     }
-    let first = backend.strip_prefix("redlock://")?.split(',').next()?;
-    Some(format!("redis://{first}/"))
+    if let Some(rest) = backend.strip_prefix("zk://") {
+        let hosts = rest.split('/').next().unwrap_or(rest);
+        let zk = zookeeper_client::Client::connect(hosts)
+            .await
+            .map_err(|e| format!("connecting to ZooKeeper at {hosts}: {e}"))?;
+        return Ok(Numbers::ZooKeeper(zk));
+    }
+    Ok(Numbers::Local(Mutex::new(HashMap::new())))
 }
 
 /// How long the handler "talks to the database" between read and write.
@@ -166,7 +241,7 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.instances > 1 && args.backend == "memory" {
         return Err(
-            "--instances needs a backend the processes share (redis://...): \
+            "--instances needs a backend the processes share (redis://..., zk://...): \
              the memory backend lives in one process"
                 .into(),
         );
@@ -204,16 +279,7 @@ async fn start_server(args: &Args) -> Result<SocketAddr, String> {
     let backend = tower_lock::backend::connect(&args.backend)
         .await
         .map_err(|e| e.to_string())?;
-    let numbers = if let Some(url) = shared_store(&args.backend) {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        Numbers::Redis(conn)
-    } else {
-        Numbers::Local(Mutex::new(HashMap::new()))
-    };
+    let numbers = shared_store(&args.backend).await?;
     let mut app = Router::new().route("/orders/{sku}", post(create_order));
     if !args.no_lock {
         let locker = Locker::from_arc(backend).wait(Duration::from_secs(10));
@@ -300,16 +366,9 @@ async fn main() -> ExitCode {
             }
         }
     };
-    if let Some(url) = shared_store(&args.backend) {
-        // A fresh counter for this run.
-        if let Ok(client) = redis::Client::open(url) {
-            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
-                let _: Result<(), _> = redis::cmd("DEL")
-                    .arg(Numbers::redis_key(&args.sku))
-                    .query_async(&mut c)
-                    .await;
-            }
-        }
+    // A fresh counter for this run (shared stores outlive it).
+    if let Ok(numbers) = shared_store(&args.backend).await {
+        numbers.reset(&args.sku).await;
     }
     let servers: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
     println!(

@@ -732,3 +732,154 @@ async fn kazoo_locks_coexist_on_the_same_path() {
     assert_eq!(peer.says(), "acquired");
     peer.child.wait().unwrap();
 }
+
+// ---- server faults ---------------------------------------------------------
+
+/// A ZooKeeper server of the test's own, on a free port, stopped when
+/// dropped: the fault tests pause it.
+struct ZkServer {
+    addr: String,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl ZkServer {
+    fn start(name: &str) -> ZkServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("zk-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        std::fs::write(
+            dir.join("zoo.cfg"),
+            format!(
+                "tickTime=200\nminSessionTimeout=400\nmaxSessionTimeout=60000\ndataDir={}\n\
+                 clientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+                 4lw.commands.whitelist=*\n",
+                dir.join("data").display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.join("zookeeper.log")).unwrap();
+        let child = Command::new("java")
+            .arg(format!("-Dzookeeper.log.dir={}", dir.display()))
+            .args(["-cp", "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"])
+            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+            .arg(dir.join("zoo.cfg"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("cannot start java: install Debian's zookeeper (scripts/test-all.sh does)");
+        let addr = format!("127.0.0.1:{port}");
+        let server = ZkServer { addr, child, dir };
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(&server.addr).is_ok()
+                && four_letter(&server.addr, "isro") == "rw"
+            {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "ZooKeeper did not start; see {}",
+            server.dir.join("zookeeper.log").display()
+        );
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for ZkServer {
+    fn drop(&mut self) {
+        self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_paused_past_the_session_timeout_aborts_the_holder() {
+    use tower::ServiceExt;
+    use tower_lock::{Header, LockLayer};
+
+    let server = ZkServer::start("paused");
+    let zk = backend_rooted(&server.addr, "/paused", Duration::from_secs(1)).await;
+    let client = raw(&server.addr).await;
+
+    // A handler that never finishes on its own, and says when it is dropped.
+    struct Flag(Arc<AtomicUsize>);
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let aborted = Arc::new(AtomicUsize::new(0));
+    let svc = tower::ServiceBuilder::new()
+        .layer(LockLayer::new(zk.clone(), Header::new("x-order")))
+        .service_fn({
+            let aborted = aborted.clone();
+            move |_req: http::Request<axum::body::Body>| {
+                let flag = Flag(aborted.clone());
+                async move {
+                    let _flag = flag;
+                    std::future::pending::<()>().await;
+                    Ok::<_, std::convert::Infallible>(
+                        http::Response::new(axum::body::Body::empty()),
+                    )
+                }
+            }
+        });
+    let request = http::Request::builder()
+        .header("x-order", "42")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = tokio::spawn(svc.oneshot(request));
+    settle(&client, "/paused/42", 1).await;
+    let (children, _) = client.get_children("/paused/42").await.unwrap();
+    let (_, stat) = client
+        .get_data(&format!("/paused/42/{}", children[0]))
+        .await
+        .unwrap();
+    let first_token = stat.czxid as u64;
+    drop(client);
+
+    server.signal("-STOP");
+    let response = tokio::time::timeout(Duration::from_secs(10), response)
+        .await
+        .expect("the holder was not told its session was lost")
+        .unwrap()
+        .unwrap();
+    // Still paused: nobody else can have taken the lock yet.
+    assert_eq!(response.status(), http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        aborted.load(Ordering::SeqCst),
+        1,
+        "the handler was not aborted"
+    );
+    server.signal("-CONT");
+
+    // The server expires the old session; the lock goes to the next client,
+    // with a higher token, and the first backend opens a fresh session.
+    let other = backend_rooted(&server.addr, "/paused", Duration::from_secs(1)).await;
+    let g = other
+        .lock("42")
+        .wait(Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert!(g.token().get() > first_token);
+    g.release().await.unwrap();
+    let again = zk.lock("42").wait(Duration::from_secs(20)).await.unwrap();
+    assert!(!again.is_lost());
+    again.release().await.unwrap();
+}
