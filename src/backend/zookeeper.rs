@@ -73,6 +73,18 @@
 //! - A node deleted by hand while held is not noticed by its holder (as with
 //!   Curator).
 //!
+//! # Release
+//!
+//! Releasing sends the node's `delete` and returns without waiting for the
+//! answer. The server applies a session's requests in order, so whatever
+//! this backend sends next (the next acquire of the same key, say) already
+//! sees the lock released; other clients see it once the delete is applied,
+//! as they would anyway one network hop later. The answer is awaited in the
+//! background: on connection loss the delete is sent again until it is done
+//! or the session (and with it the ephemeral node) has ended, which are the
+//! only outcomes a delete of one's own node can have. Outside a Tokio
+//! runtime the release waits for the answer instead.
+//!
 //! The `lease` of a [`LockRequest`] does not apply: a lock ends when it is
 //! released or its session does.
 //!
@@ -884,11 +896,34 @@ struct ZkHold {
 }
 
 impl LeaseHandle for ZkHold {
+    /// Sends the delete and returns: see the [module documentation](self#release).
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
-        let Some(node) = lock(&self.node).take() else {
+        let Some(mut node) = lock(&self.node).take() else {
             return BackendFuture::ready(Ok(()));
         };
-        BackendFuture::new(node.delete())
+        let (Some(path), Ok(rt)) = (node.path.clone(), tokio::runtime::Handle::try_current())
+        else {
+            return BackendFuture::new(node.delete());
+        };
+        // On the wire from here: the server applies it before anything this
+        // session sends later.
+        let sent = node.session.client.delete(&path, None);
+        node.done = true;
+        let session = node.session.clone();
+        rt.spawn(async move {
+            let result = match sent.await {
+                Err(zk::Error::ConnectionLoss) => delete_until_done(&session, &path).await,
+                Ok(())
+                | Err(zk::Error::NoNode | zk::Error::SessionExpired | zk::Error::ClientClosed) => {
+                    Ok(())
+                }
+                Err(e) => Err(zk_error("deleting the lock node", e)),
+            };
+            if let Err(e) = result {
+                tracing::warn!(path, error = %e, "releasing a zookeeper lock failed");
+            }
+        });
+        BackendFuture::ready(Ok(()))
     }
 }
 
