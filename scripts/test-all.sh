@@ -158,6 +158,12 @@ cargo clippy --all-targets --all-features -- -D warnings
 step "cargo test --all-features"
 cargo test --all-features
 
+# Every lock node is ephemeral: once the tests' sessions are closed (or, for
+# the processes a test killed, expired) none may be left on the server.
+no_ephemerals() { zk_says "${TOWER_LOCK_ZK_ADDR#*:}" dump "Sessions with Ephemerals (0)"; }
+wait_for 30 "no ZooKeeper lock node left after the tests" no_ephemerals
+echo "no ZooKeeper lock node left after the tests"
+
 step "order_service example, end to end"
 expected="serialised: 10/10 requests, 10 unique order codes, max concurrent in critical section = 1"
 locked=$(cargo run -q --example order_service)

@@ -18,8 +18,9 @@ fn zk_addr() -> String {
     std::env::var("TOWER_LOCK_ZK_ADDR").unwrap_or_else(|_| {
         panic!(
             "TOWER_LOCK_ZK_ADDR is not set. Run scripts/test-all.sh, which starts a ZooKeeper \
-             server, or start one (see DEVELOPING in the README) and set \
-             TOWER_LOCK_ZK_ADDR=127.0.0.1:PORT"
+             server, or start one (java -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar \
+             org.apache.zookeeper.server.quorum.QuorumPeerMain zoo.cfg, with \
+             4lw.commands.whitelist=* in zoo.cfg) and set TOWER_LOCK_ZK_ADDR=127.0.0.1:PORT"
         )
     })
 }

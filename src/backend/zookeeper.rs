@@ -80,10 +80,14 @@
 //! this backend sends next (the next acquire of the same key, say) already
 //! sees the lock released; other clients see it once the delete is applied,
 //! as they would anyway one network hop later. The answer is awaited in the
-//! background: on connection loss the delete is sent again until it is done
-//! or the session (and with it the ephemeral node) has ended, which are the
-//! only outcomes a delete of one's own node can have. Outside a Tokio
-//! runtime the release waits for the answer instead.
+//! background: when the connection breaks first, the delete is sent again
+//! until it is done or the session (and with it the ephemeral node) has
+//! ended, which are the only outcomes a delete of one's own node can have.
+//! In that one case (a connection broken while the delete is in flight, or
+//! a session given up after a long disconnect) an acquire sent meanwhile
+//! may still find the released node for a moment: it waits for it like any
+//! other, or answers busy under fail-fast. Outside a Tokio runtime the
+//! release waits for the answer instead.
 //!
 //! The `lease` of a [`LockRequest`] does not apply: a lock ends when it is
 //! released or its session does.
@@ -121,8 +125,10 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -225,13 +231,34 @@ struct ZkInner {
 /// One ZooKeeper session and the locks that live with it.
 struct Session {
     client: zk::Client,
-    /// Fired when the session ends: every lock it holds is lost with it.
-    lost: LostState,
+    /// Set when the session ends (or is given up): no new lock is taken on
+    /// it, and every lock it holds is lost with it.
+    ended: LostState,
+    /// Wakes the acquires waiting on this session when it ends.
+    ended_notify: tokio::sync::Notify,
+    /// The locks held on this session, told when it ends. Each has a lost
+    /// state of its own, so that a lock's waker list lives only as long as
+    /// the lock.
+    holds: Mutex<HashMap<u64, Weak<ZkHold>>>,
+    next_hold: AtomicU64,
 }
 
-impl HasLostState for Session {
-    fn lost_state(&self) -> &LostState {
-        &self.lost
+impl Session {
+    /// Whether new requests may use this session.
+    fn usable(&self) -> bool {
+        !self.ended.is_fired() && !self.client.state().is_terminated()
+    }
+
+    /// Ends the session for this backend: tells its waiters and holders.
+    fn end(&self, reason: String) {
+        self.ended.fire(reason.clone());
+        self.ended_notify.notify_waiters();
+        let holds: Vec<_> = lock(&self.holds).drain().collect();
+        for (_, hold) in holds {
+            if let Some(hold) = hold.upgrade() {
+                hold.lost.fire(reason.clone());
+            }
+        }
     }
 }
 
@@ -387,11 +414,11 @@ impl ZkInner {
 
     /// The live session, opening a new one if there is none or it ended.
     async fn session(&self) -> Result<Arc<Session>, LockError> {
-        if let Some(s) = lock(&self.current).as_ref().filter(|s| !s.lost.is_fired()) {
+        if let Some(s) = lock(&self.current).as_ref().filter(|s| s.usable()) {
             return Ok(s.clone());
         }
         let _opening = self.opening.lock().await;
-        if let Some(s) = lock(&self.current).as_ref().filter(|s| !s.lost.is_fired()) {
+        if let Some(s) = lock(&self.current).as_ref().filter(|s| s.usable()) {
             return Ok(s.clone());
         }
         let connect = zk::Client::connector()
@@ -422,7 +449,10 @@ impl ZkInner {
         let grace = client.session_timeout() / 2;
         let session = Arc::new(Session {
             client,
-            lost: LostState::new(),
+            ended: LostState::new(),
+            ended_notify: tokio::sync::Notify::new(),
+            holds: Mutex::new(HashMap::new()),
+            next_hold: AtomicU64::new(0),
         });
         tokio::spawn(watch_session(Arc::downgrade(&session), states, grace));
         *lock(&self.current) = Some(session.clone());
@@ -453,10 +483,19 @@ impl ZkInner {
             }
         };
         let token = FencingToken::new(node.czxid as u64);
+        let id = session.next_hold.fetch_add(1, Ordering::Relaxed);
         let hold = Arc::new(ZkHold {
             node: Mutex::new(Some(node)),
+            lost: LostState::new(),
+            id,
         });
-        Ok(Acquired::new(token, hold).with_lost(LostSignal::new(session)))
+        lock(&session.holds).insert(id, Arc::downgrade(&hold));
+        // Ended meanwhile: `end` may have drained the map before the insert.
+        if session.ended.is_fired() {
+            hold.lost.fire("the ZooKeeper session ended");
+        }
+        let lost = LostSignal::new(hold.clone());
+        Ok(Acquired::new(token, hold).with_lost(lost))
     }
 }
 
@@ -494,7 +533,7 @@ async fn watch_session(session: Weak<Session>, mut states: zk::StateWatcher, gra
                 reason,
                 "zookeeper locks lost"
             );
-            s.lost.fire(reason);
+            s.end(reason);
         }
         return;
     }
@@ -568,18 +607,64 @@ fn next_step<'a>(children: &'a [String], ours: &str, role: Role) -> Next<'a> {
     }
 }
 
-/// Runs a ZooKeeper call again while the connection is lost (the session
-/// may well survive), until it succeeds, fails otherwise, or the session
-/// ends.
+/// Whether a request failed without a definite answer: the connection
+/// broke (the client reports that as `ConnectionLoss`, or as a custom error
+/// for a socket error or a silent server) and the request may or may not
+/// have been applied. The session may well survive it.
+fn uncertain(e: &zk::Error) -> bool {
+    matches!(
+        e,
+        zk::Error::ConnectionLoss | zk::Error::Custom(_) | zk::Error::Timeout
+    )
+}
+
+/// Runs a ZooKeeper call again after an [uncertain] failure, until it
+/// succeeds, fails for certain, or the session ends (for an acquire, also
+/// when this backend has given the session up).
 async fn retry<T, F, Fut>(session: &Session, doing: &str, mut call: F) -> Result<T, LockError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, zk::Error>>,
 {
+    retry_while(session, doing, Session::usable, &mut call).await
+}
+
+/// [`retry`] for cleaning up: goes on while the session lives at all, even
+/// given up, since its nodes live as long as it does.
+async fn retry_cleanup<T, F, Fut>(
+    session: &Session,
+    doing: &str,
+    mut call: F,
+) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    retry_while(
+        session,
+        doing,
+        |s| !s.client.state().is_terminated(),
+        &mut call,
+    )
+    .await
+}
+
+async fn retry_while<T, F, Fut>(
+    session: &Session,
+    doing: &str,
+    go_on: impl Fn(&Session) -> bool,
+    call: &mut F,
+) -> Result<T, LockError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    let mut pause = Duration::from_millis(10);
     loop {
         match call().await {
-            Err(zk::Error::ConnectionLoss) if !session.lost.is_fired() => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            Err(e) if uncertain(&e) && go_on(session) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
             }
             Err(e) => return Err(zk_error(doing, e)),
             Ok(v) => return Ok(v),
@@ -631,7 +716,7 @@ impl Session {
                     drop(list);
                     self.make_dir(dir).await?;
                 }
-                Err(zk::Error::ConnectionLoss) if !self.lost.is_fired() => {
+                Err(e) if uncertain(&e) && self.usable() => {
                     drop(list);
                     // Protected mode: the create may have happened.
                     if node.find_own().await? {
@@ -730,7 +815,7 @@ impl Session {
                     return Ok(node);
                 }
                 Err(zk::Error::NoNode) => self.make_dir(dir).await?,
-                Err(zk::Error::ConnectionLoss) if !self.lost.is_fired() => {
+                Err(e) if uncertain(&e) && self.usable() => {
                     if node.find_own().await? {
                         return Ok(node);
                     }
@@ -758,14 +843,21 @@ impl Session {
     /// Waits for a watch to fire, or fails if the session ends first.
     /// Dropping the watcher (cancellation) removes the watch.
     async fn changed(self: &Arc<Self>, watcher: zk::OneshotWatcher) -> Result<(), LockError> {
-        tokio::select! {
-            _ = watcher.changed() => Ok(()),
-            _ = LostSignal::new(self.clone()).lost() => Err(LockError::backend(
-                "zookeeper",
-                "the ZooKeeper session ended while waiting",
-                None,
-            )),
+        let ended = self.ended_notify.notified();
+        tokio::pin!(ended);
+        // Registered before the check, so an end in between is not missed.
+        ended.as_mut().enable();
+        if !self.ended.is_fired() {
+            tokio::select! {
+                _ = watcher.changed() => return Ok(()),
+                _ = ended => {}
+            }
         }
+        Err(LockError::backend(
+            "zookeeper",
+            "the ZooKeeper session ended while waiting",
+            None,
+        ))
     }
 }
 
@@ -793,7 +885,11 @@ impl Node {
     /// Looks for our node after a lost create answer; fills in its path and
     /// zxid if the create happened.
     async fn find_own(&mut self) -> Result<bool, LockError> {
-        let children = match self.session.list(&self.dir).await {
+        let listed = retry_cleanup(&self.session, "listing lock nodes", || {
+            self.session.client.list_children(&self.dir)
+        })
+        .await;
+        let children = match listed {
             Ok(c) => c,
             Err(LockError::Backend {
                 source: Some(s), ..
@@ -806,7 +902,7 @@ impl Node {
             return Ok(false);
         };
         let path = format!("{}/{child}", self.dir);
-        let stat = retry(&self.session, "reading our lock node", || {
+        let stat = retry_cleanup(&self.session, "reading our lock node", || {
             self.session.client.check_stat(&path)
         })
         .await?;
@@ -876,23 +972,48 @@ impl Drop for Node {
 /// Deletes `path`, retrying through connection loss. Done when the node is
 /// gone, or the session (and with it the ephemeral node) is.
 async fn delete_until_done(session: &Session, path: &str) -> Result<(), LockError> {
-    let mut pause = Duration::from_millis(10);
-    loop {
-        match session.client.delete(path, None).await {
-            Ok(()) | Err(zk::Error::NoNode) => return Ok(()),
-            Err(zk::Error::SessionExpired | zk::Error::ClientClosed) => return Ok(()),
-            Err(zk::Error::ConnectionLoss) => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-            }
-            Err(e) => return Err(zk_error("deleting the lock node", e)),
+    let deleted = retry_cleanup(session, "deleting the lock node", || {
+        session.client.delete(path, None)
+    })
+    .await;
+    deleted_or_gone(deleted)
+}
+
+/// A delete's outcome: the node or its session is gone, or a real error.
+fn deleted_or_gone(result: Result<(), LockError>) -> Result<(), LockError> {
+    match result {
+        Err(LockError::Backend {
+            source: Some(s), ..
+        }) if matches!(
+            s.downcast_ref::<zk::Error>(),
+            Some(
+                zk::Error::NoNode
+                    | zk::Error::SessionExpired
+                    | zk::Error::ClientClosed
+                    | zk::Error::AuthFailed
+            )
+        ) || s.downcast_ref::<zk::Error>().is_some_and(uncertain) =>
+        {
+            // An uncertain failure here means the session ended while
+            // retrying: the ephemeral node went with it.
+            Ok(())
         }
+        other => other,
     }
 }
 
 /// One held ZooKeeper lock: its node.
 struct ZkHold {
     node: Mutex<Option<Node>>,
+    lost: LostState,
+    /// Its entry in the session's holds.
+    id: u64,
+}
+
+impl HasLostState for ZkHold {
+    fn lost_state(&self) -> &LostState {
+        &self.lost
+    }
 }
 
 impl LeaseHandle for ZkHold {
@@ -901,6 +1022,7 @@ impl LeaseHandle for ZkHold {
         let Some(mut node) = lock(&self.node).take() else {
             return BackendFuture::ready(Ok(()));
         };
+        lock(&node.session.holds).remove(&self.id);
         let (Some(path), Ok(rt)) = (node.path.clone(), tokio::runtime::Handle::try_current())
         else {
             return BackendFuture::new(node.delete());
@@ -912,12 +1034,8 @@ impl LeaseHandle for ZkHold {
         let session = node.session.clone();
         rt.spawn(async move {
             let result = match sent.await {
-                Err(zk::Error::ConnectionLoss) => delete_until_done(&session, &path).await,
-                Ok(())
-                | Err(zk::Error::NoNode | zk::Error::SessionExpired | zk::Error::ClientClosed) => {
-                    Ok(())
-                }
-                Err(e) => Err(zk_error("deleting the lock node", e)),
+                Err(e) if uncertain(&e) => delete_until_done(&session, &path).await,
+                other => deleted_or_gone(other.map_err(|e| zk_error("deleting the lock node", e))),
             };
             if let Err(e) = result {
                 tracing::warn!(path, error = %e, "releasing a zookeeper lock failed");
