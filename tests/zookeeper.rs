@@ -50,7 +50,10 @@ async fn backend_rooted(addr: &str, root: &str, session: Duration) -> ZookeeperB
 }
 
 async fn raw(addr: &str) -> zk::Client {
-    zk::Client::connect(addr).await.unwrap()
+    tokio::time::timeout(Duration::from_secs(10), zk::Client::connect(addr))
+        .await
+        .unwrap_or_else(|_| panic!("no ZooKeeper session at {addr} within 10 s"))
+        .unwrap_or_else(|e| panic!("cannot reach ZooKeeper at {addr}: {e}"))
 }
 
 /// The lock nodes (ephemeral) anywhere under `path`.
@@ -84,13 +87,20 @@ async fn settle(client: &zk::Client, path: &str, n: usize) {
     );
 }
 
-/// Asks the server a four-letter word.
+/// Asks the server a four-letter word; empty if it does not answer within
+/// two seconds.
 fn four_letter(addr: &str, word: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(word.as_bytes()).unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    let ask = || -> std::io::Result<String> {
+        let addr: std::net::SocketAddr = addr.parse().expect("a host:port address");
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(2)))?;
+        s.set_write_timeout(Some(Duration::from_secs(2)))?;
+        s.write_all(word.as_bytes())?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    };
+    ask().unwrap_or_default()
 }
 
 /// The watched paths under `dir`, from `wchp` (path → sessions).
@@ -778,10 +788,9 @@ impl ZkServer {
             .expect("cannot start java: install Debian's zookeeper (scripts/test-all.sh does)");
         let addr = format!("127.0.0.1:{port}");
         let server = ZkServer { addr, child, dir };
-        for _ in 0..300 {
-            if std::net::TcpStream::connect(&server.addr).is_ok()
-                && four_letter(&server.addr, "isro") == "rw"
-            {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if four_letter(&server.addr, "isro") == "rw" {
                 return server;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -795,15 +804,16 @@ impl ZkServer {
     fn signal(&self, sig: &str) {
         let status = Command::new("kill")
             .args([sig, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {sig} failed");
     }
 }
 
 impl Drop for ZkServer {
     fn drop(&mut self) {
-        self.signal("-CONT");
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -816,6 +826,7 @@ async fn a_server_paused_past_the_session_timeout_aborts_the_holder() {
     use tower_lock::{Header, LockLayer};
 
     let server = ZkServer::start("paused");
+    eprintln!("paused: server up at {}", server.addr);
     let zk = backend_rooted(&server.addr, "/paused", Duration::from_secs(1)).await;
     let client = raw(&server.addr).await;
 
@@ -857,6 +868,7 @@ async fn a_server_paused_past_the_session_timeout_aborts_the_holder() {
     drop(client);
 
     server.signal("-STOP");
+    eprintln!("paused: server stopped");
     let response = tokio::time::timeout(Duration::from_secs(10), response)
         .await
         .expect("the holder was not told its session was lost")
@@ -870,6 +882,7 @@ async fn a_server_paused_past_the_session_timeout_aborts_the_holder() {
         "the handler was not aborted"
     );
     server.signal("-CONT");
+    eprintln!("paused: server resumed");
 
     // The server expires the old session; the lock goes to the next client,
     // with a higher token, and the first backend opens a fresh session.
