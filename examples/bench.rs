@@ -168,6 +168,11 @@ async fn uncontended(backend: &Arc<dyn Backend>, n: usize) -> String {
         g.release().await.expect("release");
         samples.push(t.elapsed());
     }
+    latencies(n, samples)
+}
+
+/// `n=.. p50_us=.. p99_us=..` of acquire+release samples.
+fn latencies(n: usize, mut samples: Vec<Duration>) -> String {
     samples.sort_unstable();
     format!(
         "n={n} p50_us={} p99_us={}",
@@ -205,11 +210,9 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
             samples.push(t.elapsed());
         }
     }
-    samples.sort_unstable();
     println!(
-        "impl=raw-create-delete backend=zookeeper workload=uncontended n={n} p50_us={} p99_us={}",
-        us(percentile(&samples, 0.50)),
-        us(percentile(&samples, 0.99))
+        "impl=raw-create-delete backend=zookeeper workload=uncontended {}",
+        latencies(n, samples)
     );
     ExitCode::SUCCESS
 }

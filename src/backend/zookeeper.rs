@@ -693,47 +693,9 @@ impl Session {
         role: Role,
         wait: Wait,
     ) -> Result<Node, LockError> {
-        let protected = format!("{PROTECTED}{}-", uuid::Uuid::new_v4());
-        let prefix = format!("{dir}/{protected}{name}");
         // From here on, dropping `node` (cancellation, error) deletes
         // whatever this call created.
-        let mut node = Node {
-            session: self.clone(),
-            dir: dir.to_owned(),
-            protected,
-            path: None,
-            czxid: 0,
-            done: false,
-        };
-        let mut children = loop {
-            // Back to back: the listing is answered after the create, so it
-            // already holds our node.
-            let create = self.client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
-            let list = self.client.list_children(dir);
-            match create.await {
-                Ok((stat, seq)) => {
-                    node.path = Some(format!("{prefix}{seq}"));
-                    node.czxid = stat.czxid;
-                    break match list.await {
-                        Ok(children) => children,
-                        Err(_) => self.list(dir).await?,
-                    };
-                }
-                Err(zk::Error::NoNode) => {
-                    drop(list);
-                    self.make_dir(dir).await?;
-                }
-                Err(e) if uncertain(&e) && self.usable() => {
-                    drop(list);
-                    // Protected mode: the create may have happened.
-                    if node.find_own().await? {
-                        break self.list(dir).await?;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => return Err(zk_error("creating the lock node", e)),
-            }
-        };
+        let (node, mut children) = self.create_node(dir, name, true).await?;
         loop {
             let ours = node.name();
             let watch = match next_step(&children, ours, role) {
@@ -789,7 +751,7 @@ impl Session {
             .lock_node(&format!("{dir}/locks"), LOCK_NAME, Role::Exclusive, wait)
             .await?;
         let leases = format!("{dir}/leases");
-        let lease = self.create_node(&leases, LEASE_NAME).await?;
+        let (lease, _) = self.create_node(&leases, LEASE_NAME, false).await?;
         loop {
             let (children, watcher) = retry(self, "listing the semaphore's leases", || {
                 self.client.list_and_watch_children(&leases)
@@ -810,36 +772,53 @@ impl Session {
         Ok(lease)
     }
 
-    /// Creates one protected ephemeral sequential node, making parents.
-    async fn create_node(self: &Arc<Self>, dir: &str, name: &str) -> Result<Node, LockError> {
+    /// Creates one protected ephemeral sequential node under `dir`, making
+    /// parents. With `list`, also lists `dir`, sent back to back with the
+    /// create: the server answers a session's requests in order, so the
+    /// listing already holds the new node.
+    async fn create_node(
+        self: &Arc<Self>,
+        dir: &str,
+        name: &str,
+        list: bool,
+    ) -> Result<(Node, Vec<String>), LockError> {
         let protected = format!("{PROTECTED}{}-", uuid::Uuid::new_v4());
         let prefix = format!("{dir}/{protected}{name}");
-        let mut node = Node {
-            session: self.clone(),
-            dir: dir.to_owned(),
-            protected,
-            path: None,
-            czxid: 0,
-            done: false,
-        };
+        let mut node = Node::new(self.clone(), dir.to_owned(), protected);
         loop {
-            match self
-                .client
-                .create(&prefix, &[], &EPHEMERAL_SEQUENTIAL)
-                .await
-            {
+            let create = self.client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
+            let listing = list.then(|| self.client.list_children(dir));
+            match create.await {
                 Ok((stat, seq)) => {
                     node.path = Some(format!("{prefix}{seq}"));
                     node.czxid = stat.czxid;
-                    return Ok(node);
+                    let children = match listing {
+                        Some(listing) => match listing.await {
+                            Ok(children) => children,
+                            Err(_) => self.list(dir).await?,
+                        },
+                        None => Vec::new(),
+                    };
+                    return Ok((node, children));
                 }
-                Err(zk::Error::NoNode) => self.make_dir(dir).await?,
+                Err(zk::Error::NoNode) => {
+                    drop(listing);
+                    self.make_dir(dir).await?;
+                }
                 Err(e) if uncertain(&e) && self.usable() => {
+                    drop(listing);
+                    // Protected mode: the create may have happened.
                     if node.find_own().await? {
-                        return Ok(node);
+                        let children = if list {
+                            self.list(dir).await?
+                        } else {
+                            Vec::new()
+                        };
+                        return Ok((node, children));
                     }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                Err(e) => return Err(zk_error("creating a lease node", e)),
+                Err(e) => return Err(zk_error("creating a lock node", e)),
             }
         }
     }
@@ -899,6 +878,17 @@ struct Node {
 }
 
 impl Node {
+    fn new(session: Arc<Session>, dir: String, protected: String) -> Node {
+        Node {
+            session,
+            dir,
+            protected,
+            path: None,
+            czxid: 0,
+            done: false,
+        }
+    }
+
     fn name(&self) -> &str {
         let path = self.path.as_deref().unwrap_or_default();
         &path[path.rfind('/').map_or(0, |i| i + 1)..]
@@ -968,14 +958,7 @@ impl Drop for Node {
                 Some(path) => path,
                 // A create may be in flight or done: find it by its prefix.
                 None => {
-                    let mut node = Node {
-                        session: session.clone(),
-                        dir,
-                        protected,
-                        path: None,
-                        czxid: 0,
-                        done: false,
-                    };
+                    let mut node = Node::new(session.clone(), dir, protected);
                     let found = node.find_own().await;
                     node.done = true;
                     match (found, node.path.take()) {
