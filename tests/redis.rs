@@ -504,6 +504,68 @@ async fn a_restarted_server_makes_the_holder_lost_and_tokens_keep_rising() {
     drop(server);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_restart_quarantine_no_one_takes_a_key_an_old_holder_may_still_hold() {
+    let server = Server::start();
+    let (port, url) = (server.port, server.url());
+    let quarantined = |url: String| async move {
+        RedisBackend::connect_with(
+            &url,
+            RedisOptions::default()
+                .prefix("q:")
+                .restart_quarantine(Duration::from_millis(1500)),
+        )
+        .await
+        .unwrap()
+    };
+    // A new server waits once too: the marker tells an empty server apart.
+    let b = quarantined(url.clone()).await;
+    assert!(matches!(
+        b.lock("k").lease(Duration::from_secs(30)).await,
+        Err(LockError::Config(_))
+    ));
+    let lease = Duration::from_millis(1500);
+    assert!(matches!(
+        b.lock("k").lease(lease).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let g = b
+        .lock("k")
+        .lease(lease)
+        .wait(Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    // Restarted mid-hold: the holder may be inside its lease for 1.5 s more.
+    drop(server);
+    let server = Server::start_on(port);
+    let other = quarantined(url.clone()).await;
+    let restarted = std::time::Instant::now();
+    assert!(matches!(
+        other.lock("k").lease(lease).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let g2 = other
+        .lock("k")
+        .lease(lease)
+        .wait(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        restarted.elapsed() >= Duration::from_millis(1400),
+        "granted {:?} after the restart, inside the old holder's lease",
+        restarted.elapsed()
+    );
+    assert!(
+        g.is_lost(),
+        "the old holder was not told before the next grant"
+    );
+    assert!(g2.token() > g.token());
+    g2.release().await.unwrap();
+    drop(g);
+    drop(server);
+}
+
 // ---- Redlock --------------------------------------------------------------
 
 /// A redis-server of the test's own, on a free port, stopped when dropped.

@@ -50,7 +50,10 @@
 //! restarted Redis has forgotten every lock: a holder learns at once (its
 //! connection dropped, its renewal finds the key gone) and is told the lock is
 //! lost, but another process may take the key in the moments before. Fencing
-//! tokens make that overlap harmless for storage that checks them. A holder
+//! tokens make that overlap harmless for storage that checks them; and
+//! [`RedisOptions::restart_quarantine`] closes it, by granting nothing for the
+//! longest lease after the server comes back empty (the Redlock paper's
+//! delayed restart, done by the clients). A holder
 //! paused longer than its lease (a stopped process, a long GC) loses the lock
 //! without knowing until it runs again; again, fencing tokens catch its writes.
 //! Readers and writers of a read/write lock, and semaphore holders, are served
@@ -167,6 +170,7 @@ pub struct RedisOptions {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    restart_quarantine: Option<Duration>,
 }
 
 impl Default for RedisOptions {
@@ -175,6 +179,7 @@ impl Default for RedisOptions {
             prefix: "lock:".into(),
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
+            restart_quarantine: None,
         }
     }
 }
@@ -198,11 +203,26 @@ impl RedisOptions {
         self.response_timeout = timeout;
         self
     }
+
+    /// After the server comes back empty (restarted without persistence, or
+    /// flushed), grant no lock for `longest_lease`: a holder from before
+    /// cannot still be inside its lease when the next one starts. Set it to
+    /// the longest lease any client of this server uses. Off by default.
+    ///
+    /// The server is recognised as empty by a marker key under the prefix
+    /// (`<prefix>~alive`), which the first acquisition writes; so a new
+    /// server also waits once. Not for Redis Cluster (the marker lives in
+    /// one slot).
+    pub fn restart_quarantine(mut self, longest_lease: Duration) -> Self {
+        self.restart_quarantine = Some(longest_lease);
+        self
+    }
 }
 
 struct RedisInner {
     conn: ConnectionManager,
     prefix: String,
+    quarantine: Option<Duration>,
     /// The in-process queue: only its head talks to Redis.
     local: MemoryBackend,
     watches: Arc<Watches>,
@@ -288,6 +308,8 @@ pub(super) struct Layout {
     other: Option<String>,
     fence: String,
     channel: String,
+    /// Restart quarantine: the marker key, the quarantine key, its length.
+    quarantine: Option<(String, String, u64)>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -315,7 +337,21 @@ impl Layout {
             other,
             fence: format!("{base}:fence"),
             channel: format!("{base}:rel"),
+            quarantine: None,
         }
+    }
+
+    /// Checks for a restarted server before granting: see
+    /// [`RedisOptions::restart_quarantine`].
+    pub(super) fn with_quarantine(mut self, prefix: &str, longest: Option<Duration>) -> Self {
+        self.quarantine = longest.map(|d| {
+            (
+                format!("{prefix}~alive"),
+                format!("{prefix}~quarantine"),
+                d.as_millis().max(1) as u64,
+            )
+        });
+        self
     }
 
     /// The Redis key holding the lock (for logs).
@@ -351,6 +387,10 @@ impl Layout {
             .arg(FENCE_TTL.as_millis() as u64);
         if let Kind::Semaphore(permits) = self.kind {
             call.arg(permits);
+        }
+        // Last, so that every script finds them past its own.
+        if let Some((alive, quarantine, ms)) = &self.quarantine {
+            call.key(alive).key(quarantine).arg(*ms);
         }
         let (granted, value): (i64, i64) = call
             .invoke_async(conn)
@@ -445,8 +485,28 @@ local function hold_in_set(key, token, lease, now)
 end
 "#;
 
+/// The restart quarantine, when the caller passes its keys after the
+/// script's own `n` keys (marker, quarantine) and its length as the last
+/// argument: the remaining quarantine in ms, or nil to go on.
+const QUARANTINE: &str = r#"
+local function quarantined(n)
+  if #KEYS <= n then return nil end
+  local left = redis.call('PTTL', KEYS[n + 2])
+  if left > 0 then return left end
+  if redis.call('EXISTS', KEYS[n + 1]) == 0 then
+    -- An empty server: whoever held a lock here may still think so.
+    redis.call('SET', KEYS[n + 1], '1')
+    redis.call('SET', KEYS[n + 2], '1', 'PX', ARGV[#ARGV])
+    return tonumber(ARGV[#ARGV])
+  end
+  return nil
+end
+"#;
+
 /// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms.
 const ACQUIRE_EXCLUSIVE: &str = r#"
+local q = quarantined(2)
+if q then return {0, q} end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1, fence(KEYS[2], ARGV[3])}
 end
@@ -455,6 +515,8 @@ return {0, redis.call('PTTL', KEYS[1])}
 
 /// KEYS: readers, writer, fence. ARGV: token, lease ms, fence ttl ms.
 const ACQUIRE_READ: &str = r#"
+local q = quarantined(3)
+if q then return {0, q} end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {0, redis.call('PTTL', KEYS[2])}
 end
@@ -466,6 +528,8 @@ return {1, fence(KEYS[3], ARGV[3])}
 
 /// KEYS: writer, readers, fence. ARGV: token, lease ms, fence ttl ms.
 const ACQUIRE_WRITE: &str = r#"
+local q = quarantined(3)
+if q then return {0, q} end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -481,6 +545,8 @@ return {1, fence(KEYS[3], ARGV[3])}
 
 /// KEYS: holders, fence. ARGV: token, lease ms, fence ttl ms, permits.
 const ACQUIRE_SEMAPHORE: &str = r#"
+local q = quarantined(2)
+if q then return {0, q} end
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
@@ -549,10 +615,10 @@ fn scripts() -> &'static Scripts {
         let script = |parts: &[&str]| Script::new(&parts.concat());
         let in_set = [NOW_MS, HOLD_IN_SET].concat();
         Scripts {
-            acquire_exclusive: script(&[FENCE, ACQUIRE_EXCLUSIVE]),
-            acquire_read: script(&[&in_set, FENCE, ACQUIRE_READ]),
-            acquire_write: script(&[NOW_MS, FENCE, ACQUIRE_WRITE]),
-            acquire_semaphore: script(&[&in_set, FENCE, ACQUIRE_SEMAPHORE]),
+            acquire_exclusive: script(&[QUARANTINE, FENCE, ACQUIRE_EXCLUSIVE]),
+            acquire_read: script(&[QUARANTINE, &in_set, FENCE, ACQUIRE_READ]),
+            acquire_write: script(&[QUARANTINE, NOW_MS, FENCE, ACQUIRE_WRITE]),
+            acquire_semaphore: script(&[QUARANTINE, &in_set, FENCE, ACQUIRE_SEMAPHORE]),
             release_string: script(&[RELEASE_STRING]),
             release_member: script(&[RELEASE_MEMBER]),
             extend_string: script(&[EXTEND_STRING]),
@@ -624,6 +690,7 @@ impl RedisBackend {
         let inner = Arc::new(RedisInner {
             conn,
             prefix: options.prefix,
+            quarantine: options.restart_quarantine,
             local: MemoryBackend::new(),
             watches,
             tokens: Tokens::new(),
@@ -723,7 +790,15 @@ impl RedisInner {
 
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         check_lease(request.lease, "Redis")?;
-        let layout = Layout::new(&self.prefix, &request.key, request.mode);
+        if let Some(q) = self.quarantine.filter(|q| request.lease > *q) {
+            return Err(LockError::Config(format!(
+                "a lease of {} ms is longer than this backend's restart quarantine of {} ms",
+                request.lease.as_millis(),
+                q.as_millis()
+            )));
+        }
+        let layout = Layout::new(&self.prefix, &request.key, request.mode)
+            .with_quarantine(&self.prefix, self.quarantine);
         let local = queue_locally(&self.local, &request).await?;
 
         let token = self.tokens.next();
