@@ -125,10 +125,10 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -233,31 +233,28 @@ struct Session {
     client: zk::Client,
     /// Set when the session ends (or is given up): no new lock is taken on
     /// it, and every lock it holds is lost with it.
-    ended: LostState,
+    ended: AtomicBool,
     /// Wakes the acquires waiting on this session when it ends.
     ended_notify: tokio::sync::Notify,
-    /// The locks held on this session, told when it ends. Each has a lost
-    /// state of its own, so that a lock's waker list lives only as long as
-    /// the lock.
-    holds: Mutex<HashMap<u64, Weak<ZkHold>>>,
-    next_hold: AtomicU64,
-    /// Paths of the exclusive and write locks held on this session: their
-    /// waiters need not list the children again when they go.
-    held_writers: Mutex<HashSet<String>>,
+    /// The locks held on this session by node path, told when it ends.
+    /// Each has a lost state of its own, so that a lock's waker list lives
+    /// only as long as the lock. The flag marks exclusive and write locks:
+    /// their waiters need not list the children again when they go.
+    holds: Mutex<HashMap<String, (Weak<ZkHold>, bool)>>,
 }
 
 impl Session {
     /// Whether new requests may use this session.
     fn usable(&self) -> bool {
-        !self.ended.is_fired() && !self.client.state().is_terminated()
+        !self.ended.load(Ordering::Acquire) && alive(self)
     }
 
     /// Ends the session for this backend: tells its waiters and holders.
     fn end(&self, reason: String) {
-        self.ended.fire(reason.clone());
+        self.ended.store(true, Ordering::Release);
         self.ended_notify.notify_waiters();
         let holds: Vec<_> = lock(&self.holds).drain().collect();
-        for (_, hold) in holds {
+        for (_, (hold, _)) in holds {
             if let Some(hold) = hold.upgrade() {
                 hold.lost.fire(reason.clone());
             }
@@ -452,11 +449,9 @@ impl ZkInner {
         let grace = client.session_timeout() / 2;
         let session = Arc::new(Session {
             client,
-            ended: LostState::new(),
+            ended: AtomicBool::new(false),
             ended_notify: tokio::sync::Notify::new(),
             holds: Mutex::new(HashMap::new()),
-            next_hold: AtomicU64::new(0),
-            held_writers: Mutex::new(HashSet::new()),
         });
         tokio::spawn(watch_session(Arc::downgrade(&session), states, grace));
         *lock(&self.current) = Some(session.clone());
@@ -466,47 +461,39 @@ impl ZkInner {
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         let session = self.session().await?;
         let dir = self.dir(&request.key);
-        let node = match request.mode {
-            LockMode::Exclusive => {
-                session
-                    .lock_node(&dir, LOCK_NAME, Role::Exclusive, request.wait)
-                    .await?
-            }
-            LockMode::Read => {
-                session
-                    .lock_node(&dir, READ_NAME, Role::Read, request.wait)
-                    .await?
-            }
-            LockMode::Write => {
-                session
-                    .lock_node(&dir, WRITE_NAME, Role::Write, request.wait)
-                    .await?
-            }
+        let role = match request.mode {
+            LockMode::Exclusive => Role::Exclusive,
+            LockMode::Read => Role::Read,
+            LockMode::Write => Role::Write,
             LockMode::Semaphore { permits } => {
-                session.semaphore(&dir, permits, request.wait).await?
+                let lease = session.semaphore(&dir, permits, request.wait).await?;
+                return Ok(Self::held(&session, lease, false));
             }
         };
+        let node = session.lock_node(&dir, role, request.wait).await?;
+        Ok(Self::held(&session, node, role != Role::Read))
+    }
+
+    /// A granted node as an [`Acquired`], registered with its session;
+    /// `writer` for exclusive and write locks.
+    fn held(session: &Arc<Session>, node: Node, writer: bool) -> Acquired {
         let token = FencingToken::new(node.czxid as u64);
-        if let (LockMode::Exclusive | LockMode::Write, Some(path)) = (request.mode, &node.path) {
-            lock(&session.held_writers).insert(path.clone());
-        }
-        let id = session.next_hold.fetch_add(1, Ordering::Relaxed);
+        let path = node.path.clone().unwrap_or_default();
         let hold = Arc::new(ZkHold {
             node: Mutex::new(Some(node)),
             lost: LostState::new(),
-            id,
         });
-        lock(&session.holds).insert(id, Arc::downgrade(&hold));
+        lock(&session.holds).insert(path, (Arc::downgrade(&hold), writer));
         // Ended meanwhile: `end` may have drained the map before the insert.
-        if session.ended.is_fired() {
+        if session.ended.load(Ordering::Acquire) {
             hold.lost.fire("the ZooKeeper session ended");
         }
         let lost = LostSignal::new(hold.clone());
-        Ok(Acquired::new(token, hold).with_lost(lost))
+        Acquired::new(token, hold).with_lost(lost)
     }
 }
 
-/// Follows a session's state; fires its lost signal when it ends, or when
+/// Follows a session's state; ends it (its locks are told) when it ends, or when
 /// it has been disconnected for `grace`.
 async fn watch_session(session: Weak<Session>, mut states: zk::StateWatcher, grace: Duration) {
     let mut state = states.state();
@@ -551,6 +538,17 @@ enum Role {
     Exclusive,
     Read,
     Write,
+}
+
+impl Role {
+    /// The lock name in its nodes, as Curator writes it.
+    fn node_name(self) -> &'static str {
+        match self {
+            Role::Exclusive => LOCK_NAME,
+            Role::Read => READ_NAME,
+            Role::Write => WRITE_NAME,
+        }
+    }
 }
 
 /// What a contender does after reading the children.
@@ -628,40 +626,28 @@ fn uncertain(e: &zk::Error) -> bool {
 /// Runs a ZooKeeper call again after an [uncertain] failure, until it
 /// succeeds, fails for certain, or the session ends (for an acquire, also
 /// when this backend has given the session up).
-async fn retry<T, F, Fut>(session: &Session, doing: &str, mut call: F) -> Result<T, LockError>
+async fn retry<T, F, Fut>(session: &Session, doing: &str, call: F) -> Result<T, LockError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, zk::Error>>,
 {
-    retry_while(session, doing, Session::usable, &mut call).await
+    retry_while(session, Session::usable, call)
+        .await
+        .map_err(|e| zk_error(doing, e))
 }
 
-/// [`retry`] for cleaning up: goes on while the session lives at all, even
-/// given up, since its nodes live as long as it does.
-async fn retry_cleanup<T, F, Fut>(
-    session: &Session,
-    doing: &str,
-    mut call: F,
-) -> Result<T, LockError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, zk::Error>>,
-{
-    retry_while(
-        session,
-        doing,
-        |s| !s.client.state().is_terminated(),
-        &mut call,
-    )
-    .await
+/// Whether a session still lives at all, even given up: its nodes live as
+/// long as it does, so cleaning up goes on until then.
+fn alive(session: &Session) -> bool {
+    !session.client.state().is_terminated()
 }
 
+/// [`retry`], going on while `go_on(session)`, with the client's error.
 async fn retry_while<T, F, Fut>(
     session: &Session,
-    doing: &str,
     go_on: impl Fn(&Session) -> bool,
-    call: &mut F,
-) -> Result<T, LockError>
+    mut call: F,
+) -> Result<T, zk::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, zk::Error>>,
@@ -673,8 +659,7 @@ where
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
-            Err(e) => return Err(zk_error(doing, e)),
-            Ok(v) => return Ok(v),
+            result => return result,
         }
     }
 }
@@ -689,13 +674,12 @@ impl Session {
     async fn lock_node(
         self: &Arc<Self>,
         dir: &str,
-        name: &str,
         role: Role,
         wait: Wait,
     ) -> Result<Node, LockError> {
         // From here on, dropping `node` (cancellation, error) deletes
         // whatever this call created.
-        let (node, mut children) = self.create_node(dir, name, true).await?;
+        let (node, mut children) = self.create_node(dir, role.node_name(), true).await?;
         loop {
             let ours = node.name();
             let watch = match next_step(&children, ours, role) {
@@ -719,8 +703,10 @@ impl Session {
             // nearest blocker). Its deletion therefore hands the lock to us:
             // no need to list again, which saves a round trip per local
             // handoff.
-            let handoff = lock(&self.held_writers).contains(&watch);
-            let watched = retry(self, "watching the lock node ahead", || {
+            let handoff = lock(&self.holds)
+                .get(&watch)
+                .is_some_and(|(_, writer)| *writer);
+            let watched = retry_while(self, Session::usable, || {
                 self.client.get_and_watch_data(&watch)
             })
             .await;
@@ -731,10 +717,9 @@ impl Session {
                         return Ok(node);
                     }
                 }
-                Err(LockError::Backend {
-                    source: Some(s), ..
-                }) if matches!(s.downcast_ref::<zk::Error>(), Some(zk::Error::NoNode)) => {}
-                Err(e) => return Err(e),
+                // Gone already: look again.
+                Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(zk_error("watching the lock node ahead", e)),
             }
             children = self.list(dir).await?;
         }
@@ -748,7 +733,7 @@ impl Session {
         wait: Wait,
     ) -> Result<Node, LockError> {
         let mutex = self
-            .lock_node(&format!("{dir}/locks"), LOCK_NAME, Role::Exclusive, wait)
+            .lock_node(&format!("{dir}/locks"), Role::Exclusive, wait)
             .await?;
         let leases = format!("{dir}/leases");
         let (lease, _) = self.create_node(&leases, LEASE_NAME, false).await?;
@@ -848,7 +833,7 @@ impl Session {
         tokio::pin!(ended);
         // Registered before the check, so an end in between is not missed.
         ended.as_mut().enable();
-        if !self.ended.is_fired() {
+        if !self.ended.load(Ordering::Acquire) {
             tokio::select! {
                 event = watcher.changed() => return Ok(event),
                 _ = ended => {}
@@ -897,27 +882,24 @@ impl Node {
     /// Looks for our node after a lost create answer; fills in its path and
     /// zxid if the create happened.
     async fn find_own(&mut self) -> Result<bool, LockError> {
-        let listed = retry_cleanup(&self.session, "listing lock nodes", || {
+        let listed = retry_while(&self.session, alive, || {
             self.session.client.list_children(&self.dir)
         })
         .await;
         let children = match listed {
             Ok(c) => c,
-            Err(LockError::Backend {
-                source: Some(s), ..
-            }) if matches!(s.downcast_ref::<zk::Error>(), Some(zk::Error::NoNode)) => {
-                return Ok(false)
-            }
-            Err(e) => return Err(e),
+            Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(zk_error("listing lock nodes", e)),
         };
         let Some(child) = children.iter().find(|c| c.starts_with(&self.protected)) else {
             return Ok(false);
         };
         let path = format!("{}/{child}", self.dir);
-        let stat = retry_cleanup(&self.session, "reading our lock node", || {
+        let stat = retry_while(&self.session, alive, || {
             self.session.client.check_stat(&path)
         })
-        .await?;
+        .await
+        .map_err(|e| zk_error("reading our lock node", e))?;
         match stat {
             Some(stat) => {
                 self.czxid = stat.czxid;
@@ -977,33 +959,24 @@ impl Drop for Node {
 /// Deletes `path`, retrying through connection loss. Done when the node is
 /// gone, or the session (and with it the ephemeral node) is.
 async fn delete_until_done(session: &Session, path: &str) -> Result<(), LockError> {
-    let deleted = retry_cleanup(session, "deleting the lock node", || {
-        session.client.delete(path, None)
-    })
-    .await;
+    let deleted = retry_while(session, alive, || session.client.delete(path, None)).await;
     deleted_or_gone(deleted)
 }
 
 /// A delete's outcome: the node or its session is gone, or a real error.
-fn deleted_or_gone(result: Result<(), LockError>) -> Result<(), LockError> {
+fn deleted_or_gone(result: Result<(), zk::Error>) -> Result<(), LockError> {
     match result {
-        Err(LockError::Backend {
-            source: Some(s), ..
-        }) if matches!(
-            s.downcast_ref::<zk::Error>(),
-            Some(
-                zk::Error::NoNode
-                    | zk::Error::SessionExpired
-                    | zk::Error::ClientClosed
-                    | zk::Error::AuthFailed
-            )
-        ) || s.downcast_ref::<zk::Error>().is_some_and(uncertain) =>
-        {
-            // An uncertain failure here means the session ended while
-            // retrying: the ephemeral node went with it.
-            Ok(())
-        }
-        other => other,
+        Ok(())
+        | Err(
+            zk::Error::NoNode
+            | zk::Error::SessionExpired
+            | zk::Error::ClientClosed
+            | zk::Error::AuthFailed,
+        ) => Ok(()),
+        // After retrying, an uncertain failure means the session ended:
+        // the ephemeral node went with it.
+        Err(e) if uncertain(&e) => Ok(()),
+        Err(e) => Err(zk_error("deleting the lock node", e)),
     }
 }
 
@@ -1011,8 +984,6 @@ fn deleted_or_gone(result: Result<(), LockError>) -> Result<(), LockError> {
 struct ZkHold {
     node: Mutex<Option<Node>>,
     lost: LostState,
-    /// Its entry in the session's holds.
-    id: u64,
 }
 
 impl HasLostState for ZkHold {
@@ -1027,9 +998,8 @@ impl LeaseHandle for ZkHold {
         let Some(mut node) = lock(&self.node).take() else {
             return BackendFuture::ready(Ok(()));
         };
-        lock(&node.session.holds).remove(&self.id);
         if let Some(path) = &node.path {
-            lock(&node.session.held_writers).remove(path);
+            lock(&node.session.holds).remove(path);
         }
         let (Some(path), Ok(rt)) = (node.path.clone(), tokio::runtime::Handle::try_current())
         else {
@@ -1043,7 +1013,7 @@ impl LeaseHandle for ZkHold {
         rt.spawn(async move {
             let result = match sent.await {
                 Err(e) if uncertain(&e) => delete_until_done(&session, &path).await,
-                other => deleted_or_gone(other.map_err(|e| zk_error("deleting the lock node", e))),
+                other => deleted_or_gone(other),
             };
             if let Err(e) = result {
                 tracing::warn!(path, error = %e, "releasing a zookeeper lock failed");
