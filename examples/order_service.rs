@@ -36,7 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::Router;
-use tower_lock::{HeldLock, LockLayer, Locker, PathParam};
+use tower_lock::{Backend, HeldLock, LockLayer, Locker, PathParam};
 
 /// Where the last order number of each SKU is kept: deliberately read and
 /// written in two steps.
@@ -274,15 +274,16 @@ fn parse_reply(body: &str) -> Option<Outcome> {
     })
 }
 
-/// Builds the app and starts serving it on a free loopback port.
-async fn start_server(args: &Args) -> Result<SocketAddr, String> {
+/// Builds the app and starts serving it on a free loopback port. The
+/// backend is returned for [`Backend::flush`] before the process exits.
+async fn start_server(args: &Args) -> Result<(SocketAddr, Arc<dyn Backend>), String> {
     let backend = tower_lock::backend::connect(&args.backend)
         .await
         .map_err(|e| e.to_string())?;
     let numbers = shared_store(&args.backend).await?;
     let mut app = Router::new().route("/orders/{sku}", post(create_order));
     if !args.no_lock {
-        let locker = Locker::from_arc(backend).wait(Duration::from_secs(10));
+        let locker = Locker::from_arc(backend.clone()).wait(Duration::from_secs(10));
         app = app.route_layer(LockLayer::with_locker(locker, PathParam("sku")).namespace("sku"));
     }
     let app = app.with_state(Arc::new(numbers));
@@ -291,7 +292,7 @@ async fn start_server(args: &Args) -> Result<SocketAddr, String> {
         .map_err(|e| e.to_string())?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     tokio::spawn(async move { axum::serve(listener, app).await });
-    Ok(addr)
+    Ok((addr, backend))
 }
 
 /// Starts `n` servers in child processes and returns their addresses.
@@ -300,9 +301,11 @@ fn spawn_instances(n: usize) -> Result<(Vec<Child>, Vec<SocketAddr>), String> {
     let mut children = Vec::new();
     let mut addrs = Vec::new();
     for _ in 0..n {
+        // The child serves until its stdin closes.
         let mut child = Command::new(&exe)
             .args(std::env::args().skip(1))
             .arg("--child")
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| e.to_string())?;
@@ -337,9 +340,12 @@ async fn main() -> ExitCode {
     };
     if args.child {
         return match start_server(&args).await {
-            Ok(addr) => {
+            Ok((addr, backend)) => {
                 println!("listening={addr}");
-                std::future::pending::<()>().await;
+                // Serve until the parent closes our stdin, then let the
+                // last releases reach the backend before exiting.
+                let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut tokio::io::sink()).await;
+                backend.flush().await;
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -349,9 +355,9 @@ async fn main() -> ExitCode {
         };
     }
 
-    let (children, addrs) = if args.instances > 1 {
+    let (children, addrs, backend) = if args.instances > 1 {
         match spawn_instances(args.instances) {
-            Ok(started) => started,
+            Ok((children, addrs)) => (children, addrs, None),
             Err(e) => {
                 eprintln!("order_service: {e}");
                 return ExitCode::from(2);
@@ -359,7 +365,7 @@ async fn main() -> ExitCode {
         }
     } else {
         match start_server(&args).await {
-            Ok(addr) => (Vec::new(), vec![addr]),
+            Ok((addr, backend)) => (Vec::new(), vec![addr], Some(backend)),
             Err(e) => {
                 eprintln!("order_service: {e}");
                 return ExitCode::from(2);
@@ -393,8 +399,12 @@ async fn main() -> ExitCode {
         let _ = tokio::signal::ctrl_c().await;
     }
     for mut c in children {
-        let _ = c.kill();
+        drop(c.stdin.take());
         let _ = c.wait();
+    }
+    // Releases still in flight reach the backend before the process exits.
+    if let Some(backend) = backend {
+        backend.flush().await;
     }
     ExitCode::SUCCESS
 }

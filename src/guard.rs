@@ -79,9 +79,10 @@ impl HeldLock {
 
 /// A held lock, released when dropped.
 ///
-/// Dropping releases at once on the memory backend and hands the release to
-/// the Tokio runtime on remote ones; [`release`](Self::release) waits for it
-/// and reports errors.
+/// Dropping releases at once on the memory backend; on remote ones it sends
+/// the release and leaves its answer to the Tokio runtime (see
+/// [`Backend::flush`](crate::Backend::flush)). [`release`](Self::release)
+/// waits for the answer and reports errors.
 ///
 /// # Examples
 ///
@@ -153,9 +154,17 @@ impl LockGuard {
 
     /// Releases the lock and waits until the backend confirms.
     ///
+    /// Dropping the guard releases it too, without waiting: the remote
+    /// backends send the release and await its answer in the background, and
+    /// anything the same backend sends later (the next acquire of this key,
+    /// say) reaches the server after it. Before a process exits, call
+    /// [`Backend::flush`](crate::Backend::flush) to wait for those answers.
+    ///
     /// # Errors
     ///
-    /// A backend error; the lock then expires with its lease.
+    /// A backend error. When the release may not have reached the server
+    /// (a broken connection), it is sent again in the background; at worst
+    /// the lock ends with its lease or session.
     pub async fn release(mut self) -> Result<(), LockError> {
         let handle = self.handle.take().expect("handle present until released");
         let result = handle.release().await;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use tower_lock::backend::{RedisBackend, RedisOptions};
-use tower_lock::{BackendExt, LockError, LockKey};
+use tower_lock::{Backend, BackendExt, LockError, LockKey};
 
 fn redis_url() -> String {
     std::env::var("TOWER_LOCK_REDIS_URL").unwrap_or_else(|_| {
@@ -418,6 +418,33 @@ async fn child_entry() {
                 if accepted { "accepted" } else { "refused" }
             );
         }
+        "release_and_exit" => {
+            // On one thread: a task that is not polled before the exit below
+            // (such as a release left to the background) never runs.
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async move {
+                    let b = backend_at(&url, &prefix).await;
+                    let g = b.lock("exit").lease(Duration::from_secs(60)).await.unwrap();
+                    println!("token={}", g.token());
+                    match std::env::var("HOW").unwrap().as_str() {
+                        "await" => g.release().await.unwrap(),
+                        "drop_flush" => {
+                            drop(g);
+                            b.flush().await;
+                        }
+                        _ => drop(g),
+                    }
+                    // At once, without the runtime's orderly shutdown.
+                    std::process::exit(0);
+                })
+            })
+            .join()
+            .unwrap();
+        }
         other => panic!("unknown child role {other}"),
     }
 }
@@ -430,6 +457,24 @@ async fn excludes_between_processes() {
     assert_eq!(read_value(&mut a, "overlaps"), "0");
     assert_eq!(read_value(&mut b, "overlaps"), "0");
     assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+}
+
+#[tokio::test]
+async fn a_release_reaches_redis_when_the_process_exits_right_after() {
+    let test = "exit";
+    let b = backend(test).await;
+    for how in ["await", "drop_flush"] {
+        let mut c = child("release_and_exit", test, &[("HOW", how.into())]);
+        read_value(&mut c, "token");
+        assert!(c.wait().unwrap().success());
+        // Other connections see the release a moment later; a lost one
+        // would keep the key for the child's whole lease.
+        let g = b.lock("exit").wait(Duration::from_secs(5)).await;
+        g.expect("the child's release was lost")
+            .release()
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test]

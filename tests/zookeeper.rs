@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tower_lock::backend::{ZookeeperBackend, ZookeeperOptions};
-use tower_lock::{BackendExt, LockError, LockKey, LockMode};
+use tower_lock::{Backend, BackendExt, LockError, LockKey, LockMode};
 use zookeeper_client as zk;
 
 fn zk_addr() -> String {
@@ -461,6 +461,22 @@ async fn excludes_between_processes() {
     let _ = std::fs::remove_file(&log);
 }
 
+#[tokio::test]
+async fn a_release_reaches_the_server_when_the_process_exits_right_after() {
+    let zk = backend("exit").await;
+    for how in ["await", "drop_flush"] {
+        let mut c = KillOnDrop(child("release_and_exit", "exit", &[("HOW", how.into())]));
+        expect_word(&mut BufReader::new(c.0.stdout.take().unwrap()), "held");
+        assert!(c.0.wait().unwrap().success());
+        // A lost delete would keep the node for the child's whole session.
+        let g = zk.lock("exit").wait(Duration::from_secs(5)).await;
+        g.unwrap_or_else(|e| panic!("{how}: the child's release was lost: {e}"))
+            .release()
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holder_is_replaced_after_its_session_times_out() {
     let mut holder = KillOnDrop(child("holder", "killed", &[]));
@@ -521,6 +537,24 @@ async fn child_entry() {
             std::io::stdout().flush().unwrap();
             tokio::time::sleep(Duration::from_secs(3600)).await;
             drop(g);
+        }
+        "release_and_exit" => {
+            // A session that outlives this process by far: a delete that is
+            // never written leaves the node that long.
+            let zk = backend_rooted(&zk_addr(), &root, Duration::from_secs(20)).await;
+            let g = zk.lock("exit").await.unwrap();
+            println!("held");
+            std::io::stdout().flush().unwrap();
+            match std::env::var("HOW").unwrap().as_str() {
+                "await" => g.release().await.unwrap(),
+                "drop_flush" => {
+                    drop(g);
+                    zk.flush().await;
+                }
+                _ => drop(g),
+            }
+            // At once, without the runtime's orderly shutdown.
+            std::process::exit(0);
         }
         other => panic!("unknown child role {other}"),
     }

@@ -134,6 +134,33 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Acquires `request.key` in `request.mode`.
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>>;
+
+    /// Completes when every release this backend has sent so far has been
+    /// answered by the server (or given up after its lease ended).
+    ///
+    /// When a guard is dropped (as the layer does once a response is ready),
+    /// remote backends send its release and await the answer in the
+    /// background; so they do when a release must be sent again after a
+    /// broken connection. Call this before a process exits, after a graceful
+    /// shutdown: a release still in flight when the Tokio runtime stops is
+    /// lost, and its lock then stays taken until its lease (Redis) or session
+    /// (ZooKeeper) ends. The default, for backends that release at once,
+    /// completes at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use tower_lock::{Backend, BackendExt, MemoryBackend};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// backend.lock("sku-1").await?.release().await?;
+    /// backend.flush().await;
+    /// # Ok(()) }
+    /// ```
+    fn flush(&self) -> BackendFuture<()> {
+        BackendFuture::ready(())
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -144,6 +171,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         (**self).acquire(request)
     }
+    fn flush(&self) -> BackendFuture<()> {
+        (**self).flush()
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Box<B> {
@@ -153,6 +183,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         (**self).acquire(request)
+    }
+    fn flush(&self) -> BackendFuture<()> {
+        (**self).flush()
     }
 }
 
@@ -260,6 +293,57 @@ impl fmt::Debug for Acquired {
             .field("token", &self.token)
             .field("lost", &self.lost)
             .finish_non_exhaustive()
+    }
+}
+
+/// Releases sent and not yet answered, for [`Backend::flush`].
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
+#[derive(Default)]
+pub(crate) struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
+impl InFlight {
+    /// Runs `release` to its end on `rt`, counted until then.
+    pub(crate) fn spawn(
+        self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
+        release: impl Future<Output = ()> + Send + 'static,
+    ) {
+        use std::sync::atomic::Ordering;
+
+        /// Uncounts the release also when its task is dropped unfinished.
+        struct Done(Arc<InFlight>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    self.0.idle.notify_waiters();
+                }
+            }
+        }
+
+        self.count.fetch_add(1, Ordering::AcqRel);
+        let done = Done(self.clone());
+        rt.spawn(async move {
+            let _done = done;
+            release.await;
+        });
+    }
+
+    /// Completes once no release is in flight.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            // Armed before the check, so a release ending in between is seen.
+            idle.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 }
 

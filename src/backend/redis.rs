@@ -44,6 +44,23 @@
 //! by another token fires the lock's lost signal: within one renewal period,
 //! and before the lease ends. A lost connection triggers a renewal at once.
 //!
+//! # Release
+//!
+//! A release is the compare-and-delete script, which also publishes on the
+//! release channel. [`LockGuard::release`](crate::LockGuard::release) waits
+//! for its answer; dropping the guard (as the layer does) sends it and goes
+//! on, the answer awaited in the background. Either way this process's next
+//! waiter for the key may send its acquire at once: Redis runs a
+//! connection's commands in order, so the acquire lands after the release and
+//! finds the lock free, and the two round trips overlap. Other clients see
+//! the key released once the script has run. When the connection breaks
+//! before the answer, the script is sent again in the background on the new
+//! connection until it is answered or the lease would have ended anyway (it
+//! is safe to repeat: the token is unique); an awaited release then reports
+//! the error. [`Backend::flush`] waits until every release sent has been
+//! answered: call it before the process exits, or a release still in flight
+//! is lost and its key stays taken until its lease ends.
+//!
 //! # What it does not guarantee
 //!
 //! A single Redis is a single point of failure. Without persistence, a
@@ -72,7 +89,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Val
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest, MemoryBackend};
+use super::{Acquired, Backend, BackendFuture, InFlight, LeaseHandle, LockRequest, MemoryBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::{HasLostState, LostSignal, LostState};
@@ -128,14 +145,73 @@ pub(super) async fn release_then_open<T>(
     local: &Mutex<Option<Acquired>>,
 ) -> T {
     let mut release = std::pin::pin!(release);
-    // One poll puts the commands on the connection(s).
-    let first = release
-        .as_mut()
-        .poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+    let first = poll_once(release.as_mut());
     lock(local).take();
     match first {
         std::task::Poll::Ready(result) => result,
         std::task::Poll::Pending => release.await,
+    }
+}
+
+/// Releases from a destructor: puts `release` (which retries on its own) on
+/// the connection(s), gives up this process's queue position as above, and
+/// leaves the answer to a task that [`Backend::flush`] waits for. A failure
+/// is logged.
+pub(super) fn release_in_background(
+    release: impl Future<Output = Result<(), LockError>> + Send + 'static,
+    local: &Mutex<Option<Acquired>>,
+    in_flight: &Arc<InFlight>,
+) {
+    let mut release = Box::pin(release);
+    let first = poll_once(release.as_mut());
+    lock(local).take();
+    let failed = |e: LockError| {
+        tracing::warn!(error = %e, "releasing a redis lock failed; it ends with its lease");
+    };
+    match (first, tokio::runtime::Handle::try_current()) {
+        (std::task::Poll::Ready(result), _) => result.unwrap_or_else(failed),
+        (std::task::Poll::Pending, Ok(rt)) => {
+            in_flight.spawn(&rt, async move { release.await.unwrap_or_else(failed) })
+        }
+        (std::task::Poll::Pending, Err(_)) => tracing::warn!(
+            "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
+        ),
+    }
+}
+
+/// One poll, which puts a release's commands on the connection(s).
+fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+    fut.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}
+
+/// Whether a failed release may not have run (the connection dropped, the
+/// answer timed out): then it is worth sending again.
+pub(super) fn uncertain(e: &redis::RedisError) -> bool {
+    !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+}
+
+/// Pause between tries of a release that got no answer.
+const RELEASE_RETRY: Duration = Duration::from_millis(100);
+
+/// Runs `release` again while it fails without an answer from the server (a
+/// dropped connection, a timeout), until `deadline`, when the lease would have
+/// ended anyway. Compare-and-delete by a unique token is safe to repeat.
+pub(super) async fn retry_release<F, Fut>(
+    mut release: F,
+    deadline: tokio::time::Instant,
+) -> redis::RedisResult<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = redis::RedisResult<()>>,
+{
+    loop {
+        match release().await {
+            Err(e) if uncertain(&e) && tokio::time::Instant::now() + RELEASE_RETRY < deadline => {
+                tracing::debug!(error = %e, "retrying a redis release");
+                tokio::time::sleep(RELEASE_RETRY).await;
+            }
+            result => return result,
+        }
     }
 }
 
@@ -227,6 +303,7 @@ struct RedisInner {
     local: MemoryBackend,
     watches: Arc<Watches>,
     tokens: Tokens,
+    releases: Arc<InFlight>,
 }
 
 /// Waiters' interest in release channels, shared with the push handler.
@@ -433,7 +510,7 @@ impl Layout {
         &self,
         conn: &mut C,
         token: &str,
-    ) -> Result<(), LockError> {
+    ) -> redis::RedisResult<()> {
         let s = scripts();
         let script = if self.is_string() {
             &s.release_string
@@ -445,8 +522,7 @@ impl Layout {
             .arg(token)
             .arg(&self.channel)
             .invoke_async(conn)
-            .await
-            .map_err(|e| redis_error("releasing a lock", e))?;
+            .await?;
         Ok(())
     }
 }
@@ -694,6 +770,7 @@ impl RedisBackend {
             local: MemoryBackend::new(),
             watches,
             tokens: Tokens::new(),
+            releases: Arc::default(),
         });
         tokio::spawn(sweep_subscriptions(Arc::downgrade(&inner)));
         Ok(RedisBackend { inner })
@@ -870,6 +947,11 @@ impl Backend for RedisBackend {
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         BackendFuture::new(self.inner.clone().acquire(request))
     }
+
+    fn flush(&self) -> BackendFuture<()> {
+        let inner = self.inner.clone();
+        BackendFuture::new(async move { inner.releases.idle().await })
+    }
 }
 
 /// One held Redis lock.
@@ -896,10 +978,24 @@ impl RedisHold {
         self.layout.extend(&mut conn, &self.token, self.lease).await
     }
 
-    async fn release_remote(&self) -> Result<(), LockError> {
-        self.layout
-            .release(&mut self.inner.conn.clone(), &self.token)
+    /// One release on the backend's connection.
+    async fn release_once(&self) -> redis::RedisResult<()> {
+        let mut conn = self.inner.conn.clone();
+        self.layout.release(&mut conn, &self.token).await
+    }
+
+    /// Releases, again on a reconnected connection while the answer is lost.
+    async fn release_retrying(&self) -> Result<(), LockError> {
+        let deadline = tokio::time::Instant::now() + self.lease;
+        retry_release(|| self.release_once(), deadline)
             .await
+            .map_err(|e| redis_error("releasing a lock", e))
+    }
+
+    fn stop_renewal(&self) {
+        if let Some(renewal) = lock(&self.renewal).take() {
+            renewal.abort();
+        }
     }
 }
 
@@ -933,12 +1029,36 @@ async fn renew(hold: Weak<RedisHold>) {
 }
 
 impl LeaseHandle for RedisHold {
+    /// Waits for the answer: see the module documentation's
+    /// [Release](self#release) section.
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
-        if let Some(renewal) = lock(&self.renewal).take() {
-            renewal.abort();
-        }
-        BackendFuture::new(
-            async move { release_then_open(self.release_remote(), &self.local).await },
-        )
+        self.stop_renewal();
+        BackendFuture::new(async move {
+            match release_then_open(self.release_once(), &self.local).await {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    if uncertain(&e) {
+                        // It may not have run: go on trying in the background.
+                        let hold = self.clone();
+                        release_in_background(
+                            async move { hold.release_retrying().await },
+                            &self.local,
+                            &self.inner.releases,
+                        );
+                    }
+                    Err(redis_error("releasing a lock", e))
+                }
+            }
+        })
+    }
+
+    fn release_on_drop(self: Arc<Self>) {
+        self.stop_renewal();
+        let hold = self.clone();
+        release_in_background(
+            async move { hold.release_retrying().await },
+            &self.local,
+            &self.inner.releases,
+        );
     }
 }

@@ -10,6 +10,12 @@
 //! the caller's wait runs out. Renewal every third of the lease also needs a
 //! majority; anything less fires the lost signal. Only exclusive locks.
 //!
+//! A release runs the release script on every instance, as with the
+//! [single-instance backend](super::redis#release): awaited by
+//! [`LockGuard::release`](crate::LockGuard::release), in the background when
+//! the guard is dropped, sent again where an instance did not answer, and
+//! waited for by [`Backend::flush`].
+//!
 //! If too many instances fail to answer for a majority ever to form, the
 //! acquisition fails at once with [`LockError::Backend`] saying how many
 //! answered, rather than waiting out its timeout.
@@ -46,9 +52,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::task::JoinHandle;
 
 use super::redis::{
-    check_lease, lock, queue_locally, redis_error, release_then_open, Attempt, Layout, Tokens,
+    check_lease, lock, queue_locally, redis_error, release_in_background, release_then_open,
+    retry_release, Attempt, Layout, Tokens,
 };
-use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest, MemoryBackend};
+use super::{Acquired, Backend, BackendFuture, InFlight, LeaseHandle, LockRequest, MemoryBackend};
 use crate::error::LockError;
 use crate::lost::{HasLostState, LostSignal, LostState};
 use crate::mode::{LockMode, Wait};
@@ -85,6 +92,7 @@ struct RedlockInner {
     local: MemoryBackend,
     tokens: Tokens,
     jitter: std::collections::hash_map::RandomState,
+    releases: Arc<InFlight>,
 }
 
 struct Node {
@@ -135,6 +143,7 @@ impl RedlockBackend {
                 local: MemoryBackend::new(),
                 tokens: Tokens::new(),
                 jitter: Default::default(),
+                releases: Arc::default(),
             }),
         })
     }
@@ -226,10 +235,28 @@ impl RedlockInner {
         round
     }
 
-    async fn release_all(&self, layout: &Arc<Layout>, token: &Arc<str>) -> usize {
-        self.on_all(|mut conn| {
+    /// Releases on every instance; how many answered. With a `deadline`, an
+    /// instance that gave no answer is tried again until then.
+    async fn release_all(
+        &self,
+        layout: &Arc<Layout>,
+        token: &Arc<str>,
+        deadline: Option<tokio::time::Instant>,
+    ) -> usize {
+        self.on_all(|conn| {
             let (layout, token) = (layout.clone(), token.clone());
-            async move { layout.release(&mut conn, &token).await }
+            async move {
+                let once = || {
+                    let mut conn = conn.clone();
+                    let (layout, token) = (&layout, &token);
+                    async move { layout.release(&mut conn, token).await }
+                };
+                match deadline {
+                    Some(deadline) => retry_release(once, deadline).await,
+                    None => once().await,
+                }
+                .map_err(|e| redis_error("releasing a lock", e))
+            }
         })
         .await
         .iter()
@@ -265,7 +292,7 @@ impl RedlockInner {
                 break round.fence;
             }
             // Undo everywhere, also where no answer came: it may have landed.
-            self.release_all(&layout, &token).await;
+            self.release_all(&layout, &token, None).await;
             if self.nodes.len() - round.failed.len() < quorum {
                 return Err(LockError::backend(
                     "redlock",
@@ -307,6 +334,11 @@ impl Backend for RedlockBackend {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         BackendFuture::new(self.inner.clone().acquire(request))
+    }
+
+    fn flush(&self) -> BackendFuture<()> {
+        let inner = self.inner.clone();
+        BackendFuture::new(async move { inner.releases.idle().await })
     }
 }
 
@@ -372,26 +404,66 @@ impl RedlockHold {
     }
 }
 
-impl LeaseHandle for RedlockHold {
-    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+impl RedlockHold {
+    fn stop_renewal(&self) {
         if let Some(renewal) = lock(&self.renewal).take() {
             renewal.abort();
         }
+    }
+
+    /// Releases on every instance, again where the answer is lost, until
+    /// the lease would have ended.
+    async fn release_retrying(&self) -> Result<(), LockError> {
+        let deadline = tokio::time::Instant::now() + self.lease;
+        let released = self
+            .inner
+            .release_all(&self.layout, &self.token, Some(deadline))
+            .await;
+        self.released_on(released)
+    }
+
+    fn released_on(&self, released: usize) -> Result<(), LockError> {
+        if released >= self.inner.quorum() {
+            return Ok(());
+        }
+        Err(LockError::backend(
+            "redlock",
+            format!(
+                "released on {released} of {} instances; the rest expire with the lease",
+                self.inner.nodes.len()
+            ),
+            None,
+        ))
+    }
+}
+
+impl LeaseHandle for RedlockHold {
+    /// Waits for every instance's answer.
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        self.stop_renewal();
         BackendFuture::new(async move {
-            let release = self.inner.release_all(&self.layout, &self.token);
+            let release = self.inner.release_all(&self.layout, &self.token, None);
             let released = release_then_open(release, &self.local).await;
-            if released >= self.inner.quorum() {
-                Ok(())
-            } else {
-                Err(LockError::backend(
-                    "redlock",
-                    format!(
-                        "released on {released} of {} instances; the rest expire with the lease",
-                        self.inner.nodes.len()
-                    ),
-                    None,
-                ))
+            if released < self.inner.nodes.len() {
+                // Some did not answer: go on trying in the background.
+                let hold = self.clone();
+                release_in_background(
+                    async move { hold.release_retrying().await },
+                    &self.local,
+                    &self.inner.releases,
+                );
             }
+            self.released_on(released)
         })
+    }
+
+    fn release_on_drop(self: Arc<Self>) {
+        self.stop_renewal();
+        let hold = self.clone();
+        release_in_background(
+            async move { hold.release_retrying().await },
+            &self.local,
+            &self.inner.releases,
+        );
     }
 }

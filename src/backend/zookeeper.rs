@@ -75,19 +75,21 @@
 //!
 //! # Release
 //!
-//! Releasing sends the node's `delete` and returns without waiting for the
-//! answer. The server applies a session's requests in order, so whatever
-//! this backend sends next (the next acquire of the same key, say) already
-//! sees the lock released; other clients see it once the delete is applied,
-//! as they would anyway one network hop later. The answer is awaited in the
-//! background: when the connection breaks first, the delete is sent again
-//! until it is done or the session (and with it the ephemeral node) has
-//! ended, which are the only outcomes a delete of one's own node can have.
-//! In that one case (a connection broken while the delete is in flight, or
-//! a session given up after a long disconnect) an acquire sent meanwhile
-//! may still find the released node for a moment: it waits for it like any
-//! other, or answers busy under fail-fast. Outside a Tokio runtime the
-//! release waits for the answer instead.
+//! A release is one `delete`. [`LockGuard::release`](crate::LockGuard::release)
+//! waits for its answer; dropping the guard (as the layer does) sends it and
+//! goes on, the answer awaited in the background. Either way the server
+//! applies a session's requests in order, so whatever this backend sends
+//! next (the next acquire of the same key, say) already sees the lock
+//! released; other clients see it once the delete is applied. When the
+//! connection breaks before the answer, the delete is sent again in the
+//! background until it is done or the session (and with it the ephemeral
+//! node) has ended, which are the only outcomes a delete of one's own node
+//! can have; an awaited release then reports the error. In that case an
+//! acquire sent meanwhile may still find the released node for a moment: it
+//! waits for it like any other, or answers busy under fail-fast.
+//! [`Backend::flush`] waits until every delete sent has been answered: call
+//! it before the process exits, or a delete still in flight is lost and its
+//! node stays until the session times out.
 //!
 //! The `lease` of a [`LockRequest`] does not apply: a lock ends when it is
 //! released or its session does.
@@ -134,7 +136,7 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest};
+use super::{Acquired, Backend, BackendFuture, InFlight, LeaseHandle, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::{HasLostState, LostSignal, LostState};
@@ -226,6 +228,8 @@ struct ZkInner {
     current: Mutex<Option<Arc<Session>>>,
     /// One session opening at a time.
     opening: tokio::sync::Mutex<()>,
+    /// Deletes sent and not yet answered, on every session.
+    releases: Arc<InFlight>,
 }
 
 /// One ZooKeeper session and the locks that live with it.
@@ -241,6 +245,8 @@ struct Session {
     /// only as long as the lock. The flag marks exclusive and write locks:
     /// their waiters need not list the children again when they go.
     holds: Mutex<HashMap<String, (Weak<ZkHold>, bool)>>,
+    /// The backend's deletes in flight.
+    releases: Arc<InFlight>,
 }
 
 impl Session {
@@ -364,6 +370,7 @@ impl ZookeeperBackend {
                 connect_timeout: options.connect_timeout,
                 current: Mutex::new(None),
                 opening: tokio::sync::Mutex::new(()),
+                releases: Arc::default(),
             }),
         };
         backend.inner.session().await?;
@@ -404,6 +411,11 @@ impl Backend for ZookeeperBackend {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         BackendFuture::new(self.inner.clone().acquire(request))
+    }
+
+    fn flush(&self) -> BackendFuture<()> {
+        let inner = self.inner.clone();
+        BackendFuture::new(async move { inner.releases.idle().await })
     }
 }
 
@@ -452,6 +464,7 @@ impl ZkInner {
             ended: AtomicBool::new(false),
             ended_notify: tokio::sync::Notify::new(),
             holds: Mutex::new(HashMap::new()),
+            releases: self.releases.clone(),
         });
         tokio::spawn(watch_session(Arc::downgrade(&session), states, grace));
         *lock(&self.current) = Some(session.clone());
@@ -935,7 +948,7 @@ impl Drop for Node {
             );
             return;
         };
-        rt.spawn(async move {
+        session.releases.clone().spawn(&rt, async move {
             let path = match path {
                 Some(path) => path,
                 // A create may be in flight or done: find it by its prefix.
@@ -992,34 +1005,84 @@ impl HasLostState for ZkHold {
     }
 }
 
-impl LeaseHandle for ZkHold {
-    /// Sends the delete and returns: see the [module documentation](self#release).
-    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
-        let Some(mut node) = lock(&self.node).take() else {
-            return BackendFuture::ready(Ok(()));
-        };
+/// The answer to a delete on the wire.
+type DeleteAnswer = std::pin::Pin<Box<dyn Future<Output = Result<(), zk::Error>> + Send>>;
+
+impl ZkHold {
+    /// Takes the node out of the hold and sends its delete, which the server
+    /// applies before anything this session sends later; `None` when there
+    /// is nothing to send. Without a Tokio runtime, the node is returned to
+    /// be deleted in place.
+    fn send_delete(&self) -> Option<Result<(SentDelete, DeleteAnswer), Node>> {
+        let mut node = lock(&self.node).take()?;
         if let Some(path) = &node.path {
             lock(&node.session.holds).remove(path);
         }
         let (Some(path), Ok(rt)) = (node.path.clone(), tokio::runtime::Handle::try_current())
         else {
-            return BackendFuture::new(node.delete());
+            return Some(Err(node));
         };
-        // On the wire from here: the server applies it before anything this
-        // session sends later.
-        let sent = node.session.client.delete(&path, None);
+        let answer = Box::pin(node.session.client.delete(&path, None));
         node.done = true;
         let session = node.session.clone();
-        rt.spawn(async move {
-            let result = match sent.await {
-                Err(e) if uncertain(&e) => delete_until_done(&session, &path).await,
-                other => deleted_or_gone(other),
+        Some(Ok((SentDelete { session, path, rt }, answer)))
+    }
+}
+
+/// A lock node whose delete is on the wire.
+struct SentDelete {
+    session: Arc<Session>,
+    path: String,
+    rt: tokio::runtime::Handle,
+}
+
+impl SentDelete {
+    /// Awaits `answer` (if any) in the background, deleting again after an
+    /// uncertain failure until done or the session ends; counted for
+    /// [`Backend::flush`].
+    fn finish_in_background(self, answer: Option<DeleteAnswer>) {
+        let SentDelete { session, path, rt } = self;
+        session.releases.clone().spawn(&rt, async move {
+            let result = match answer {
+                Some(answer) => match answer.await {
+                    Err(e) if uncertain(&e) => delete_until_done(&session, &path).await,
+                    other => deleted_or_gone(other),
+                },
+                None => delete_until_done(&session, &path).await,
             };
             if let Err(e) = result {
                 tracing::warn!(path, error = %e, "releasing a zookeeper lock failed");
             }
         });
-        BackendFuture::ready(Ok(()))
+    }
+}
+
+impl LeaseHandle for ZkHold {
+    /// Waits for the answer: see the [module documentation](self#release).
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        match self.send_delete() {
+            None => BackendFuture::ready(Ok(())),
+            Some(Err(node)) => BackendFuture::new(node.delete()),
+            Some(Ok((sent, answer))) => BackendFuture::new(async move {
+                match answer.await {
+                    Err(e) if uncertain(&e) => {
+                        // It may not have run: go on trying in the background.
+                        sent.finish_in_background(None);
+                        Err(zk_error("deleting the lock node", e))
+                    }
+                    other => deleted_or_gone(other),
+                }
+            }),
+        }
+    }
+
+    fn release_on_drop(self: Arc<Self>) {
+        match self.send_delete() {
+            None => {}
+            // Outside a runtime: the node's drop says it goes with the session.
+            Some(Err(node)) => drop(node),
+            Some(Ok((sent, answer))) => sent.finish_in_background(Some(answer)),
+        }
     }
 }
 
