@@ -8,10 +8,18 @@
 //! cargo run --release --example bench -- --backend zk://127.0.0.1:2181 --workload floor --n 2000
 //! ```
 //!
-//! `floor` (ZooKeeper only) measures the physical floor of a lock: one raw
-//! create of an ephemeral node and its delete with `zookeeper-client`, printed
-//! as `impl=raw-create-delete ... workload=uncontended` to sit beside the
-//! locks' lines.
+//! `floor` measures the physical floor of a lock through the client the
+//! backend uses: on ZooKeeper one raw create of an ephemeral node and its
+//! delete with `zookeeper-client` (`impl=raw-create-delete`), on Redis two
+//! PINGs through the `redis` crate's `ConnectionManager`
+//! (`impl=redis-rs-2xping`), printed as `workload=uncontended` lines to sit
+//! beside the locks'.
+//!
+//! `--release drop` (the default) releases each lock by dropping its guard,
+//! as the layer and the extractors do: remote backends then send the release
+//! and await its answer in the background, and the next acquire follows it
+//! on the same connection. `--release await` calls `guard.release().await`,
+//! which waits for the answer: one more round trip per cycle.
 //!
 //! Each result is one line of `key=value` pairs separated by single spaces.
 //! Exit code 2 for bad arguments or a backend this build cannot open.
@@ -26,7 +34,7 @@ use std::time::{Duration, Instant};
 use axum::extract::Path;
 use axum::routing::post;
 use axum::Router;
-use tower_lock::{Backend, BackendExt, LockLayer, Locker, PathParam, Wait};
+use tower_lock::{Backend, BackendExt, LockGuard, LockLayer, Locker, PathParam, Wait};
 
 struct Args {
     backend: String,
@@ -37,11 +45,16 @@ struct Args {
     keys: usize,
     conns: usize,
     processes: usize,
+    /// `guard.release().await` rather than dropping the guard.
+    await_release: bool,
+    /// Internal: run as one of `--processes`, logging critical sections to
+    /// this file.
+    section_log: Option<String>,
 }
 
 const USAGE: &str = "usage: bench --backend <memory|redis://..|redlock://..|zk://..> \
 --workload <uncontended|contended|keys|http|floor> [--n N] [--secs S] [--workers W] [--keys K] \
-[--conns C] [--processes P]";
+[--conns C] [--processes P] [--release drop|await]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -53,6 +66,8 @@ fn parse_args() -> Result<Args, String> {
         keys: 100,
         conns: 32,
         processes: 1,
+        await_release: false,
+        section_log: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,6 +85,14 @@ fn parse_args() -> Result<Args, String> {
             "--keys" => a.keys = num(&flag, value()?)?,
             "--conns" => a.conns = num(&flag, value()?)?,
             "--processes" => a.processes = num(&flag, value()?)?,
+            "--section-log" => a.section_log = Some(value()?),
+            "--release" => {
+                a.await_release = match value()?.as_str() {
+                    "drop" => false,
+                    "await" => true,
+                    other => return Err(format!("--release: {other:?} is not drop or await")),
+                }
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown flag {other}\n{USAGE}")),
         }
@@ -119,17 +142,59 @@ async fn run(args: Args) -> ExitCode {
         eprintln!("bench: --processes needs a backend shared between processes; `memory` lives in one process");
         return ExitCode::from(2);
     }
+    if args.processes > 1 && args.workload != "contended" {
+        eprintln!("bench: --processes applies to the contended workload");
+        return ExitCode::from(2);
+    }
+    let how = match How::new(&args) {
+        Ok(how) => how,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.section_log.is_some() {
+        // One of `--processes`: its raw tally, for the parent to add up.
+        let r = run_workers(
+            &backend,
+            args.workers,
+            vec!["bench:contended".into()],
+            args.secs,
+            &how,
+        )
+        .await;
+        backend.flush().await;
+        let waits: Vec<String> = r.waits.iter().map(|w| w.as_nanos().to_string()).collect();
+        println!(
+            "child cycles={} per_worker_min={} per_worker_max={} overlaps={} waits_ns={}",
+            r.cycles,
+            r.per_worker_min,
+            r.per_worker_max,
+            r.overlaps,
+            waits.join(",")
+        );
+        return ExitCode::SUCCESS;
+    }
     let name = backend.name();
     let line = match args.workload.as_str() {
-        "uncontended" => uncontended(&backend, args.n).await,
-        "contended" => contended(&backend, args.workers, args.secs).await,
-        "keys" => keys(&backend, args.workers, args.keys, args.secs).await,
+        "uncontended" => uncontended(&backend, args.n, &how).await,
+        "contended" if args.processes > 1 => match contended_processes(&args).await {
+            Ok(line) => line,
+            Err(e) => {
+                eprintln!("bench: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        "contended" => contended(&backend, args.workers, args.secs, &how).await,
+        "keys" => keys(&backend, args.workers, args.keys, args.secs, &how).await,
         "http" => http(backend.clone(), args.conns, args.secs).await,
         other => {
             eprintln!("bench: unknown workload {other:?}\n{USAGE}");
             return ExitCode::from(2);
         }
     };
+    // Releases still in flight reach the server before the process exits.
+    backend.flush().await;
     println!(
         "impl=tower-lock backend={name} workload={} {line}",
         args.workload
@@ -156,19 +221,31 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[i]
 }
 
-async fn uncontended(backend: &Arc<dyn Backend>, n: usize) -> String {
-    for _ in 0..50 {
+async fn uncontended(backend: &Arc<dyn Backend>, n: usize, how: &How) -> String {
+    let samples = timed(n, || async {
         let g = backend.lock("bench:uncontended").await.expect("lock");
-        g.release().await.expect("release");
+        how.release(g).await;
+    })
+    .await;
+    latencies(n, samples)
+}
+
+/// The durations of `n` runs of `cycle`, after 50 untimed ones to warm up.
+async fn timed<F, Fut>(n: usize, mut cycle: F) -> Vec<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for _ in 0..50 {
+        cycle().await;
     }
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        let g = backend.lock("bench:uncontended").await.expect("lock");
-        g.release().await.expect("release");
+        cycle().await;
         samples.push(t.elapsed());
     }
-    latencies(n, samples)
+    samples
 }
 
 /// `n=.. p50_us=.. p99_us=..` of acquire+release samples.
@@ -184,6 +261,9 @@ fn latencies(n: usize, mut samples: Vec<Duration>) -> String {
 /// One raw create (ephemeral) and delete per sample: the round trips any
 /// ZooKeeper lock needs at least.
 async fn floor(backend: &str, n: usize) -> ExitCode {
+    if backend.starts_with("redis://") {
+        return redis_floor(backend, n).await;
+    }
     let Some(hosts) = backend
         .strip_prefix("zk://")
         .map(|r| r.split('/').next().unwrap_or(r))
@@ -201,20 +281,189 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
     let ephemeral =
         zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
     let path = format!("/bench-floor-{}", std::process::id());
-    let mut samples = Vec::with_capacity(n);
-    for i in 0..n + 50 {
-        let t = Instant::now();
+    let samples = timed(n, || async {
         zk.create(&path, &[], &ephemeral).await.expect("create");
         zk.delete(&path, None).await.expect("delete");
-        if i >= 50 {
-            samples.push(t.elapsed());
-        }
-    }
+    })
+    .await;
     println!(
         "impl=raw-create-delete backend=zookeeper workload=uncontended {}",
         latencies(n, samples)
     );
     ExitCode::SUCCESS
+}
+
+/// Two PINGs per sample through the `redis` crate's `ConnectionManager`, the
+/// connection the Redis backend uses: the round trips a lock needs at least,
+/// as this client makes them.
+async fn redis_floor(url: &str, n: usize) -> ExitCode {
+    let conn = match redis::Client::open(url) {
+        Ok(client) => redis::aio::ConnectionManager::new(client).await,
+        Err(e) => Err(e),
+    };
+    let conn = match conn {
+        Ok(conn) => conn,
+        Err(e) => {
+            eprintln!("bench: connecting to Redis at {url}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let samples = timed(n, || {
+        let mut conn = conn.clone();
+        async move {
+            for _ in 0..2 {
+                let _: String = redis::cmd("PING")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("ping");
+            }
+        }
+    })
+    .await;
+    println!(
+        "impl=redis-rs-2xping backend=redis workload=uncontended {}",
+        latencies(n, samples)
+    );
+    ExitCode::SUCCESS
+}
+
+/// How the workers release, and where they log their critical sections.
+#[derive(Clone)]
+struct How {
+    await_release: bool,
+    /// Under `--processes`: a file every process appends `E token` and
+    /// `L token` lines to on entering and leaving a critical section. Appends
+    /// are atomic and ordered by the kernel, so the parent finds any overlap
+    /// between processes as two `E` lines without an `L` between them.
+    section_log: Option<Arc<std::fs::File>>,
+}
+
+impl How {
+    fn new(args: &Args) -> Result<How, String> {
+        let section_log = match &args.section_log {
+            Some(path) => Some(Arc::new(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| format!("{path}: {e}"))?,
+            )),
+            None => None,
+        };
+        Ok(How {
+            await_release: args.await_release,
+            section_log,
+        })
+    }
+
+    async fn release(&self, guard: LockGuard) {
+        if self.await_release {
+            guard.release().await.expect("release");
+        } else {
+            drop(guard);
+        }
+    }
+
+    fn enter(&self, token: u64) {
+        self.log('E', token);
+    }
+
+    fn leave(&self, token: u64) {
+        self.log('L', token);
+    }
+
+    fn log(&self, what: char, token: u64) {
+        if let Some(mut file) = self.section_log.as_deref() {
+            // One write per line: appends of one write do not interleave.
+            std::io::Write::write_all(&mut file, format!("{what} {token}\n").as_bytes())
+                .expect("section log");
+        }
+    }
+}
+
+/// `contended --processes P`: P copies of this program run W workers each
+/// on the same key; this one adds up their tallies and checks their
+/// critical sections for overlap through the shared section log.
+async fn contended_processes(args: &Args) -> Result<String, String> {
+    let log = std::env::temp_dir().join(format!("tower-lock-bench-{}.log", std::process::id()));
+    std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let (secs, workers) = (args.secs.to_string(), args.workers.to_string());
+    let release = if args.await_release { "await" } else { "drop" };
+    let mut children = Vec::new();
+    for _ in 0..args.processes {
+        let child = tokio::process::Command::new(&exe)
+            .args(["--backend", &args.backend, "--workload", "contended"])
+            .args(["--secs", &secs, "--workers", &workers, "--release", release])
+            .arg("--section-log")
+            .arg(&log)
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        children.push(child);
+    }
+    let mut cycles = 0;
+    let mut overlaps = 0;
+    let mut per_worker_min = u64::MAX;
+    let mut per_worker_max = 0;
+    let mut waits = Vec::new();
+    for child in children {
+        let out = child.wait_with_output().await.map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("child "))
+            .filter(|_| out.status.success())
+            .ok_or_else(|| format!("a worker process failed ({})", out.status))?;
+        let field = |name: &str| {
+            line.split(' ')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or("")
+        };
+        let num = |name: &str| field(name).parse::<u64>().unwrap_or(0);
+        cycles += num("cycles");
+        overlaps += num("overlaps");
+        per_worker_min = per_worker_min.min(num("per_worker_min"));
+        per_worker_max = per_worker_max.max(num("per_worker_max"));
+        waits.extend(
+            field("waits_ns")
+                .split(',')
+                .filter_map(|w| w.parse().ok())
+                .map(Duration::from_nanos),
+        );
+    }
+    let sections = std::fs::read_to_string(&log).map_err(|e| e.to_string())?;
+    let _ = std::fs::remove_file(&log);
+    let (mut depth, mut last_token) = (0u32, 0u64);
+    for line in sections.lines() {
+        let (what, token) = line.split_once(' ').unwrap_or((line, "0"));
+        let token: u64 = token.parse().unwrap_or(0);
+        if what == "E" {
+            depth += 1;
+            if depth > 1 {
+                overlaps += 1;
+            }
+            if token <= last_token {
+                eprintln!("bench: fencing token {token} granted after {last_token}");
+            }
+            last_token = token;
+        } else {
+            depth = depth.saturating_sub(1);
+        }
+    }
+    waits.sort_unstable();
+    Ok(format!(
+        "processes={} workers={} secs={} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} per_worker_min={} per_worker_max={} overlaps={}",
+        args.processes,
+        args.workers,
+        args.secs,
+        cycles as f64 / args.secs as f64,
+        us(percentile(&waits, 0.50)),
+        us(percentile(&waits, 0.99)),
+        per_worker_min,
+        per_worker_max,
+        overlaps,
+    ))
 }
 
 /// What `contended` and `keys` workers report.
@@ -225,6 +474,7 @@ struct Tally {
 
 /// The totals of a run of workers over some keys.
 struct Run {
+    cycles: u64,
     cycles_per_s: f64,
     waits: Vec<Duration>,
     per_worker_min: u64,
@@ -240,6 +490,7 @@ async fn run_workers(
     workers: usize,
     keys: Vec<String>,
     secs: u64,
+    how: &How,
 ) -> Run {
     let keys = Arc::new(keys);
     let inside: Arc<Vec<AtomicUsize>> =
@@ -248,12 +499,13 @@ async fn run_workers(
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let (backend, keys, inside, overlaps, stop) = (
+        let (backend, keys, inside, overlaps, stop, how) = (
             backend.clone(),
             keys.clone(),
             inside.clone(),
             overlaps.clone(),
             stop.clone(),
+            how.clone(),
         );
         tasks.push(tokio::spawn(async move {
             // xorshift64*: a fixed, per-worker sequence of keys.
@@ -277,8 +529,10 @@ async fn run_workers(
                 if inside[k].fetch_add(1, Ordering::SeqCst) != 0 {
                     overlaps.fetch_add(1, Ordering::SeqCst);
                 }
+                how.enter(g.token().get());
+                how.leave(g.token().get());
                 inside[k].fetch_sub(1, Ordering::SeqCst);
-                g.release().await.expect("release");
+                how.release(g).await;
                 tally.cycles += 1;
             }
             tally
@@ -298,6 +552,7 @@ async fn run_workers(
     let mut waits: Vec<Duration> = tallies.into_iter().flat_map(|t| t.waits).collect();
     waits.sort_unstable();
     Run {
+        cycles: total,
         cycles_per_s: total as f64 / elapsed.as_secs_f64(),
         waits,
         per_worker_min,
@@ -306,8 +561,8 @@ async fn run_workers(
     }
 }
 
-async fn contended(backend: &Arc<dyn Backend>, workers: usize, secs: u64) -> String {
-    let r = run_workers(backend, workers, vec!["bench:contended".into()], secs).await;
+async fn contended(backend: &Arc<dyn Backend>, workers: usize, secs: u64, how: &How) -> String {
+    let r = run_workers(backend, workers, vec!["bench:contended".into()], secs, how).await;
     format!(
         "workers={workers} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} per_worker_min={} per_worker_max={} overlaps={}",
         r.cycles_per_s,
@@ -319,9 +574,15 @@ async fn contended(backend: &Arc<dyn Backend>, workers: usize, secs: u64) -> Str
     )
 }
 
-async fn keys(backend: &Arc<dyn Backend>, workers: usize, nkeys: usize, secs: u64) -> String {
+async fn keys(
+    backend: &Arc<dyn Backend>,
+    workers: usize,
+    nkeys: usize,
+    secs: u64,
+    how: &How,
+) -> String {
     let names = (0..nkeys).map(|k| format!("bench:key:{k}")).collect();
-    let r = run_workers(backend, workers, names, secs).await;
+    let r = run_workers(backend, workers, names, secs, how).await;
     format!(
         "workers={workers} keys={nkeys} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} overlaps={}",
         r.cycles_per_s,

@@ -164,6 +164,25 @@ no_ephemerals() { zk_says "${TOWER_LOCK_ZK_ADDR#*:}" dump "Sessions with Ephemer
 wait_for 30 "no ZooKeeper lock node left after the tests" no_ephemerals
 echo "no ZooKeeper lock node left after the tests"
 
+# Every Redis lock key carries a `{key}` hash tag and expires with its lease
+# (a killed holder's within a second or two); only fencing counters stay.
+redis_lock_keys() {
+    local port
+    for port in "${TOWER_LOCK_REDIS_URL##*:}" "${redlock[@]##*:}"; do
+        redis-cli -p "$port" --scan | grep '{' | grep -v ':fence$' || true
+    done
+}
+no_redis_locks() { [ -z "$(redis_lock_keys)" ]; }
+check_no_redis_locks() {
+    local deadline=$((SECONDS + 30))
+    until no_redis_locks; do
+        [ "$SECONDS" -lt "$deadline" ] || die "Redis lock keys left $1: $(redis_lock_keys | head -n 5 | tr '\n' ' ')"
+        sleep 0.2
+    done
+    echo "no Redis lock key left $1"
+}
+check_no_redis_locks "after the tests"
+
 step "order_service example, end to end"
 expected="serialised: 10/10 requests, 10 unique order codes, max concurrent in critical section = 1"
 locked=$(cargo run -q --example order_service)
@@ -197,7 +216,8 @@ for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --
     [[ "$line" != *overlaps=* || "$line" == *overlaps=0* ]] || die "bench saw overlapping holders: $line"
 done
 for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LOCK_ZK_ADDR"; do
-    for workload in "uncontended --n 300" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16"; do
+    for workload in "uncontended --n 300" "uncontended --n 300 --release await" "contended --secs 1 --workers 8" \
+        "contended --secs 1 --workers 4 --processes 2" "keys --secs 1 --workers 8 --keys 16"; do
         # shellcheck disable=SC2086
         line=$(cargo run -q --example bench -- --backend "$backend" --workload $workload)
         echo "$line"
@@ -210,5 +230,6 @@ cargo run -q --example bench -- --backend zk://127.0.0.1:1 --workload uncontende
 code=$?
 set -e
 [ "$code" -eq 2 ] || die "bench with an unreachable backend should exit 2, got $code"
+check_no_redis_locks "after the examples"
 
 step "all checks passed in $((SECONDS - started))s"
