@@ -89,6 +89,41 @@ async fn excludes_under_contention_with_increasing_tokens() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_passes_to_local_waiters_with_one_redis_acquire_per_eight_grants() {
+    let b = backend("baton").await;
+    let url = redis_url();
+    let fence = format!("{}{{k}}:fence", prefix("baton"));
+    let mut conn = raw(&url).await;
+    let first = b.lock("k").await.unwrap();
+    let counter: u64 = conn.get(&fence).await.unwrap();
+    let tokens = Arc::new(Mutex::new(vec![first.token().get()]));
+    let waiters: Vec<_> = (0..16)
+        .map(|_| {
+            let (b, tokens) = (b.clone(), tokens.clone());
+            tokio::spawn(async move {
+                let g = b.lock("k").wait(Duration::from_secs(10)).await.unwrap();
+                tokens.lock().unwrap().push(g.token().get());
+                g.release().await.unwrap();
+            })
+        })
+        .collect();
+    // Let every waiter queue behind the holder.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    // 17 grants from three Redis acquisitions, each reserving 8 tokens:
+    // consecutive tokens, the counter two blocks further.
+    let tokens = tokens.lock().unwrap().clone();
+    let t0 = tokens[0];
+    assert_eq!(tokens, (t0..t0 + 17).collect::<Vec<_>>());
+    let after: u64 = conn.get(&fence).await.unwrap();
+    assert_eq!(after, counter + 16);
+    assert_eq!(keys_under(&url, &prefix("baton")).await, [fence]);
+}
+
 #[tokio::test]
 async fn a_release_wakes_the_waiter_long_before_the_lease_ends() {
     let b = backend("wake").await;

@@ -401,12 +401,28 @@ impl MemoryBackend {
 
     /// How many acquisitions of `key` are queued behind its holders.
     pub fn queued(&self, key: &str) -> usize {
-        let Ok(key) = LockKey::new(key) else {
-            return 0;
-        };
-        let key = self.inner.map_key(key);
+        LockKey::new(key).map_or(0, |key| self.queued_for(&key))
+    }
+
+    /// How many acquisitions of `key` are queued behind its holders.
+    fn queued_for(&self, key: &LockKey) -> usize {
+        let key = self.inner.map_key(key.clone());
         let shard = lock(&self.inner.shard(&key).state);
         shard.keys.get(&key).map_or(0, |s| s.queue.len())
+    }
+
+    /// The mode of the first acquisition of `key` queued behind its holders.
+    pub(crate) fn next_in_line(&self, key: &LockKey) -> Option<LockMode> {
+        let key = self.inner.map_key(key.clone());
+        let shard = lock(&self.inner.shard(&key).state);
+        shard.keys.get(&key)?.queue.front().map(|w| w.mode)
+    }
+
+    /// Whether `key` has neither a holder nor a waiter.
+    pub(crate) fn is_idle(&self, key: &LockKey) -> bool {
+        let key = self.inner.map_key(key.clone());
+        let shard = lock(&self.inner.shard(&key).state);
+        !shard.keys.contains_key(&key)
     }
 
     /// Revokes every current hold on `key`, as an operator would break a

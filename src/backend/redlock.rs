@@ -449,7 +449,7 @@ impl LeaseHandle for RedlockHold {
                 let hold = self.clone();
                 release_in_background(
                     async move { hold.release_retrying().await },
-                    &self.local,
+                    None,
                     &self.inner.releases,
                 );
             }
@@ -462,7 +462,7 @@ impl LeaseHandle for RedlockHold {
         let hold = self.clone();
         release_in_background(
             async move { hold.release_retrying().await },
-            &self.local,
+            Some(&self.local),
             &self.inner.releases,
         );
     }
