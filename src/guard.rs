@@ -152,7 +152,9 @@ impl LockGuard {
         &self.held
     }
 
-    /// Releases the lock and waits until the backend confirms.
+    /// Releases the lock and waits until the backend confirms (on Redis, a
+    /// lock handed to this process's next waiter for the key needs no
+    /// confirmation: it stays taken in Redis for that waiter).
     ///
     /// Dropping the guard releases it too, without waiting: the remote
     /// backends send the release and await its answer in the background, and

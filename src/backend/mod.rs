@@ -135,8 +135,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Acquires `request.key` in `request.mode`.
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>>;
 
-    /// Completes when every release this backend has sent so far has been
-    /// answered by the server (or given up after its lease ended).
+    /// Completes once no release this backend sent is waiting for its answer
+    /// (each ends answered, or given up when its lease or session ended).
+    /// Under steady traffic there may be no such moment: call it once the
+    /// process has stopped taking locks.
     ///
     /// When a guard is dropped (as the layer does once a response is ready),
     /// remote backends send its release and await the answer in the

@@ -58,9 +58,12 @@
 //! the release message elsewhere. So within a process waiters are served in
 //! order, but a process whose queue for a key never runs dry can keep another
 //! process waiting until it does; use ZooKeeper where waiters in different
-//! processes must be served in order. Should the waiter the lock was handed to
-//! be cancelled before it takes the lock, the lock is released at once, or at
-//! the latest at the next renewal (a third of the lease).
+//! processes must be served in order. A lock is passed on only while its
+//! renewal is on time (more than two thirds of the lease surely left), so a
+//! key that may have expired in Redis, say while the process was paused, is
+//! taken from Redis again instead. Should the waiter the lock was handed to go
+//! away before it takes the lock, the lock is released at once (and a renewal
+//! that finds it waiting releases it too).
 //!
 //! # Leases and loss
 //!
@@ -72,7 +75,8 @@
 //! # Release
 //!
 //! A release is the compare-and-delete script, which also publishes on the
-//! release channel (unless the lock is [passed on](#passing-a-lock-on)). [`LockGuard::release`](crate::LockGuard::release) waits
+//! release channel; a lock [passed on](#passing-a-lock-on) runs no script
+//! and stays taken in Redis for its next holder. [`LockGuard::release`](crate::LockGuard::release) waits
 //! for its answer; dropping the guard (as the layer does) sends it and goes
 //! on, the answer awaited in the background. Either way this process's next
 //! waiter for the key may send its acquire at once: Redis runs a
@@ -149,17 +153,15 @@ pub(super) fn check_lease(lease: Duration, backend: &str) -> Result<(), LockErro
 /// Queues `request` in this process first: only the head of a key's local
 /// queue talks to the servers. The core enforces the deadline by dropping
 /// the caller's future, so a timed wait waits here without one of its own.
-pub(super) async fn queue_locally(
+pub(super) fn queue_locally(
     local: &MemoryBackend,
     request: &LockRequest,
-) -> Result<Acquired, LockError> {
+) -> BackendFuture<Result<Acquired, LockError>> {
     let wait = match request.wait {
         Wait::FailFast => Wait::FailFast,
         _ => Wait::Forever,
     };
-    local
-        .acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(wait))
-        .await
+    local.acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(wait))
 }
 
 /// Runs `release` (the remote release) and gives up this process's queue
@@ -916,11 +918,19 @@ impl RedisInner {
         }
         let layout = Layout::new(&self.prefix, &request.key, request.mode)
             .with_quarantine(&self.prefix, self.quarantine);
-        let local = queue_locally(&self.local, &request).await?;
+        let local = LocalWait {
+            wait: queue_locally(&self.local, &request),
+            unclaimed: Some(Unclaimed {
+                inner: &self,
+                key: &request.key,
+                main: &layout.main,
+            }),
+        }
+        .await?;
         // No await from the local grant to here: a baton left for this
         // key's next local holder is ours to take.
         if let Some(remote) = self.take_baton(&layout.main) {
-            if remote.lease == request.lease && !remote.lost.is_fired() {
+            if remote.lease == request.lease && remote.may_pass_on() {
                 return Ok(Remote::grant(remote, local));
             }
             // Another lease, or lost meanwhile: release it, then acquire anew
@@ -929,9 +939,8 @@ impl RedisInner {
         }
 
         let token = self.tokens.next();
-        let mut attempt = layout
-            .try_acquire(&mut self.conn.clone(), &token, request.lease)
-            .await?;
+        let mut sent = tokio::time::Instant::now();
+        let mut attempt = self.attempt(&layout, &token, request.lease).await?;
         if let (Attempt::Busy(_), Wait::FailFast) = (&attempt, request.wait) {
             return Err(LockError::Busy);
         }
@@ -943,9 +952,8 @@ impl RedisInner {
                 let released = watch.notify.notified();
                 tokio::pin!(released);
                 released.as_mut().enable();
-                attempt = layout
-                    .try_acquire(&mut self.conn.clone(), &token, request.lease)
-                    .await?;
+                sent = tokio::time::Instant::now();
+                attempt = self.attempt(&layout, &token, request.lease).await?;
                 let Attempt::Busy(ttl) = attempt else {
                     break;
                 };
@@ -978,10 +986,34 @@ impl RedisInner {
             // The script reserved the block of tokens up to `fence`.
             first_fence: fence + 1 - grants,
             grants_left: AtomicU64::new(grants),
+            valid_until: Mutex::new(sent + request.lease - drift(request.lease)),
         });
         let renewal = tokio::spawn(renew(Arc::downgrade(&remote)));
         *lock(&remote.renewal) = Some(renewal);
         Ok(Remote::grant(remote, local))
+    }
+
+    /// One acquire script. Dropped while it is in flight (the caller gave
+    /// up), or failed without an answer, it may still have granted the lock:
+    /// then the lock is released in the background.
+    async fn attempt(
+        self: &Arc<Self>,
+        layout: &Layout,
+        token: &str,
+        lease: Duration,
+    ) -> Result<Attempt, LockError> {
+        let mut in_flight = Attempting {
+            inner: self,
+            layout,
+            token,
+            lease,
+            armed: true,
+        };
+        let result = layout
+            .try_acquire(&mut self.conn.clone(), token, lease)
+            .await;
+        in_flight.armed = result.is_err();
+        result
     }
 
     /// Takes the Redis lock a local holder of `main` left for the next one.
@@ -992,6 +1024,89 @@ impl RedisInner {
         }
         batons.remove(main)
     }
+}
+
+/// The wait for this process's queue of a key. Its fields drop in order: a
+/// waiter that goes away after it was granted gives the grant back first,
+/// and then a Redis lock passed on to it, with nobody left to take it, is
+/// released.
+struct LocalWait<'a> {
+    wait: BackendFuture<Result<Acquired, LockError>>,
+    unclaimed: Option<Unclaimed<'a>>,
+}
+
+struct Unclaimed<'a> {
+    inner: &'a RedisInner,
+    key: &'a LockKey,
+    main: &'a str,
+}
+
+impl Future for LocalWait<'_> {
+    type Output = Result<Acquired, LockError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let result = std::task::ready!(std::pin::Pin::new(&mut self.wait).poll(cx));
+        self.unclaimed = None;
+        std::task::Poll::Ready(result)
+    }
+}
+
+impl Drop for Unclaimed<'_> {
+    fn drop(&mut self) {
+        if self.inner.local.is_idle(self.key) {
+            if let Some(remote) = self.inner.take_baton(self.main) {
+                remote.release_taken_back();
+            }
+        }
+    }
+}
+
+/// An acquire script in flight; dropped, it releases what the script may
+/// have granted (compare-and-delete by the attempt's token: harmless if it
+/// granted nothing).
+struct Attempting<'a> {
+    inner: &'a Arc<RedisInner>,
+    layout: &'a Layout,
+    token: &'a str,
+    lease: Duration,
+    armed: bool,
+}
+
+impl Drop for Attempting<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (inner, layout, token) = (
+            self.inner.clone(),
+            self.layout.clone(),
+            self.token.to_owned(),
+        );
+        let deadline = tokio::time::Instant::now() + self.lease;
+        let releases = inner.releases.clone();
+        release_in_background(
+            async move {
+                let release = || {
+                    let mut conn = inner.conn.clone();
+                    let (layout, token) = (&layout, &token);
+                    async move { layout.release(&mut conn, token).await }
+                };
+                retry_release(release, deadline)
+                    .await
+                    .map_err(|e| redis_error("releasing an abandoned attempt", e))
+            },
+            None,
+            &releases,
+        );
+    }
+}
+
+/// What is taken off a lease for clock drift before counting on it.
+fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
 }
 
 impl Drop for Watch {
@@ -1014,7 +1129,13 @@ impl Backend for RedisBackend {
         BackendFuture::new(self.inner.clone().acquire(request))
     }
 
+    /// Also releases a lock passed on to a local waiter that has not taken
+    /// it yet (it acquires anew).
     fn flush(&self) -> BackendFuture<()> {
+        let parked: Vec<_> = lock(&self.inner.batons).drain().collect();
+        for (_, remote) in parked {
+            remote.release_taken_back();
+        }
         let inner = self.inner.clone();
         BackendFuture::new(async move { inner.releases.idle().await })
     }
@@ -1035,6 +1156,9 @@ struct Remote {
     /// How many more grants this hold may serve: the tokens left in the
     /// block the acquire script reserved.
     grants_left: AtomicU64,
+    /// Until when Redis surely keeps the key for us: the last acquire or
+    /// extend that succeeded, counted from when it was sent, less drift.
+    valid_until: Mutex<tokio::time::Instant>,
 }
 
 impl Remote {
@@ -1048,6 +1172,15 @@ impl Remote {
         });
         let lost = LostSignal::new(hold.clone());
         Acquired::new(FencingToken::new(fence), hold).with_lost(lost)
+    }
+
+    /// Whether a new local holder may be given this hold without asking
+    /// Redis: not lost, and its renewal not late (more than two thirds of
+    /// the lease surely left), so that a key that expired in Redis while
+    /// this process was not running is never handed on.
+    fn may_pass_on(&self) -> bool {
+        !self.lost.is_fired()
+            && tokio::time::Instant::now() + self.lease / 3 < *lock(&self.valid_until)
     }
 
     fn block(&self) -> u64 {
@@ -1107,6 +1240,17 @@ impl Remote {
     }
 }
 
+/// An awaited release whose answer has not come yet.
+struct Unanswered(Option<Arc<Remote>>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(remote) = self.0.take() {
+            remote.release_taken_back();
+        }
+    }
+}
+
 /// One local grant of a [`Remote`] lock.
 struct RedisHold {
     remote: Arc<Remote>,
@@ -1126,7 +1270,7 @@ impl RedisHold {
     fn pass_on(&self) -> bool {
         let r = &self.remote;
         if r.grants_left.load(Ordering::Relaxed) == 0
-            || r.lost.is_fired()
+            || !r.may_pass_on()
             || r.inner.local.next_in_line(&r.key) != Some(LockMode::Exclusive)
         {
             return false;
@@ -1134,8 +1278,9 @@ impl RedisHold {
         lock(&r.inner.batons).insert(r.layout.main.clone(), r.clone());
         // Grants the next waiter, which takes the baton.
         lock(&self.local).take();
-        // The waiter left in the meantime: nobody will take it.
-        if r.inner.local.is_idle(&r.key) && r.take_back() {
+        // The waiter left in the meantime, or the renewal ended: nobody will
+        // take it back otherwise.
+        if (r.inner.local.is_idle(&r.key) || r.lost.is_fired()) && r.take_back() {
             r.clone().release_taken_back();
         }
         true
@@ -1165,14 +1310,22 @@ async fn renew(hold: Weak<Remote>) {
             drop(hold);
             return h.release_taken_back();
         }
+        let sent = tokio::time::Instant::now();
         let reason = match tokio::time::timeout(period, h.extend()).await {
-            Ok(Ok(true)) => continue,
+            Ok(Ok(true)) => {
+                *lock(&h.valid_until) = sent + h.lease - drift(h.lease);
+                continue;
+            }
             Ok(Ok(false)) => "the lock expired or another owner took it".to_owned(),
             Ok(Err(e)) => format!("renewing the lease failed: {e}"),
             Err(_) => "renewing the lease timed out".to_owned(),
         };
         tracing::warn!(key = %h.layout.main, reason, "redis lock lost");
         h.lost.fire(reason);
+        // A hold waiting in the baton slot would have nobody to release it.
+        if h.take_back() {
+            h.release_taken_back();
+        }
         return;
     }
 }
@@ -1187,7 +1340,12 @@ impl LeaseHandle for RedisHold {
         self.remote.stop_renewal();
         BackendFuture::new(async move {
             let r = &self.remote;
-            match release_then_open(r.release_once(), &self.local).await {
+            // Dropped before the answer (the caller gave up waiting): the
+            // release is finished in the background.
+            let mut unanswered = Unanswered(Some(r.clone()));
+            let result = release_then_open(r.release_once(), &self.local).await;
+            unanswered.0 = None;
+            match result {
                 Ok(()) => Ok(()),
                 Err(e) => {
                     if uncertain(&e) {

@@ -437,13 +437,33 @@ impl RedlockHold {
     }
 }
 
+/// An awaited release whose answers have not all come yet.
+struct Unanswered(Option<Arc<RedlockHold>>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(hold) = self.0.take() {
+            let releases = hold.inner.releases.clone();
+            release_in_background(
+                async move { hold.release_retrying().await },
+                None,
+                &releases,
+            );
+        }
+    }
+}
+
 impl LeaseHandle for RedlockHold {
     /// Waits for every instance's answer.
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
         self.stop_renewal();
         BackendFuture::new(async move {
+            // Dropped before every answer came (the caller gave up waiting):
+            // the release is finished in the background.
+            let mut unanswered = Unanswered(Some(self.clone()));
             let release = self.inner.release_all(&self.layout, &self.token, None);
             let released = release_then_open(release, &self.local).await;
+            unanswered.0 = None;
             if released < self.inner.nodes.len() {
                 // Some did not answer: go on trying in the background.
                 let hold = self.clone();

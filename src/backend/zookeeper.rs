@@ -1057,14 +1057,31 @@ impl SentDelete {
     }
 }
 
+/// An awaited delete whose answer has not come yet.
+struct Unanswered(Option<(SentDelete, DeleteAnswer)>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some((sent, answer)) = self.0.take() {
+            sent.finish_in_background(Some(answer));
+        }
+    }
+}
+
 impl LeaseHandle for ZkHold {
     /// Waits for the answer: see the [module documentation](self#release).
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
         match self.send_delete() {
             None => BackendFuture::ready(Ok(())),
             Some(Err(node)) => BackendFuture::new(node.delete()),
-            Some(Ok((sent, answer))) => BackendFuture::new(async move {
-                match answer.await {
+            Some(Ok(pending)) => BackendFuture::new(async move {
+                // Dropped before the answer (the caller gave up waiting): the
+                // delete is finished in the background.
+                let mut pending = Unanswered(Some(pending));
+                let (_, answer) = pending.0.as_mut().expect("set above");
+                let result = answer.await;
+                let (sent, _) = pending.0.take().expect("set above");
+                match result {
                     Err(e) if uncertain(&e) => {
                         // It may not have run: go on trying in the background.
                         sent.finish_in_background(None);
