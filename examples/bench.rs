@@ -467,17 +467,18 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
         }
     }
     waits.sort_unstable();
-    Ok(format!(
-        "processes={} workers={} secs={} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} per_worker_min={} per_worker_max={} overlaps={}",
-        args.processes,
-        args.workers,
-        args.secs,
-        cycles as f64 / args.secs as f64,
-        us(percentile(&waits, 0.50)),
-        us(percentile(&waits, 0.99)),
+    let run = Run {
+        cycles,
+        cycles_per_s: cycles as f64 / args.secs as f64,
+        waits,
         per_worker_min,
         per_worker_max,
         overlaps,
+    };
+    Ok(format!(
+        "processes={} {}",
+        args.processes,
+        contended_line(args.workers, args.secs, &run)
     ))
 }
 
@@ -578,6 +579,11 @@ async fn run_workers(
 
 async fn contended(backend: &Arc<dyn Backend>, workers: usize, secs: u64, how: &How) -> String {
     let r = run_workers(backend, workers, vec!["bench:contended".into()], secs, how).await;
+    contended_line(workers, secs, &r)
+}
+
+/// The `contended` fields after `workload=contended`.
+fn contended_line(workers: usize, secs: u64, r: &Run) -> String {
     format!(
         "workers={workers} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} per_worker_min={} per_worker_max={} overlaps={}",
         r.cycles_per_s,

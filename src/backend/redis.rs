@@ -129,6 +129,8 @@ use crate::token::FencingToken;
 /// this process passes the lock between its own waiters (see
 /// [Passing a lock on](self#passing-a-lock-on)).
 const FENCE_BLOCK: u64 = 8;
+/// Pause between tries of a release that got no answer.
+const RELEASE_RETRY: Duration = Duration::from_millis(100);
 /// How long a fencing counter outlives the last acquisition of its key.
 const FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// The longest a waiter sleeps without a release message before it looks
@@ -221,31 +223,6 @@ fn poll_once<F: Future>(fut: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output
 /// answer timed out): then it is worth sending again.
 pub(super) fn uncertain(e: &redis::RedisError) -> bool {
     !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
-}
-
-/// Pause between tries of a release that got no answer.
-const RELEASE_RETRY: Duration = Duration::from_millis(100);
-
-/// Runs `release` again while it fails without an answer from the server (a
-/// dropped connection, a timeout), until `deadline`, when the lease would have
-/// ended anyway. Compare-and-delete by a unique token is safe to repeat.
-pub(super) async fn retry_release<F, Fut>(
-    mut release: F,
-    deadline: tokio::time::Instant,
-) -> redis::RedisResult<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = redis::RedisResult<()>>,
-{
-    loop {
-        match release().await {
-            Err(e) if uncertain(&e) && tokio::time::Instant::now() + RELEASE_RETRY < deadline => {
-                tracing::debug!(error = %e, "retrying a redis release");
-                tokio::time::sleep(RELEASE_RETRY).await;
-            }
-            result => return result,
-        }
-    }
 }
 
 /// Locks in one Redis server (or one Cluster, through hash tags).
@@ -559,6 +536,41 @@ impl Layout {
             .invoke_async(conn)
             .await?;
         Ok(())
+    }
+
+    /// [Releases](Self::release) through `conn`. With a `deadline` (when the
+    /// lease would have ended anyway), again on a reconnected connection
+    /// while the release fails without an answer from the server (a dropped
+    /// connection, a timeout): compare-and-delete by a unique token is safe
+    /// to repeat.
+    pub(super) async fn release_until(
+        &self,
+        conn: &ConnectionManager,
+        token: &str,
+        deadline: Option<tokio::time::Instant>,
+    ) -> redis::RedisResult<()> {
+        loop {
+            match self.release(&mut conn.clone(), token).await {
+                Err(e)
+                    if uncertain(&e)
+                        && deadline
+                            .is_some_and(|d| tokio::time::Instant::now() + RELEASE_RETRY < d) =>
+                {
+                    tracing::debug!(error = %e, "retrying a redis release");
+                    tokio::time::sleep(RELEASE_RETRY).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Fencing tokens an acquisition reserves: one per grant it may serve.
+    fn fence_block(&self) -> u64 {
+        if self.kind == Kind::Exclusive {
+            FENCE_BLOCK
+        } else {
+            1
+        }
     }
 }
 
@@ -935,7 +947,7 @@ impl RedisInner {
             }
             // Another lease, or lost meanwhile: release it, then acquire anew
             // (after it, on the same connection).
-            remote.release_taken_back();
+            remote.release_later(None);
         }
 
         let token = self.tokens.next();
@@ -970,11 +982,7 @@ impl RedisInner {
         let Attempt::Granted(fence) = attempt else {
             unreachable!("the loop ends on a grant");
         };
-        let grants = if layout.kind == Kind::Exclusive {
-            FENCE_BLOCK
-        } else {
-            1
-        };
+        let grants = layout.fence_block();
         let remote = Arc::new(Remote {
             inner: self.clone(),
             key: request.key,
@@ -1058,7 +1066,7 @@ impl Drop for Unclaimed<'_> {
     fn drop(&mut self) {
         if self.inner.local.is_idle(self.key) {
             if let Some(remote) = self.inner.take_baton(self.main) {
-                remote.release_taken_back();
+                remote.release_later(None);
             }
         }
     }
@@ -1089,12 +1097,8 @@ impl Drop for Attempting<'_> {
         let releases = inner.releases.clone();
         release_in_background(
             async move {
-                let release = || {
-                    let mut conn = inner.conn.clone();
-                    let (layout, token) = (&layout, &token);
-                    async move { layout.release(&mut conn, token).await }
-                };
-                retry_release(release, deadline)
+                layout
+                    .release_until(&inner.conn, &token, Some(deadline))
                     .await
                     .map_err(|e| redis_error("releasing an abandoned attempt", e))
             },
@@ -1105,7 +1109,7 @@ impl Drop for Attempting<'_> {
 }
 
 /// What is taken off a lease for clock drift before counting on it.
-fn drift(lease: Duration) -> Duration {
+pub(super) fn drift(lease: Duration) -> Duration {
     lease / 100 + Duration::from_millis(2)
 }
 
@@ -1134,7 +1138,7 @@ impl Backend for RedisBackend {
     fn flush(&self) -> BackendFuture<()> {
         let parked: Vec<_> = lock(&self.inner.batons).drain().collect();
         for (_, remote) in parked {
-            remote.release_taken_back();
+            remote.release_later(None);
         }
         let inner = self.inner.clone();
         BackendFuture::new(async move { inner.releases.idle().await })
@@ -1165,7 +1169,7 @@ impl Remote {
     /// The next local grant under this hold.
     fn grant(remote: Arc<Remote>, local: Acquired) -> Acquired {
         let left = remote.grants_left.fetch_sub(1, Ordering::Relaxed) - 1;
-        let fence = remote.first_fence + (remote.block() - 1 - left);
+        let fence = remote.first_fence + (remote.layout.fence_block() - 1 - left);
         let hold = Arc::new(RedisHold {
             remote,
             local: Mutex::new(Some(local)),
@@ -1183,14 +1187,6 @@ impl Remote {
             && tokio::time::Instant::now() + self.lease / 3 < *lock(&self.valid_until)
     }
 
-    fn block(&self) -> u64 {
-        if self.layout.kind == Kind::Exclusive {
-            FENCE_BLOCK
-        } else {
-            1
-        }
-    }
-
     async fn extend(&self) -> Result<bool, LockError> {
         let mut conn = self.inner.conn.clone();
         self.layout.extend(&mut conn, &self.token, self.lease).await
@@ -1198,14 +1194,16 @@ impl Remote {
 
     /// One release on the backend's connection.
     async fn release_once(&self) -> redis::RedisResult<()> {
-        let mut conn = self.inner.conn.clone();
-        self.layout.release(&mut conn, &self.token).await
+        let conn = &self.inner.conn;
+        self.layout.release_until(conn, &self.token, None).await
     }
 
     /// Releases, again on a reconnected connection while the answer is lost.
     async fn release_retrying(&self) -> Result<(), LockError> {
         let deadline = tokio::time::Instant::now() + self.lease;
-        retry_release(|| self.release_once(), deadline)
+        let conn = &self.inner.conn;
+        self.layout
+            .release_until(conn, &self.token, Some(deadline))
             .await
             .map_err(|e| redis_error("releasing a lock", e))
     }
@@ -1228,13 +1226,14 @@ impl Remote {
         }
     }
 
-    /// Releases a hold taken back from the baton slot, in the background.
-    fn release_taken_back(self: Arc<Self>) {
+    /// Stops the renewal and releases in the background, giving up `local`
+    /// (a queue position) once the release is sent.
+    fn release_later(self: Arc<Self>, local: Option<&Mutex<Option<Acquired>>>) {
         self.stop_renewal();
         let releases = self.inner.releases.clone();
         release_in_background(
             async move { self.release_retrying().await },
-            None,
+            local,
             &releases,
         );
     }
@@ -1246,7 +1245,7 @@ struct Unanswered(Option<Arc<Remote>>);
 impl Drop for Unanswered {
     fn drop(&mut self) {
         if let Some(remote) = self.0.take() {
-            remote.release_taken_back();
+            remote.release_later(None);
         }
     }
 }
@@ -1281,7 +1280,7 @@ impl RedisHold {
         // The waiter left in the meantime, or the renewal ended: nobody will
         // take it back otherwise.
         if (r.inner.local.is_idle(&r.key) || r.lost.is_fired()) && r.take_back() {
-            r.clone().release_taken_back();
+            r.clone().release_later(None);
         }
         true
     }
@@ -1308,7 +1307,7 @@ async fn renew(hold: Weak<Remote>) {
         };
         if h.take_back() {
             drop(hold);
-            return h.release_taken_back();
+            return h.release_later(None);
         }
         let sent = tokio::time::Instant::now();
         let reason = match tokio::time::timeout(period, h.extend()).await {
@@ -1324,7 +1323,7 @@ async fn renew(hold: Weak<Remote>) {
         h.lost.fire(reason);
         // A hold waiting in the baton slot would have nobody to release it.
         if h.take_back() {
-            h.release_taken_back();
+            h.release_later(None);
         }
         return;
     }
@@ -1350,12 +1349,7 @@ impl LeaseHandle for RedisHold {
                 Err(e) => {
                     if uncertain(&e) {
                         // It may not have run: go on trying in the background.
-                        let remote = r.clone();
-                        release_in_background(
-                            async move { remote.release_retrying().await },
-                            None,
-                            &r.inner.releases,
-                        );
+                        r.clone().release_later(None);
                     }
                     Err(redis_error("releasing a lock", e))
                 }
@@ -1367,12 +1361,6 @@ impl LeaseHandle for RedisHold {
         if self.pass_on() {
             return;
         }
-        self.remote.stop_renewal();
-        let remote = self.remote.clone();
-        release_in_background(
-            async move { remote.release_retrying().await },
-            Some(&self.local),
-            &self.remote.inner.releases,
-        );
+        self.remote.clone().release_later(Some(&self.local));
     }
 }

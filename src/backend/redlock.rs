@@ -52,8 +52,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::task::JoinHandle;
 
 use super::redis::{
-    check_lease, lock, queue_locally, redis_error, release_in_background, release_then_open,
-    retry_release, Attempt, Layout, Tokens,
+    check_lease, drift, lock, queue_locally, redis_error, release_in_background, release_then_open,
+    Attempt, Layout, Tokens,
 };
 use super::{Acquired, Backend, BackendFuture, InFlight, LeaseHandle, LockRequest, MemoryBackend};
 use crate::error::LockError;
@@ -246,16 +246,10 @@ impl RedlockInner {
         self.on_all(|conn| {
             let (layout, token) = (layout.clone(), token.clone());
             async move {
-                let once = || {
-                    let mut conn = conn.clone();
-                    let (layout, token) = (&layout, &token);
-                    async move { layout.release(&mut conn, token).await }
-                };
-                match deadline {
-                    Some(deadline) => retry_release(once, deadline).await,
-                    None => once().await,
-                }
-                .map_err(|e| redis_error("releasing a lock", e))
+                layout
+                    .release_until(&conn, &token, deadline)
+                    .await
+                    .map_err(|e| redis_error("releasing a lock", e))
             }
         })
         .await
@@ -281,7 +275,7 @@ impl RedlockInner {
         let layout = Arc::new(Layout::new(&self.prefix, &request.key, request.mode));
         let token: Arc<str> = self.tokens.next().into();
         let lease = request.lease;
-        let drift = lease / 100 + Duration::from_millis(2);
+        let drift = drift(lease);
         let quorum = self.quorum();
         let mut tries = 0;
         let fence = loop {
@@ -422,6 +416,18 @@ impl RedlockHold {
         self.released_on(released)
     }
 
+    /// Stops the renewal and releases in the background, giving up `local`
+    /// (a queue position) once the release is sent.
+    fn release_later(self: Arc<Self>, local: Option<&Mutex<Option<Acquired>>>) {
+        self.stop_renewal();
+        let releases = self.inner.releases.clone();
+        release_in_background(
+            async move { self.release_retrying().await },
+            local,
+            &releases,
+        );
+    }
+
     fn released_on(&self, released: usize) -> Result<(), LockError> {
         if released >= self.inner.quorum() {
             return Ok(());
@@ -443,12 +449,7 @@ struct Unanswered(Option<Arc<RedlockHold>>);
 impl Drop for Unanswered {
     fn drop(&mut self) {
         if let Some(hold) = self.0.take() {
-            let releases = hold.inner.releases.clone();
-            release_in_background(
-                async move { hold.release_retrying().await },
-                None,
-                &releases,
-            );
+            hold.release_later(None);
         }
     }
 }
@@ -466,24 +467,13 @@ impl LeaseHandle for RedlockHold {
             unanswered.0 = None;
             if released < self.inner.nodes.len() {
                 // Some did not answer: go on trying in the background.
-                let hold = self.clone();
-                release_in_background(
-                    async move { hold.release_retrying().await },
-                    None,
-                    &self.inner.releases,
-                );
+                self.clone().release_later(None);
             }
             self.released_on(released)
         })
     }
 
     fn release_on_drop(self: Arc<Self>) {
-        self.stop_renewal();
-        let hold = self.clone();
-        release_in_background(
-            async move { hold.release_retrying().await },
-            Some(&self.local),
-            &self.inner.releases,
-        );
+        self.clone().release_later(Some(&self.local));
     }
 }
