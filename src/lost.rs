@@ -62,6 +62,15 @@ impl Default for LostState {
 pub trait HasLostState: Send + Sync + 'static {
     /// The embedded state.
     fn lost_state(&self) -> &LostState;
+
+    /// Why the lock is no longer known held, when its lease or session is
+    /// past the moment it was known alive until but the task that fires the
+    /// signal has not run yet (the process was paused, say). Checked each
+    /// time the signal is looked at, so a holder that runs again after a
+    /// pause is told before it does anything else. Default: never.
+    fn expired(&self) -> Option<String> {
+        None
+    }
 }
 
 impl HasLostState for LostState {
@@ -132,8 +141,16 @@ impl LostSignal {
         LostSignal(Some(source))
     }
 
+    /// The state, with the signal fired first if the source has expired.
     fn state(&self) -> Option<&LostState> {
-        self.0.as_deref().map(HasLostState::lost_state)
+        let source = self.0.as_deref()?;
+        let state = source.lost_state();
+        if !state.is_fired() {
+            if let Some(reason) = source.expired() {
+                state.fire(reason);
+            }
+        }
+        Some(state)
     }
 
     /// Whether the lock has been lost.
@@ -204,6 +221,37 @@ impl Future for Lost {
     }
 }
 
+/// The moment until which a lease or session is known alive, shared between
+/// the task that renews it and the holds that check it.
+pub(crate) struct Deadline {
+    base: std::time::Instant,
+    /// Nanoseconds after `base`.
+    after: std::sync::atomic::AtomicU64,
+}
+
+impl Deadline {
+    pub(crate) fn new(at: std::time::Instant) -> Self {
+        Deadline {
+            base: at,
+            after: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn get(&self) -> std::time::Instant {
+        self.base + std::time::Duration::from_nanos(self.after.load(Ordering::Acquire))
+    }
+
+    /// Moves the deadline to `at`, never back.
+    pub(crate) fn extend(&self, at: std::time::Instant) {
+        let after = at.saturating_duration_since(self.base).as_nanos() as u64;
+        self.after.fetch_max(after, Ordering::AcqRel);
+    }
+
+    pub(crate) fn passed(&self) -> bool {
+        std::time::Instant::now() >= self.get()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,3 +280,4 @@ mod tests {
         assert!(!s.can_fire());
     }
 }
+

@@ -57,19 +57,25 @@
 //!   [lost signal](crate::LostSignal); the layer's default then aborts the
 //!   handler. The next acquire opens a new session: a lock is never assumed
 //!   held across sessions.
-//! - **A short disconnect** (Curator's `SUSPENDED`) does not end a lock: the
-//!   session, and with it the node, survive a disconnect shorter than the
-//!   session timeout, and the client reconnects to the same session. During
-//!   the disconnect, though, the holder cannot know whether the server has
-//!   expired it. The client notices silence after two fifths of the session
-//!   timeout; if it is still disconnected half a session timeout later (nine
-//!   tenths of the timeout after it last heard from the server, before the
-//!   server can expire the session and grant the lock to someone else) the
-//!   locks are reported lost, and that session is not used again.
+//! - **Known alive.** The server expires a session a session timeout after
+//!   the last request it received from it. The backend therefore sends a
+//!   `sync` every sixth of the timeout, and counts the session alive only
+//!   until the send time of the last request the server answered plus two
+//!   thirds of the timeout. When that passes without an answer (the server
+//!   is stopped, the network is partitioned in either direction or both,
+//!   the connection is lost), the session is given up and every lock on it
+//!   is reported lost, a third of the timeout before the server can expire
+//!   it and grant the lock to someone else. Watch notifications and other
+//!   traffic from the server never count: under a one-way partition they
+//!   keep arriving while nothing this client sends gets through. A short
+//!   disconnect (Curator's `SUSPENDED`) that heals in time keeps the locks:
+//!   the client reconnects to the same session.
 //! - **A paused holder** (GC pause, SIGSTOP) beyond the session timeout
 //!   cannot be told in time: its session expires and the next waiter takes
-//!   the lock. Its fencing token is then older than the new holder's, so a
-//!   store that checks tokens refuses its late writes.
+//!   the lock. It is told as soon as it runs again (the lost signal checks
+//!   the deadline whenever it is looked at), and its fencing token is older
+//!   than the new holder's, so a store that checks tokens refuses its late
+//!   writes.
 //! - A node deleted by hand while held is not noticed by its holder (as with
 //!   Curator).
 //!
@@ -139,7 +145,7 @@ use zookeeper_client as zk;
 use super::{Acquired, Backend, BackendFuture, InFlight, LeaseHandle, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::lost::{HasLostState, LostSignal, LostState};
+use crate::lost::{Deadline, HasLostState, LostSignal, LostState};
 use crate::mode::{LockMode, Wait};
 use crate::token::FencingToken;
 
@@ -235,6 +241,8 @@ struct ZkInner {
 /// One ZooKeeper session and the locks that live with it.
 struct Session {
     client: zk::Client,
+    /// Until when the server surely keeps the session: see [`keep_alive`].
+    alive_until: crate::lost::Deadline,
     /// Set when the session ends (or is given up): no new lock is taken on
     /// it, and every lock it holds is lost with it.
     ended: AtomicBool,
@@ -252,7 +260,20 @@ struct Session {
 impl Session {
     /// Whether new requests may use this session.
     fn usable(&self) -> bool {
-        !self.ended.load(Ordering::Acquire) && alive(self)
+        !self.ended.load(Ordering::Acquire) && alive(self) && !self.alive_until.passed()
+    }
+
+    /// Ends the session, saying why in the log.
+    fn end_with_warning(&self, reason: String) {
+        if self.ended.load(Ordering::Acquire) {
+            return;
+        }
+        tracing::warn!(
+            session = self.client.session_id().0,
+            reason,
+            "zookeeper locks lost"
+        );
+        self.end(reason);
     }
 
     /// Ends the session for this backend: tells its waiters and holders.
@@ -433,6 +454,8 @@ impl ZkInner {
         if let Some(s) = lock(&self.current).as_ref().filter(|s| s.usable()) {
             return Ok(s.clone());
         }
+        // The session cannot have been heard by the server before this.
+        let connecting = std::time::Instant::now();
         let connect = zk::Client::connector()
             .with_session_timeout(self.session_timeout)
             .with_fail_eagerly()
@@ -458,15 +481,17 @@ impl ZkInner {
             }
         };
         let states = client.state_watcher();
-        let grace = client.session_timeout() / 2;
+        let known_alive = known_alive(client.session_timeout());
         let session = Arc::new(Session {
+            alive_until: Deadline::new(connecting + known_alive),
             client,
             ended: AtomicBool::new(false),
             ended_notify: tokio::sync::Notify::new(),
             holds: Mutex::new(HashMap::new()),
             releases: self.releases.clone(),
         });
-        tokio::spawn(watch_session(Arc::downgrade(&session), states, grace));
+        tokio::spawn(watch_session(Arc::downgrade(&session), states));
+        tokio::spawn(keep_alive(Arc::downgrade(&session), known_alive));
         *lock(&self.current) = Some(session.clone());
         Ok(session)
     }
@@ -506,43 +531,87 @@ impl ZkInner {
     }
 }
 
-/// Follows a session's state; ends it (its locks are told) when it ends, or when
-/// it has been disconnected for `grace`.
-async fn watch_session(session: Weak<Session>, mut states: zk::StateWatcher, grace: Duration) {
+/// Follows a session's state; ends it (its locks are told) when it expires,
+/// is closed or fails authentication. A disconnect alone ends nothing here:
+/// [`keep_alive`] decides how long the session is known alive.
+async fn watch_session(session: Weak<Session>, mut states: zk::StateWatcher) {
     let mut state = states.state();
-    loop {
-        let reason = match state {
-            zk::SessionState::Expired => "the ZooKeeper session expired".to_owned(),
-            zk::SessionState::Closed => "the ZooKeeper session was closed".to_owned(),
-            zk::SessionState::AuthFailed => "ZooKeeper authentication failed".to_owned(),
-            zk::SessionState::Disconnected => {
-                tokio::select! {
-                    next = states.changed() => {
-                        state = next;
-                        continue;
-                    }
-                    _ = tokio::time::sleep(grace) => format!(
-                        "disconnected from ZooKeeper for {} ms; the session may have expired",
-                        grace.as_millis()
-                    ),
-                }
-            }
-            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
-                // Dropping the last client closes the session, which ends
-                // here as `Closed`.
-                state = states.changed().await;
-                continue;
-            }
-        };
-        if let Some(s) = session.upgrade() {
-            tracing::warn!(
-                session = s.client.session_id().0,
-                reason,
-                "zookeeper locks lost"
-            );
-            s.end(reason);
+    let reason = loop {
+        match state {
+            zk::SessionState::Expired => break "the ZooKeeper session expired",
+            zk::SessionState::Closed => break "the ZooKeeper session was closed",
+            zk::SessionState::AuthFailed => break "ZooKeeper authentication failed",
+            // Dropping the last client closes the session, which ends here
+            // as `Closed`.
+            _ => state = states.changed().await,
         }
-        return;
+    };
+    if let Some(s) = session.upgrade() {
+        s.end_with_warning(reason.to_owned());
+    }
+}
+
+/// How long after sending a request the server answered the session is
+/// known alive: two thirds of the negotiated session timeout. The server
+/// expires a session a timeout after the last request it received from it,
+/// and it received an answered request after it was sent; the third left
+/// over covers clock drift, telling the holders, and the holders stopping.
+fn known_alive(session_timeout: Duration) -> Duration {
+    session_timeout * 2 / 3
+}
+
+/// Keeps a session known alive, or ends it (its locks are told lost) before
+/// the server can expire it and grant its locks to someone else.
+///
+/// Only answers count: a `sync` every sixth of the session timeout, whose
+/// send time, once answered, moves [`Session::alive_until`] to that time
+/// plus [`known_alive`]. Watch notifications and other traffic from the
+/// server prove nothing about what the server has heard from this client
+/// (under a one-way partition they keep coming while every request is
+/// lost), so they never count; the client library's own disconnect
+/// detection, which counts them, is not relied upon either. `sync` rather
+/// than a read, so that on an ensemble the answer comes through the leader,
+/// which is where sessions expire.
+async fn keep_alive(session: Weak<Session>, known_alive: Duration) {
+    let every = known_alive / 4;
+    loop {
+        let Some(s) = session
+            .upgrade()
+            .filter(|s| !s.ended.load(Ordering::Acquire))
+        else {
+            return;
+        };
+        let deadline = s.alive_until.get();
+        // A clone of the client, not the session, is kept while waiting: an
+        // unused session still closes when its last user drops it.
+        let client = s.client.clone();
+        drop(s);
+        let sent = std::time::Instant::now();
+        let answer = tokio::time::timeout_at(deadline.into(), client.sync("/")).await;
+        drop(client);
+        let Some(s) = session.upgrade() else { return };
+        match answer {
+            Ok(Ok(())) => {
+                s.alive_until.extend(sent + known_alive);
+                drop(s);
+                tokio::time::sleep_until((sent + every).into()).await;
+            }
+            Err(_) => {
+                let silent = sent.saturating_duration_since(deadline - known_alive) + known_alive;
+                s.end_with_warning(format!(
+                    "no answer from ZooKeeper to a request sent {} ms ago; the session may expire",
+                    silent.as_millis().max(known_alive.as_millis())
+                ));
+                return;
+            }
+            // Disconnected, or the session ended (which `watch_session`
+            // reports): try again shortly, until the deadline.
+            Ok(Err(_)) => {
+                drop(s);
+                let retry = (sent + every / 8).min(deadline);
+                tokio::time::sleep_until(retry.into()).await;
+            }
+        }
     }
 }
 
@@ -1002,6 +1071,14 @@ struct ZkHold {
 impl HasLostState for ZkHold {
     fn lost_state(&self) -> &LostState {
         &self.lost
+    }
+
+    fn expired(&self) -> Option<String> {
+        let node = lock(&self.node);
+        let session = &node.as_ref()?.session;
+        session.alive_until.passed().then(|| {
+            "the ZooKeeper session is no longer known alive (no answer in time)".to_owned()
+        })
     }
 }
 
