@@ -1261,6 +1261,13 @@ impl HasLostState for RedisHold {
     fn lost_state(&self) -> &LostState {
         &self.remote.lost
     }
+
+    /// A holder that runs again after a pause past its lease is told at
+    /// once, before the renewal task gets to run.
+    fn expired(&self) -> Option<String> {
+        (tokio::time::Instant::now() >= *lock(&self.remote.valid_until))
+            .then(|| "the lease ran out before it was renewed".to_owned())
+    }
 }
 
 impl RedisHold {

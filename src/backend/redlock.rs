@@ -57,7 +57,7 @@ use super::redis::{
 };
 use super::{Acquired, Backend, BackendFuture, InFlight, LeaseHandle, LockRequest, MemoryBackend};
 use crate::error::LockError;
-use crate::lost::{HasLostState, LostSignal, LostState};
+use crate::lost::{Deadline, HasLostState, LostSignal, LostState};
 use crate::mode::{LockMode, Wait};
 use crate::token::FencingToken;
 
@@ -278,12 +278,12 @@ impl RedlockInner {
         let drift = drift(lease);
         let quorum = self.quorum();
         let mut tries = 0;
-        let fence = loop {
+        let (fence, started) = loop {
             let started = tokio::time::Instant::now();
             let round = self.attempt(&layout, &token, lease).await;
             let elapsed = started.elapsed();
             if round.granted >= quorum && elapsed + drift < lease {
-                break round.fence;
+                break (round.fence, started);
             }
             // Undo everywhere, also where no answer came: it may have landed.
             self.release_all(&layout, &token, None).await;
@@ -311,6 +311,7 @@ impl RedlockInner {
             token,
             lease,
             lost: LostState::new(),
+            valid_until: Deadline::new((started + lease - drift).into_std()),
             local: Mutex::new(Some(local)),
             renewal: Mutex::new(None),
         });
@@ -342,6 +343,10 @@ struct RedlockHold {
     token: Arc<str>,
     lease: Duration,
     lost: LostState,
+    /// Until when a majority surely keeps the key for us: the last acquire
+    /// or renewal a majority granted, counted from when it was sent, less
+    /// drift.
+    valid_until: Deadline,
     local: Mutex<Option<Acquired>>,
     renewal: Mutex<Option<JoinHandle<()>>>,
 }
@@ -349,6 +354,14 @@ struct RedlockHold {
 impl HasLostState for RedlockHold {
     fn lost_state(&self) -> &LostState {
         &self.lost
+    }
+
+    /// A holder that runs again after a pause past its validity is told at
+    /// once, before the renewal task gets to run.
+    fn expired(&self) -> Option<String> {
+        self.valid_until
+            .passed()
+            .then(|| "the lease ran out before a majority renewed it".to_owned())
     }
 }
 
@@ -364,6 +377,7 @@ async fn renew(hold: Weak<RedlockHold>) {
             return;
         };
         let (layout, token, lease) = (h.layout.clone(), h.token.clone(), h.lease);
+        let sent = std::time::Instant::now();
         let renewed = tokio::time::timeout(
             period,
             h.inner.on_all(|mut conn| {
@@ -377,6 +391,7 @@ async fn renew(hold: Weak<RedlockHold>) {
             Ok(results) => {
                 let ok = results.iter().filter(|r| matches!(r, Ok(true))).count();
                 if ok >= quorum {
+                    h.valid_until.extend(sent + lease - drift(lease));
                     continue;
                 }
                 format!(

@@ -1,0 +1,319 @@
+//! The history of a run and the checker over it.
+//!
+//! Times are nanoseconds of CLOCK_MONOTONIC, one clock shared by every
+//! process on the machine, so that events from the harness and from every
+//! client process can be compared directly.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+/// Now, on the system-wide monotonic clock, in nanoseconds.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to; CLOCK_MONOTONIC exists
+    // on every Linux.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What a client reports, one line each: `G hold key token t`, `T hold t`,
+/// `X hold t`, `W hold ok|stale|skip t`, `F t` (a failed acquisition).
+#[derive(Debug, Clone)]
+pub enum Event {
+    Granted {
+        hold: String,
+        key: String,
+        token: u64,
+        at: u64,
+    },
+    ToldLost {
+        hold: String,
+        at: u64,
+    },
+    Released {
+        hold: String,
+        at: u64,
+    },
+    /// The critical section's last act (its write, or the decision to
+    /// skip it), and when it was done.
+    Wrote {
+        hold: String,
+        outcome: String,
+        at: u64,
+    },
+    Failed,
+}
+
+impl Event {
+    pub fn line(&self) -> String {
+        match self {
+            Event::Granted {
+                hold,
+                key,
+                token,
+                at,
+            } => format!("G {hold} {key} {token} {at}"),
+            Event::ToldLost { hold, at } => format!("T {hold} {at}"),
+            Event::Released { hold, at } => format!("X {hold} {at}"),
+            Event::Wrote { hold, outcome, at } => format!("W {hold} {outcome} {at}"),
+            Event::Failed => "F".into(),
+        }
+    }
+
+    pub fn parse(line: &str) -> Option<Event> {
+        let f: Vec<&str> = line.split(' ').collect();
+        Some(match f.as_slice() {
+            ["G", hold, key, token, at] => Event::Granted {
+                hold: hold.to_string(),
+                key: key.to_string(),
+                token: token.parse().ok()?,
+                at: at.parse().ok()?,
+            },
+            ["T", hold, at] => Event::ToldLost {
+                hold: hold.to_string(),
+                at: at.parse().ok()?,
+            },
+            ["X", hold, at] => Event::Released {
+                hold: hold.to_string(),
+                at: at.parse().ok()?,
+            },
+            ["W", hold, outcome, at] => Event::Wrote {
+                hold: hold.to_string(),
+                outcome: outcome.to_string(),
+                at: at.parse().ok()?,
+            },
+            ["F"] => Event::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// What the harness did to a client process, for the checker.
+#[derive(Debug, Clone, Copy)]
+pub enum ProcessFault {
+    /// SIGSTOP at the first time, SIGCONT at the second.
+    Paused(u64, u64),
+    /// SIGKILL.
+    Killed(u64),
+}
+
+#[derive(Debug, Default)]
+struct Hold {
+    key: String,
+    token: u64,
+    process: String,
+    granted: u64,
+    told: Option<u64>,
+    released: Option<u64>,
+    /// When its critical section's last act was done.
+    wrote: Option<u64>,
+}
+
+/// The whole history: events from every client, and the faults done to them.
+#[derive(Default)]
+pub struct History {
+    holds: HashMap<String, Hold>,
+    faults: HashMap<String, Vec<ProcessFault>>,
+    pub failed_acquisitions: u64,
+    pub writes_skipped: u64,
+}
+
+/// What the checker found.
+#[derive(Debug, Default)]
+pub struct Verdict {
+    pub holds: u64,
+    pub told_lost: u64,
+    /// Holds of one key that overlapped while neither holder had been told.
+    pub overlaps_unwarned: u64,
+    /// Overlaps excused because the earlier holder was paused by the harness
+    /// and told as soon as it ran again.
+    pub overlaps_paused: u64,
+    /// The smallest time from a holder being told lost to the next grant of
+    /// its key, in ms (negative: told after); `None` when no one was told.
+    pub worst_margin_ms: Option<f64>,
+    /// The longest a paused holder ran before being told, in ms.
+    pub told_after_resume_ms: Option<f64>,
+    /// The longest from a holder's process being killed to the next grant of
+    /// its key, in ms: how long a crashed replica blocks its keys.
+    pub kill_recovery_ms: Option<f64>,
+    pub examples: Vec<String>,
+}
+
+impl History {
+    /// Adds one event reported by `process` (a client's id).
+    pub fn record(&mut self, process: &str, event: Event) {
+        match event {
+            Event::Granted {
+                hold,
+                key,
+                token,
+                at,
+            } => {
+                self.holds.insert(
+                    hold,
+                    Hold {
+                        key,
+                        token,
+                        process: process.to_owned(),
+                        granted: at,
+                        ..Hold::default()
+                    },
+                );
+            }
+            Event::ToldLost { hold, at } => {
+                if let Some(h) = self.holds.get_mut(&hold) {
+                    h.told = Some(h.told.map_or(at, |t| t.min(at)));
+                }
+            }
+            Event::Released { hold, at } => {
+                if let Some(h) = self.holds.get_mut(&hold) {
+                    h.released = Some(at);
+                }
+            }
+            Event::Wrote { hold, outcome, at } => {
+                if outcome == "skip" {
+                    self.writes_skipped += 1;
+                }
+                if let Some(h) = self.holds.get_mut(&hold) {
+                    h.wrote = Some(at);
+                }
+            }
+            Event::Failed => self.failed_acquisitions += 1,
+        }
+    }
+
+    pub fn process_fault(&mut self, process: &str, fault: ProcessFault) {
+        self.faults
+            .entry(process.to_owned())
+            .or_default()
+            .push(fault);
+    }
+
+    /// When a hold stopped acting on its lock, as far as the checker can
+    /// tell; and whether that end is excused by a pause.
+    fn end(&self, h: &Hold, verdict: &mut Verdict) -> (u64, bool) {
+        let mut end = u64::MAX;
+        for t in [h.told, h.released].into_iter().flatten() {
+            end = end.min(t);
+        }
+        let mut paused = false;
+        for fault in self.faults.get(&h.process).into_iter().flatten() {
+            match *fault {
+                ProcessFault::Killed(at) if at >= h.granted => end = end.min(at),
+                // Stopped while holding: it could not act until continued.
+                // Excused if, once running again, it was told before it did
+                // anything (how soon is reported), or it had done its
+                // section's last act before it was stopped and only
+                // released after.
+                ProcessFault::Paused(stop, cont) if stop >= h.granted && stop < end => {
+                    let told_first = h
+                        .told
+                        .filter(|&t| t >= cont && h.wrote.is_none_or(|w| w < stop || t <= w));
+                    if let Some(told) = told_first {
+                        let after = (told - cont) as f64 / 1e6;
+                        verdict.told_after_resume_ms =
+                            Some(verdict.told_after_resume_ms.map_or(after, |m| m.max(after)));
+                    }
+                    if told_first.is_some() || h.wrote.is_some_and(|w| w < stop) {
+                        end = stop;
+                        paused = true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        (end, paused)
+    }
+
+    /// When `h`'s process was killed while it held `h`, if it was.
+    fn killed_holding(&self, h: &Hold) -> Option<u64> {
+        self.faults.get(&h.process)?.iter().find_map(|f| match *f {
+            ProcessFault::Killed(at) if at >= h.granted && h.released.is_none_or(|r| r > at) => {
+                Some(at)
+            }
+            _ => None,
+        })
+    }
+
+    pub fn check(&self) -> Verdict {
+        let mut verdict = Verdict {
+            holds: self.holds.len() as u64,
+            told_lost: self.holds.values().filter(|h| h.told.is_some()).count() as u64,
+            ..Verdict::default()
+        };
+        let mut by_key: HashMap<&str, Vec<(&str, &Hold)>> = HashMap::new();
+        for (id, h) in &self.holds {
+            by_key.entry(&h.key).or_default().push((id, h));
+        }
+        for holds in by_key.values_mut() {
+            holds.sort_by_key(|(_, h)| h.granted);
+            // The hold reaching furthest so far, with its end.
+            let mut latest: Option<(&str, u64, bool)> = None;
+            for (i, (id, h)) in holds.iter().enumerate() {
+                if let Some((before, end, paused)) = latest {
+                    if h.granted < end {
+                        if paused {
+                            verdict.overlaps_paused += 1;
+                        } else {
+                            verdict.overlaps_unwarned += 1;
+                            if verdict.examples.len() < 5 {
+                                let b = &self.holds[before];
+                                let ms = |t: Option<u64>| {
+                                    t.map_or("never".into(), |t| {
+                                        format!("{:+.1} ms", (t as f64 - h.granted as f64) / 1e6)
+                                    })
+                                };
+                                verdict.examples.push(format!(
+                                    "key {}: {id} (token {}) granted while {before} (token {}, granted {}) \
+                                     still acted; {before} told {}, released {}; its process's faults: {:?}",
+                                    h.key,
+                                    h.token,
+                                    b.token,
+                                    ms(Some(b.granted)),
+                                    ms(b.told),
+                                    ms(b.released),
+                                    self.faults.get(&b.process).map(|f| f
+                                        .iter()
+                                        .map(|f| match *f {
+                                            ProcessFault::Paused(s, c) => format!("paused {} to {}", ms(Some(s)), ms(Some(c))),
+                                            ProcessFault::Killed(k) => format!("killed {}", ms(Some(k))),
+                                        })
+                                        .collect::<Vec<_>>()),
+                                ));
+                            }
+                        }
+                    }
+                }
+                // The margin of every earlier hold told lost before this grant.
+                if let Some((_, prev)) = i.checked_sub(1).map(|p| holds[p]) {
+                    let excused = self.end(prev, &mut Verdict::default()).1;
+                    if let Some(told) = prev.told.filter(|_| !excused).filter(|_| {
+                        prev.released
+                            .is_none_or(|r| prev.told.is_some_and(|t| t <= r))
+                    }) {
+                        let margin = (h.granted as f64 - told as f64) / 1e6;
+                        verdict.worst_margin_ms =
+                            Some(verdict.worst_margin_ms.map_or(margin, |m| m.min(margin)));
+                    }
+                }
+                if let Some(killed) = self.killed_holding(h) {
+                    if let Some((_, next)) = holds[i + 1..].iter().find(|(_, n)| n.granted > killed)
+                    {
+                        let took = (next.granted - killed) as f64 / 1e6;
+                        verdict.kill_recovery_ms =
+                            Some(verdict.kill_recovery_ms.map_or(took, |m| m.max(took)));
+                    }
+                }
+                let (end, paused) = self.end(h, &mut verdict);
+                if latest.is_none_or(|(_, e, _)| end > e) {
+                    latest = Some((id, end, paused));
+                }
+            }
+        }
+        verdict
+    }
+}

@@ -1,0 +1,152 @@
+//! The torture harness: many lock holders under injected faults, and a
+//! checker over what happened.
+//!
+//! ```text
+//! cargo run --release --example torture -- --backend zk --secs 30 --processes 3 --workers 4 \
+//!     --keys 4 --lease-ms 2000 --nemesis all --seed 1
+//! ```
+//!
+//! `--backend` is `memory`, `redis`, `redlock` or `zk` (the harness starts
+//! its own servers, so that it can kill, restart and pause them), or a URL
+//! (`redis://..`, `redlock://..`, `zk://..`) of servers it does not own,
+//! which rules out the server faults.
+//!
+//! P client processes of W workers each lock random keys among K with the
+//! given lease (ZooKeeper: session timeout) and, inside the critical
+//! section, read-modify-write a fenced register kept in the harness
+//! ([`register`]). Every client connects to every server through a fault
+//! proxy ([`fault_proxy`]). The nemesis ([`nemesis`]) injects the faults
+//! `--nemesis` names, one at a time, at random moments, each bounded and
+//! healed. Every hold is recorded on the system-wide monotonic clock
+//! (granted, told lost, released) and checked ([`history`]) once the run
+//! and a liveness check are over. One summary line in the bench format; exit
+//! code 1 when a guarantee was broken, 2 for bad arguments.
+//!
+//! The whole description of the checks and of what each backend promises
+//! under which fault is in `bench/README.md` ("Torture").
+
+mod fault_proxy;
+mod history;
+mod nemesis;
+mod register;
+mod servers;
+mod worker;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use nemesis::Nemesis;
+
+/// The run's settings.
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub backend: String,
+    pub secs: u64,
+    pub processes: usize,
+    pub workers: usize,
+    pub keys: usize,
+    pub lease: Duration,
+    pub nemesis: String,
+    pub seed: Option<u64>,
+    /// Redis: `RedisOptions::restart_quarantine`.
+    pub quarantine: bool,
+    /// Internal: run as a client process with these settings.
+    pub client: Option<worker::ClientArgs>,
+}
+
+const USAGE: &str = "usage: torture --backend <memory|redis|redlock|zk|URL> [--secs S] \
+[--processes P] [--workers W] [--keys K] [--lease-ms L] [--nemesis all|none|LIST] [--seed N] \
+[--quarantine]";
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        backend: String::new(),
+        secs: 30,
+        processes: 3,
+        workers: 4,
+        keys: 4,
+        lease: Duration::from_secs(2),
+        nemesis: "all".into(),
+        seed: None,
+        quarantine: false,
+        client: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
+            v.parse()
+                .map_err(|_| format!("{flag}: {v:?} is not a number"))
+        }
+        match flag.as_str() {
+            "--backend" => a.backend = value()?,
+            "--secs" => a.secs = num(&flag, value()?)?,
+            "--processes" => a.processes = num(&flag, value()?)?,
+            "--workers" => a.workers = num(&flag, value()?)?,
+            "--keys" => a.keys = num(&flag, value()?)?,
+            "--lease-ms" => a.lease = Duration::from_millis(num(&flag, value()?)?),
+            "--nemesis" => a.nemesis = value()?,
+            "--seed" => a.seed = Some(num(&flag, value()?)?),
+            "--quarantine" => a.quarantine = true,
+            "--client" => a.client = Some(worker::ClientArgs::parse(&value()?)?),
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown flag {other}\n{USAGE}")),
+        }
+    }
+    if a.client.is_none() && a.backend.is_empty() {
+        return Err(format!("--backend is required\n{USAGE}"));
+    }
+    if a.secs == 0 || a.processes == 0 || a.workers == 0 || a.keys == 0 {
+        return Err("every count must be at least 1".into());
+    }
+    if a.lease < Duration::from_millis(500) {
+        return Err("--lease-ms must be at least 500 (ZooKeeper's shortest session here)".into());
+    }
+    Ok(a)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    if let Some(client) = args.client {
+        return rt.block_on(worker::client_main(client));
+    }
+    let nemesis = match Nemesis::plan(&args) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("torture: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match rt.block_on(nemesis.run()) {
+        Ok(summary) => {
+            println!("{}", summary.line);
+            for example in &summary.examples {
+                eprintln!("torture: {example}");
+            }
+            if summary.broken.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!(
+                    "torture: guarantees broken: {} (replay with --seed {})",
+                    summary.broken.join(", "),
+                    summary.seed
+                );
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("torture: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,753 @@
+//! The run: servers, proxies, client processes, the faults, and the checks
+//! at the end.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+use tower_lock::{Backend, BackendExt, MemoryBackend, Wait};
+
+use crate::fault_proxy::{Fault, FaultProxy};
+use crate::history::{now_ns, Event, History, ProcessFault};
+use crate::register::Register;
+use crate::servers::{signal_pid, Kind, Server};
+use crate::worker::{self, ClientArgs, Rng, Sink, Worker};
+use crate::Args;
+
+/// A fault the nemesis can inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum FaultKind {
+    /// Both directions between clients and one server held.
+    Partition,
+    /// Client-to-server held; server-to-client flows.
+    PartitionUp,
+    /// Server-to-client held; client-to-server flows.
+    PartitionDown,
+    /// Connections to one server closed, new ones refused.
+    Drop,
+    /// Up to a quarter lease of latency on one server's traffic.
+    Latency,
+    /// `kill -9` of a client process (a new one takes its place).
+    Kill,
+    /// `SIGSTOP` of a client process for one and a half leases.
+    Pause,
+    /// `kill -9` of a server and a restart.
+    ServerKill,
+    /// `SIGSTOP` of a server for one and a half leases.
+    ServerPause,
+    /// In process: a waiting or holding task cancelled.
+    Cancel,
+    /// In process: a holder panics.
+    Panic,
+}
+
+const ALL: [(FaultKind, &str); 11] = [
+    (FaultKind::Partition, "partition"),
+    (FaultKind::PartitionUp, "partition-up"),
+    (FaultKind::PartitionDown, "partition-down"),
+    (FaultKind::Drop, "drop"),
+    (FaultKind::Latency, "latency"),
+    (FaultKind::Kill, "kill"),
+    (FaultKind::Pause, "pause"),
+    (FaultKind::ServerKill, "server-kill"),
+    (FaultKind::ServerPause, "server-pause"),
+    (FaultKind::Cancel, "cancel"),
+    (FaultKind::Panic, "panic"),
+];
+
+impl FaultKind {
+    fn name(self) -> &'static str {
+        ALL.iter().find(|(k, _)| *k == self).expect("listed").1
+    }
+}
+
+/// The planned run.
+pub struct Nemesis {
+    args: Args,
+    /// `memory`, `redis`, `redlock` or `zk`.
+    kind: String,
+    /// Servers given by URL (the harness starts its own otherwise).
+    given: Option<Vec<SocketAddr>>,
+    faults: Vec<FaultKind>,
+}
+
+/// The result of a run.
+pub struct Summary {
+    pub line: String,
+    pub broken: Vec<&'static str>,
+    pub examples: Vec<String>,
+    pub seed: u64,
+}
+
+impl Nemesis {
+    pub fn plan(args: &Args) -> Result<Nemesis, String> {
+        let (kind, given) = match args.backend.split_once("://") {
+            None => (args.backend.clone(), None),
+            Some((scheme, rest)) => {
+                let hosts = rest.split('/').next().unwrap_or(rest);
+                let addrs = hosts
+                    .split(',')
+                    .map(|h| {
+                        h.parse()
+                            .map_err(|_| format!("{h:?} is not host:port (use 127.0.0.1)"))
+                    })
+                    .collect::<Result<Vec<SocketAddr>, String>>()?;
+                (scheme.to_owned(), Some(addrs))
+            }
+        };
+        if !["memory", "redis", "redlock", "zk"].contains(&kind.as_str()) {
+            return Err(format!("unknown backend {:?}", args.backend));
+        }
+        let possible: Vec<FaultKind> = ALL
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| match (kind.as_str(), k) {
+                ("memory", FaultKind::Cancel | FaultKind::Panic) => true,
+                ("memory", _) | (_, FaultKind::Cancel | FaultKind::Panic) => false,
+                (_, FaultKind::ServerKill | FaultKind::ServerPause) => given.is_none(),
+                _ => true,
+            })
+            .collect();
+        let faults = match args.nemesis.as_str() {
+            "all" => possible,
+            "none" => Vec::new(),
+            list => list
+                .split(',')
+                .map(|name| {
+                    let k = ALL
+                        .iter()
+                        .find(|(_, n)| *n == name)
+                        .map(|(k, _)| *k)
+                        .ok_or(format!("unknown fault {name:?}"))?;
+                    if possible.contains(&k) {
+                        Ok(k)
+                    } else {
+                        Err(format!("fault {name:?} does not apply to this backend (server faults need servers the harness starts)"))
+                    }
+                })
+                .collect::<Result<_, String>>()?,
+        };
+        Ok(Nemesis {
+            args: args.clone(),
+            kind,
+            given,
+            faults,
+        })
+    }
+
+    pub async fn run(self) -> Result<Summary, String> {
+        let seed = self.args.seed.unwrap_or_else(|| now_ns() % 1_000_000_007);
+        let root = format!("torture{}-{}", seed % 1_000_000, std::process::id());
+        let work = std::env::temp_dir().join(&root);
+        std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+        let result = if self.kind == "memory" {
+            self.run_memory(seed, &root).await
+        } else {
+            self.run_remote(seed, &root, &work).await
+        };
+        // Kept when something went wrong: the servers' and clients' logs.
+        match &result {
+            Ok(summary) if summary.broken.is_empty() => {
+                let _ = std::fs::remove_dir_all(&work);
+            }
+            _ => eprintln!("torture: logs kept in {}", work.display()),
+        }
+        result
+    }
+
+    /// Memory: workers are tasks of this process; the faults are
+    /// cancellation and panics.
+    async fn run_memory(&self, seed: u64, root: &str) -> Result<Summary, String> {
+        let a = &self.args;
+        let backend = Arc::new(MemoryBackend::new());
+        let register = Register::start().await.map_err(|e| e.to_string())?;
+        let keys = Arc::new(worker::keys(root, a.keys));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let history = collect(rx);
+        let until = now_ns() + a.secs * 1_000_000_000;
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !info.to_string().contains("as the nemesis asked") {
+                default_hook(info);
+            }
+        }));
+        let mut rng = Rng::new(seed);
+        let mut next_id = 0u64;
+        let mut spawn = |rng: &mut Rng| {
+            next_id += 1;
+            let id = format!("m{next_id}");
+            let panic = worker::panic_flag();
+            let w = Worker {
+                backend: backend.clone() as Arc<dyn Backend>,
+                register: register.addr(),
+                keys: keys.clone(),
+                lease: a.lease,
+                process: id.clone(),
+                name: id.clone(),
+                seed: rng.next(),
+                until_ns: until,
+                sink: Sink::Channel(tx.clone()),
+                panic: Some(panic.clone()),
+            };
+            (id, tokio::spawn(w.run()), panic)
+        };
+        let mut tasks: Vec<_> = (0..a.processes * a.workers)
+            .map(|_| spawn(&mut rng))
+            .collect();
+        let mut counts = BTreeMap::new();
+        while now_ns() < until {
+            tokio::time::sleep(rng.between(Duration::from_millis(2), Duration::from_millis(30)))
+                .await;
+            // Workers that panicked are replaced.
+            for t in tasks.iter_mut() {
+                if t.1.is_finished() && now_ns() < until {
+                    *t = spawn(&mut rng);
+                }
+            }
+            let Some(&fault) = pick(&mut rng, &self.faults) else {
+                continue;
+            };
+            let i = rng.below(tasks.len() as u64) as usize;
+            match fault {
+                FaultKind::Cancel => {
+                    tasks[i].1.abort();
+                    let _ = (&mut tasks[i].1).await;
+                    history
+                        .lock()
+                        .unwrap()
+                        .process_fault(&tasks[i].0, ProcessFault::Killed(now_ns()));
+                    tasks[i] = spawn(&mut rng);
+                }
+                FaultKind::Panic => tasks[i].2.store(true, std::sync::atomic::Ordering::SeqCst),
+                _ => unreachable!("memory faults only"),
+            }
+            *counts.entry(fault.name()).or_insert(0u64) += 1;
+        }
+        for t in tasks {
+            let _ = t.1.await;
+        }
+        let unavailable = liveness(backend.clone(), &keys, a.lease, Duration::from_secs(1)).await;
+        let leaked = backend.active_keys() as u64;
+        drop(tx);
+        let _ = std::panic::take_hook();
+        let history = std::mem::take(&mut *history.lock().unwrap());
+        Ok(summarize(
+            &self.args,
+            "memory",
+            seed,
+            &history,
+            &register,
+            counts,
+            leaked,
+            unavailable,
+            false,
+        ))
+    }
+
+    async fn run_remote(
+        &self,
+        seed: u64,
+        root: &str,
+        work: &std::path::Path,
+    ) -> Result<Summary, String> {
+        let a = &self.args;
+        let mut servers = Vec::new();
+        let addrs = match &self.given {
+            Some(addrs) => addrs.clone(),
+            None => {
+                let (kind, n) = match self.kind.as_str() {
+                    "zk" => (Kind::ZooKeeper, 1),
+                    "redlock" => (Kind::Redis, 3),
+                    _ => (Kind::Redis, 1),
+                };
+                for i in 0..n {
+                    let work = work.to_owned();
+                    let server = tokio::task::spawn_blocking(move || {
+                        Server::start(kind, &work, &format!("server{i}"))
+                    })
+                    .await
+                    .map_err(|e| e.to_string())??;
+                    servers.push(server);
+                }
+                servers.iter().map(|s| s.addr).collect()
+            }
+        };
+        let servers: Vec<Arc<Mutex<Server>>> = servers
+            .into_iter()
+            .map(|s| Arc::new(Mutex::new(s)))
+            .collect();
+        let join = |list: &mut dyn Iterator<Item = SocketAddr>| {
+            list.map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+        };
+        let direct = join(&mut addrs.iter().copied());
+        let register = Register::start().await.map_err(|e| e.to_string())?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let history = collect(rx);
+        let until = now_ns() + a.secs * 1_000_000_000;
+        let mut rng = Rng::new(seed);
+        // Each client reaches each server through a proxy of its own, so
+        // that a partition can cut one replica off from the others.
+        let client_args = |id: String, seed: u64, proxies: &[FaultProxy]| ClientArgs {
+            kind: self.kind.clone(),
+            servers: join(&mut proxies.iter().map(FaultProxy::addr)),
+            register: register.addr().to_string(),
+            workers: a.workers,
+            keys: a.keys,
+            lease_ms: a.lease.as_millis() as u64,
+            seed,
+            id,
+            until_ns: until,
+            quarantine: a.quarantine,
+            root: root.to_owned(),
+        };
+        let mut clients = Clients {
+            work: work.to_owned(),
+            running: HashMap::new(),
+            next: 0,
+            events: tx.clone(),
+        };
+        for _ in 0..a.processes {
+            let (id, proxies) = clients.prepare(&addrs).await?;
+            clients.spawn(client_args(id, rng.next(), &proxies), proxies)?;
+        }
+        let mut counts = BTreeMap::new();
+        let lease = a.lease;
+        let longest = lease * 2 + Duration::from_secs(3);
+        while now_ns() + (longest.as_nanos() as u64) < until {
+            tokio::time::sleep(rng.between(lease / 2, lease * 2)).await;
+            let Some(&fault) = pick(&mut rng, &self.faults) else {
+                continue;
+            };
+            let lasting = rng.between(lease / 2, lease * 2);
+            match fault {
+                FaultKind::Partition
+                | FaultKind::PartitionUp
+                | FaultKind::PartitionDown
+                | FaultKind::Drop
+                | FaultKind::Latency => {
+                    let set = match fault {
+                        FaultKind::Partition => Fault::Freeze,
+                        FaultKind::PartitionUp => Fault::FreezeUp,
+                        FaultKind::PartitionDown => Fault::FreezeDown,
+                        FaultKind::Drop => Fault::Drop,
+                        _ => Fault::Latency(rng.between(Duration::from_millis(1), lease / 4)),
+                    };
+                    for (id, server) in clients.links(&mut rng, addrs.len()) {
+                        if let Some(proxy) = clients.proxy(&id, server) {
+                            proxy.set(set);
+                        }
+                    }
+                    tokio::time::sleep(lasting).await;
+                    clients.heal();
+                }
+                FaultKind::Kill => {
+                    let id = clients.any(&mut rng);
+                    if let Some(at) = clients.kill(&id).await {
+                        history
+                            .lock()
+                            .unwrap()
+                            .process_fault(&id, ProcessFault::Killed(at));
+                    }
+                    let (id, proxies) = clients.prepare(&addrs).await?;
+                    clients.spawn(client_args(id, rng.next(), &proxies), proxies)?;
+                }
+                FaultKind::Pause => {
+                    let id = clients.any(&mut rng);
+                    if let Some(pid) = clients.pid(&id) {
+                        // Stopped for sure once the signal is sent; not
+                        // running before the one that continues it.
+                        signal_pid(pid, "STOP");
+                        let stop = now_ns();
+                        tokio::time::sleep(lease * 3 / 2).await;
+                        let cont = now_ns();
+                        signal_pid(pid, "CONT");
+                        history
+                            .lock()
+                            .unwrap()
+                            .process_fault(&id, ProcessFault::Paused(stop, cont));
+                    }
+                }
+                FaultKind::ServerKill => {
+                    let server = servers[rng.below(servers.len() as u64) as usize].clone();
+                    server.lock().unwrap().kill();
+                    // Redlock's own rule for an instance without persistence:
+                    // stay down for a lease ("delayed restarts"), so that it
+                    // cannot help grant a lock a majority still holds.
+                    if self.kind == "redlock" {
+                        tokio::time::sleep(lease + lease / 10).await;
+                    }
+                    tokio::task::spawn_blocking(move || server.lock().unwrap().restart())
+                        .await
+                        .map_err(|e| e.to_string())??;
+                }
+                FaultKind::ServerPause => {
+                    let server = &servers[rng.below(servers.len() as u64) as usize];
+                    server.lock().unwrap().signal("STOP");
+                    tokio::time::sleep(lease * 3 / 2).await;
+                    server.lock().unwrap().signal("CONT");
+                }
+                FaultKind::Cancel | FaultKind::Panic => unreachable!("in-process faults"),
+            }
+            *counts.entry(fault.name()).or_insert(0u64) += 1;
+        }
+        clients.heal();
+        // The clients stop at `until`, release, flush and exit.
+        let grace = Duration::from_nanos(until.saturating_sub(now_ns()))
+            + lease * 4
+            + Duration::from_secs(20);
+        let stragglers = clients.wait_all(grace).await;
+        if stragglers > 0 {
+            eprintln!(
+                "torture: {stragglers} client processes did not finish in time and were killed"
+            );
+        }
+        drop(tx);
+        let backend = worker::open(&self.kind, &direct, lease, a.quarantine, root)
+            .await
+            .map_err(|e| format!("opening the backend for the final checks: {e}"))?;
+        let keys = worker::keys(root, a.keys);
+        // A killed holder's key comes back once its lease (or session) ends.
+        let unavailable = liveness(
+            backend.clone(),
+            &keys,
+            lease,
+            lease + Duration::from_secs(10),
+        )
+        .await;
+        backend.flush().await;
+        drop(backend);
+        let leaked = leaks(
+            &self.kind,
+            &addrs,
+            root,
+            lease * 3 + Duration::from_secs(10),
+        )
+        .await?;
+        let history = std::mem::take(&mut *history.lock().unwrap());
+        let excused = self.kind == "redis" && !a.quarantine && counts.contains_key("server-kill");
+        Ok(summarize(
+            a,
+            backend_name(&self.kind),
+            seed,
+            &history,
+            &register,
+            counts,
+            leaked,
+            unavailable,
+            excused,
+        ))
+    }
+}
+
+fn backend_name(kind: &str) -> &'static str {
+    match kind {
+        "zk" => "zookeeper",
+        "redis" => "redis",
+        "redlock" => "redlock",
+        _ => "memory",
+    }
+}
+
+fn pick<'a, T>(rng: &mut Rng, list: &'a [T]) -> Option<&'a T> {
+    (!list.is_empty()).then(|| &list[rng.below(list.len() as u64) as usize])
+}
+
+/// Gathers events into a history as they come.
+fn collect(mut rx: mpsc::UnboundedReceiver<(String, Event)>) -> Arc<Mutex<History>> {
+    let history = Arc::new(Mutex::new(History::default()));
+    let shared = history.clone();
+    tokio::spawn(async move {
+        while let Some((process, event)) = rx.recv().await {
+            shared.lock().unwrap().record(&process, event);
+        }
+    });
+    history
+}
+
+/// The client processes of a run.
+struct Clients {
+    work: PathBuf,
+    /// Each client's process and its proxies, one per server.
+    running: HashMap<String, (tokio::process::Child, Vec<FaultProxy>)>,
+    next: u64,
+    events: mpsc::UnboundedSender<(String, Event)>,
+}
+
+impl Clients {
+    /// A new client's id and its proxies.
+    async fn prepare(
+        &mut self,
+        servers: &[SocketAddr],
+    ) -> Result<(String, Vec<FaultProxy>), String> {
+        self.next += 1;
+        let mut proxies = Vec::new();
+        for s in servers {
+            proxies.push(FaultProxy::start(*s).await.map_err(|e| e.to_string())?);
+        }
+        Ok((format!("p{}", self.next), proxies))
+    }
+
+    fn proxy(&self, id: &str, server: usize) -> Option<&FaultProxy> {
+        self.running.get(id)?.1.get(server)
+    }
+
+    /// The links (client, server index) a network fault cuts: one client
+    /// from one server or from all, or one server from every client.
+    fn links(&self, rng: &mut Rng, servers: usize) -> Vec<(String, usize)> {
+        let client = self.any(rng);
+        match rng.below(4) {
+            0 | 1 => vec![(client, rng.below(servers as u64) as usize)],
+            2 => (0..servers).map(|s| (client.clone(), s)).collect(),
+            _ => {
+                let server = rng.below(servers as u64) as usize;
+                self.running.keys().map(|id| (id.clone(), server)).collect()
+            }
+        }
+    }
+
+    fn heal(&self) {
+        for (_, proxies) in self.running.values() {
+            for p in proxies {
+                p.heal();
+            }
+        }
+    }
+
+    fn spawn(&mut self, args: ClientArgs, proxies: Vec<FaultProxy>) -> Result<(), String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(self.work.join(format!("{}.log", args.id)))
+            .map_err(|e| e.to_string())?;
+        let mut child = tokio::process::Command::new(exe)
+            .arg("--client")
+            .arg(args.format())
+            .stdout(std::process::Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let stdout = child.stdout.take().expect("piped");
+        let (id, events) = (args.id.clone(), self.events.clone());
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(event) = Event::parse(&line) {
+                    let _ = events.send((id.clone(), event));
+                }
+            }
+        });
+        self.running.insert(args.id, (child, proxies));
+        Ok(())
+    }
+
+    fn any(&self, rng: &mut Rng) -> String {
+        let mut ids: Vec<&String> = self.running.keys().collect();
+        ids.sort();
+        ids[rng.below(ids.len() as u64) as usize].clone()
+    }
+
+    fn pid(&self, id: &str) -> Option<u32> {
+        self.running.get(id)?.0.id()
+    }
+
+    /// `kill -9`; returns when it is dead, with the time.
+    async fn kill(&mut self, id: &str) -> Option<u64> {
+        let (mut child, _proxies) = self.running.remove(id)?;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        Some(now_ns())
+    }
+
+    /// Waits for every client to exit; kills the ones still running after
+    /// `limit` and says how many.
+    async fn wait_all(&mut self, limit: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut stragglers = 0;
+        for (_, (mut child, _proxies)) in self.running.drain() {
+            if tokio::time::timeout_at(deadline, child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                stragglers += 1;
+            }
+        }
+        stragglers
+    }
+}
+
+/// Locks every key once with `wait`: the keys that cannot be had.
+async fn liveness(
+    backend: Arc<dyn Backend>,
+    keys: &[String],
+    lease: Duration,
+    wait: Duration,
+) -> u64 {
+    let tries: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (backend, k) = (backend.clone(), k.clone());
+            tokio::spawn(async move {
+                match backend
+                    .lock(k.as_str())
+                    .lease(lease)
+                    .wait(Wait::Timeout(wait))
+                    .await
+                {
+                    Ok(guard) => guard.release().await.is_ok(),
+                    Err(e) => {
+                        eprintln!("torture: key {k} not acquirable after the faults healed: {e}");
+                        false
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut unavailable = 0;
+    for t in tries {
+        if !t.await.unwrap_or(false) {
+            unavailable += 1;
+        }
+    }
+    unavailable
+}
+
+/// Lock keys or nodes still on the servers once `within` has passed (the
+/// leases and sessions of killed clients end first).
+async fn leaks(
+    kind: &str,
+    servers: &[SocketAddr],
+    root: &str,
+    within: Duration,
+) -> Result<u64, String> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = match kind {
+            "zk" => zk_nodes(servers[0], root).await?,
+            _ => {
+                let mut n = 0;
+                for s in servers {
+                    n += redis_lock_keys(*s, root).await?;
+                }
+                n
+            }
+        };
+        if left == 0 || tokio::time::Instant::now() > deadline {
+            return Ok(left);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn redis_lock_keys(server: SocketAddr, root: &str) -> Result<u64, String> {
+    let client = redis::Client::open(format!("redis://{server}")).map_err(|e| e.to_string())?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| format!("redis at {server}: {e}"))?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{{{root}-k*"))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(keys.iter().filter(|k| !k.ends_with(":fence")).count() as u64)
+}
+
+async fn zk_nodes(server: SocketAddr, root: &str) -> Result<u64, String> {
+    let zk = zookeeper_client::Client::connect(&server.to_string())
+        .await
+        .map_err(|e| format!("zookeeper at {server}: {e}"))?;
+    let dir = format!("/{root}");
+    let keys = match zk.list_children(&dir).await {
+        Ok(keys) => keys,
+        Err(zookeeper_client::Error::NoNode) => return Ok(0),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut n = 0;
+    for key in keys {
+        match zk.list_children(&format!("{dir}/{key}")).await {
+            Ok(children) => n += children.len() as u64,
+            Err(zookeeper_client::Error::NoNode) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(n)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn summarize(
+    args: &Args,
+    backend: &str,
+    seed: u64,
+    history: &History,
+    register: &Register,
+    counts: BTreeMap<&'static str, u64>,
+    leaked: u64,
+    unavailable: u64,
+    overlaps_excused: bool,
+) -> Summary {
+    let v = history.check();
+    let t = register.tally();
+    let faults: u64 = counts.values().sum();
+    let by_kind: Vec<String> = counts.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+    let margin = v
+        .worst_margin_ms
+        .map_or("none".into(), |m| format!("{m:.0}"));
+    let resume = v
+        .told_after_resume_ms
+        .map_or("none".into(), |m| format!("{m:.0}"));
+    let recovery = v
+        .kill_recovery_ms
+        .map_or("none".into(), |m| format!("{m:.0}"));
+    let line = format!(
+        "impl=tower-lock backend={backend} workload=torture secs={} processes={} workers={} keys={} \
+         lease_ms={} seed={seed} holds={} faults={faults} faults_by_kind={} told_lost={} \
+         stale_refused={} overlaps_unwarned={} overlaps_paused={} stale_accepted={} lost_updates={} \
+         leaked={leaked} unavailable_keys={unavailable} failed_acquisitions={} writes_accepted={} \
+         worst_margin_ms={margin} told_after_resume_ms={resume} kill_recovery_ms={recovery}",
+        args.secs,
+        args.processes,
+        args.workers,
+        args.keys,
+        args.lease.as_millis(),
+        v.holds,
+        if by_kind.is_empty() { "none".into() } else { by_kind.join(",") },
+        v.told_lost,
+        t.stale_refused,
+        v.overlaps_unwarned,
+        v.overlaps_paused,
+        t.stale_accepted,
+        t.lost_updates,
+        history.failed_acquisitions,
+        t.writes_accepted,
+    );
+    let mut broken = Vec::new();
+    if v.overlaps_unwarned > 0 && !overlaps_excused {
+        broken.push("overlaps_unwarned");
+    }
+    if t.stale_accepted > 0 {
+        broken.push("stale_accepted");
+    }
+    if t.lost_updates > 0 {
+        broken.push("lost_updates");
+    }
+    if leaked > 0 {
+        broken.push("leaked");
+    }
+    if unavailable > 0 {
+        broken.push("unavailable_keys");
+    }
+    if v.holds == 0 {
+        broken.push("no hold at all");
+    }
+    Summary {
+        line,
+        broken,
+        examples: v.examples,
+        seed,
+    }
+}

@@ -1,0 +1,384 @@
+//! A lock holder: what every worker of every client process does, and the
+//! client process itself.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tower_lock::backend::{
+    RedisBackend, RedisOptions, RedlockBackend, ZookeeperBackend, ZookeeperOptions,
+};
+use tower_lock::{Backend, BackendExt, LockError, Wait};
+
+use crate::history::{now_ns, Event};
+use crate::register::{Answer, RegisterClient};
+
+/// A small, seeded pseudo-random sequence (xorshift64*), so that a run can
+/// be replayed from its seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// A duration between `lo` and `hi`.
+    pub fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        let span = hi.saturating_sub(lo).as_micros() as u64;
+        lo + Duration::from_micros(self.below(span + 1))
+    }
+}
+
+/// Where a worker's events go: the client process's standard output (read
+/// by the harness), or straight to the harness when it runs in process.
+#[derive(Clone)]
+pub enum Sink {
+    Stdout,
+    Channel(tokio::sync::mpsc::UnboundedSender<(String, Event)>),
+}
+
+impl Sink {
+    fn emit(&self, process: &str, event: Event) {
+        match self {
+            // One write per line (stdout is line-buffered), so lines of
+            // different workers never interleave.
+            Sink::Stdout => println!("{}", event.line()),
+            Sink::Channel(tx) => {
+                let _ = tx.send((process.to_owned(), event));
+            }
+        }
+    }
+}
+
+/// One worker's settings.
+pub struct Worker {
+    pub backend: Arc<dyn Backend>,
+    pub register: SocketAddr,
+    pub keys: Arc<Vec<String>>,
+    pub lease: Duration,
+    /// The process (or, in process, the task) it belongs to.
+    pub process: String,
+    pub name: String,
+    pub seed: u64,
+    pub until_ns: u64,
+    pub sink: Sink,
+    /// In process: set by the nemesis to make the worker panic while it
+    /// holds a lock.
+    pub panic: Option<Arc<AtomicBool>>,
+}
+
+impl Worker {
+    /// Locks random keys until `until_ns`, doing a read-modify-write on the
+    /// register inside each critical section.
+    pub async fn run(self) {
+        let mut rng = Rng::new(self.seed);
+        let mut register = RegisterClient::connect(self.register)
+            .await
+            .expect("the harness's register");
+        let mut seq = 0u64;
+        while now_ns() < self.until_ns {
+            let key = &self.keys[rng.below(self.keys.len() as u64) as usize];
+            let acquired = self
+                .backend
+                .lock(key.as_str())
+                .lease(self.lease)
+                .wait(Wait::Timeout(self.lease * 2))
+                .await;
+            let guard = match acquired {
+                Ok(guard) => guard,
+                Err(e) => {
+                    self.sink.emit(&self.process, Event::Failed);
+                    if !matches!(e, LockError::Timeout { .. } | LockError::Busy) {
+                        // The backend is unreachable: do not spin.
+                        let pause = rng.between(Duration::from_millis(10), self.lease / 10);
+                        tokio::time::sleep(pause).await;
+                    }
+                    continue;
+                }
+            };
+            seq += 1;
+            let hold = format!("{}.{}", self.name, seq);
+            let token = guard.token().get();
+            self.sink.emit(
+                &self.process,
+                Event::Granted {
+                    hold: hold.clone(),
+                    key: key.clone(),
+                    token,
+                    at: now_ns(),
+                },
+            );
+            let told = {
+                let lost = guard.lost();
+                let (sink, process, hold) = (self.sink.clone(), self.process.clone(), hold.clone());
+                tokio::spawn(async move {
+                    lost.await;
+                    sink.emit(&process, Event::ToldLost { hold, at: now_ns() });
+                })
+            };
+            // Declared after the guard, so dropped before it, also when the
+            // task is cancelled or panics: the hold's end is recorded before
+            // the release can let anyone else in.
+            let ending = Ending {
+                sink: &self.sink,
+                process: &self.process,
+                hold: hold.clone(),
+                told,
+            };
+            // Whether the holder knows its lock is lost, recorded as it
+            // learns it (the watcher above may not run before the release).
+            let told_now = || {
+                let lost = guard.is_lost();
+                if lost {
+                    self.sink.emit(
+                        &self.process,
+                        Event::ToldLost {
+                            hold: hold.clone(),
+                            at: now_ns(),
+                        },
+                    );
+                }
+                lost
+            };
+            // The critical section: read, think, write what was read plus one.
+            let outcome = if told_now() {
+                "skip"
+            } else {
+                match register.read(key, token, &hold).await.expect("register") {
+                    Answer::Value(v) => {
+                        // Mostly short; one in six outlives the lease, so
+                        // that faults find holders to take locks from.
+                        let think = if rng.below(6) == 0 {
+                            rng.between(self.lease / 2, self.lease * 2)
+                        } else {
+                            rng.between(Duration::ZERO, self.lease / 20)
+                        };
+                        tokio::time::sleep(think).await;
+                        if told_now() {
+                            "skip"
+                        } else {
+                            match register.write(key, token, &hold, v + 1).await {
+                                Ok(Answer::Ok) => "ok",
+                                Ok(_) => "stale",
+                                Err(e) => panic!("register: {e}"),
+                            }
+                        }
+                    }
+                    _ => "stale",
+                }
+            };
+            self.sink.emit(
+                &self.process,
+                Event::Wrote {
+                    hold: hold.clone(),
+                    outcome: outcome.into(),
+                    at: now_ns(),
+                },
+            );
+            if self
+                .panic
+                .as_ref()
+                .is_some_and(|p| p.swap(false, Ordering::SeqCst))
+            {
+                // Unwinding drops the guard: the release must still happen.
+                panic!("torture: a holder panics, as the nemesis asked");
+            }
+            drop(ending);
+            if rng.below(2) == 0 {
+                drop(guard);
+            } else {
+                let _ = guard.release().await;
+            }
+        }
+    }
+}
+
+/// Records the end of a hold when dropped: when its holder stops acting on
+/// it, whether by releasing, by being cancelled or by panicking.
+struct Ending<'a> {
+    sink: &'a Sink,
+    process: &'a str,
+    hold: String,
+    told: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        self.told.abort();
+        self.sink.emit(
+            self.process,
+            Event::Released {
+                hold: std::mem::take(&mut self.hold),
+                at: now_ns(),
+            },
+        );
+    }
+}
+
+/// What the harness tells a client process, passed as one `--client`
+/// argument: `key=value` pairs separated by `;`.
+#[derive(Clone, Debug, Default)]
+pub struct ClientArgs {
+    pub kind: String,
+    /// Server addresses (the proxies'), comma-separated.
+    pub servers: String,
+    pub register: String,
+    pub workers: usize,
+    pub keys: usize,
+    pub lease_ms: u64,
+    pub seed: u64,
+    pub id: String,
+    pub until_ns: u64,
+    pub quarantine: bool,
+    pub root: String,
+}
+
+impl ClientArgs {
+    pub fn parse(s: &str) -> Result<ClientArgs, String> {
+        let mut c = ClientArgs::default();
+        for pair in s.split(';') {
+            let (k, v) = pair.split_once('=').ok_or(format!("--client: {pair:?}"))?;
+            let bad = |_| format!("--client: {k}={v}");
+            match k {
+                "kind" => c.kind = v.into(),
+                "servers" => c.servers = v.into(),
+                "register" => c.register = v.into(),
+                "workers" => c.workers = v.parse().map_err(bad)?,
+                "keys" => c.keys = v.parse().map_err(bad)?,
+                "lease_ms" => c.lease_ms = v.parse().map_err(bad)?,
+                "seed" => c.seed = v.parse().map_err(bad)?,
+                "id" => c.id = v.into(),
+                "until_ns" => c.until_ns = v.parse().map_err(bad)?,
+                "quarantine" => c.quarantine = v == "1",
+                "root" => c.root = v.into(),
+                _ => return Err(format!("--client: unknown {k}")),
+            }
+        }
+        Ok(c)
+    }
+
+    pub fn format(&self) -> String {
+        format!(
+            "kind={};servers={};register={};workers={};keys={};lease_ms={};seed={};id={};\
+             until_ns={};quarantine={};root={}",
+            self.kind,
+            self.servers,
+            self.register,
+            self.workers,
+            self.keys,
+            self.lease_ms,
+            self.seed,
+            self.id,
+            self.until_ns,
+            u8::from(self.quarantine),
+            self.root
+        )
+    }
+}
+
+/// The keys of a run.
+pub fn keys(root: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{root}-k{i}")).collect()
+}
+
+/// Opens the backend of `kind` on `servers` (comma-separated host:port).
+pub async fn open(
+    kind: &str,
+    servers: &str,
+    lease: Duration,
+    quarantine: bool,
+    root: &str,
+) -> Result<Arc<dyn Backend>, LockError> {
+    Ok(match kind {
+        "redis" => {
+            let mut options = RedisOptions::default();
+            if quarantine {
+                options = options.restart_quarantine(lease);
+            }
+            Arc::new(RedisBackend::connect_with(&format!("redis://{servers}"), options).await?)
+        }
+        "redlock" => Arc::new(RedlockBackend::connect(&format!("redlock://{servers}")).await?),
+        "zk" => Arc::new(
+            ZookeeperBackend::connect_with(
+                &format!("zk://{servers}"),
+                ZookeeperOptions::default()
+                    .root(format!("/{root}"))
+                    .session_timeout(lease),
+            )
+            .await?,
+        ),
+        other => {
+            return Err(LockError::Config(format!(
+                "no client process for backend {other}"
+            )))
+        }
+    })
+}
+
+/// A client process: W workers until the deadline, then release, flush,
+/// and say `D` (done).
+pub async fn client_main(c: ClientArgs) -> ExitCode {
+    let lease = Duration::from_millis(c.lease_ms);
+    // The servers may be down or cut off right now: keep trying.
+    let backend = loop {
+        match open(&c.kind, &c.servers, lease, c.quarantine, &c.root).await {
+            Ok(b) => break b,
+            Err(e) if now_ns() < c.until_ns => {
+                eprintln!("torture client {}: {e}; retrying", c.id);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                eprintln!("torture client {}: {e}", c.id);
+                println!("D");
+                return ExitCode::SUCCESS;
+            }
+        }
+    };
+    let register: SocketAddr = match c.register.parse() {
+        Ok(a) => a,
+        Err(_) => return ExitCode::from(2),
+    };
+    let keys = Arc::new(keys(&c.root, c.keys));
+    let mut tasks = Vec::new();
+    for w in 0..c.workers {
+        let worker = Worker {
+            backend: backend.clone(),
+            register,
+            keys: keys.clone(),
+            lease,
+            process: c.id.clone(),
+            name: format!("{}.{w}", c.id),
+            seed: c.seed ^ ((w as u64 + 1) << 32) ^ u64::from(std::process::id()),
+            until_ns: c.until_ns,
+            sink: Sink::Stdout,
+            panic: None,
+        };
+        tasks.push(tokio::spawn(worker.run()));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let _ = tokio::time::timeout(lease * 3, backend.flush()).await;
+    println!("D");
+    ExitCode::SUCCESS
+}
+
+/// In process (the memory backend): whether a worker panicking is the fault
+/// the nemesis injected.
+pub fn panic_flag() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}
