@@ -280,4 +280,3 @@ mod tests {
         assert!(!s.can_fire());
     }
 }
-

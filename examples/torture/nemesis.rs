@@ -39,13 +39,16 @@ enum FaultKind {
     ServerKill,
     /// `SIGSTOP` of a server for one and a half leases.
     ServerPause,
+    /// Redlock: one server's wall clock stepped forward by two leases
+    /// (Kleppmann's case against Redlock), emulated: see [`step_clock`].
+    Clock,
     /// In process: a waiting or holding task cancelled.
     Cancel,
     /// In process: a holder panics.
     Panic,
 }
 
-const ALL: [(FaultKind, &str); 11] = [
+const ALL: [(FaultKind, &str); 12] = [
     (FaultKind::Partition, "partition"),
     (FaultKind::PartitionUp, "partition-up"),
     (FaultKind::PartitionDown, "partition-down"),
@@ -55,6 +58,7 @@ const ALL: [(FaultKind, &str); 11] = [
     (FaultKind::Pause, "pause"),
     (FaultKind::ServerKill, "server-kill"),
     (FaultKind::ServerPause, "server-pause"),
+    (FaultKind::Clock, "clock"),
     (FaultKind::Cancel, "cancel"),
     (FaultKind::Panic, "panic"),
 ];
@@ -109,6 +113,7 @@ impl Nemesis {
                 ("memory", FaultKind::Cancel | FaultKind::Panic) => true,
                 ("memory", _) | (_, FaultKind::Cancel | FaultKind::Panic) => false,
                 (_, FaultKind::ServerKill | FaultKind::ServerPause) => given.is_none(),
+                (kind, FaultKind::Clock) => kind == "redlock" && given.is_none(),
                 _ => true,
             })
             .collect();
@@ -390,6 +395,10 @@ impl Nemesis {
                     tokio::time::sleep(lease * 3 / 2).await;
                     server.lock().unwrap().signal("CONT");
                 }
+                FaultKind::Clock => {
+                    let server = addrs[rng.below(addrs.len() as u64) as usize];
+                    step_clock(server, root, lease * 2).await?;
+                }
                 FaultKind::Cancel | FaultKind::Panic => unreachable!("in-process faults"),
             }
             *counts.entry(fault.name()).or_insert(0u64) += 1;
@@ -428,7 +437,10 @@ impl Nemesis {
         )
         .await?;
         let history = std::mem::take(&mut *history.lock().unwrap());
-        let excused = self.kind == "redis" && !a.quarantine && counts.contains_key("server-kill");
+        // Faults the backend documents as outside its guarantees: there the
+        // fenced register must refuse every stale write instead.
+        let excused = (self.kind == "redis" && !a.quarantine && counts.contains_key("server-kill"))
+            || (self.kind == "redlock" && counts.contains_key("clock"));
         Ok(summarize(
             a,
             backend_name(&self.kind),
@@ -641,6 +653,40 @@ async fn leaks(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// What a forward step of a Redis server's wall clock by `step` does to
+/// locks: every key's time to live, which Redis counts on that clock, ends
+/// `step` sooner. Emulated by shortening the TTLs, because Debian's
+/// redis-server is linked with jemalloc, which libfaketime cannot run under
+/// (libfaketime issue 130).
+async fn step_clock(server: SocketAddr, root: &str, step: Duration) -> Result<(), String> {
+    let client = redis::Client::open(format!("redis://{server}")).map_err(|e| e.to_string())?;
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return Ok(()); // down or restarting: nothing to step
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{{{root}-k*"))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let step = step.as_millis() as i64;
+    for key in keys.iter().filter(|k| !k.ends_with(":fence")) {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if ttl > 0 {
+            let _: i64 = redis::cmd("PEXPIRE")
+                .arg(key)
+                .arg((ttl - step).max(1))
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
 }
 
 async fn redis_lock_keys(server: SocketAddr, root: &str) -> Result<u64, String> {
