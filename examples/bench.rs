@@ -1,8 +1,10 @@
-//! The benchmark program described in the project's BENCHMARKS.md.
+//! The benchmark program: command line, workloads and output format are
+//! described in `bench/README.md`.
 //!
 //! ```text
 //! cargo run --release --example bench -- --backend memory --workload uncontended --n 5000
 //! cargo run --release --example bench -- --backend memory --workload contended --secs 5 --workers 8
+//! cargo run --release --example bench -- --backend memory --workload contended --secs 5 --no-lock
 //! cargo run --release --example bench -- --backend memory --workload keys --secs 5 --workers 8 --keys 100
 //! cargo run --release --example bench -- --backend memory --workload http --secs 5 --conns 32
 //! cargo run --release --example bench -- --backend zk://127.0.0.1:2181 --workload floor --n 2000
@@ -20,6 +22,12 @@
 //! and await its answer in the background, and the next acquire follows it
 //! on the same connection. `--release await` calls `guard.release().await`,
 //! which waits for the answer: one more round trip per cycle.
+//!
+//! The critical section of `contended` and `keys` counts its holders and
+//! yields (or sleeps `--hold-us`) while inside, so a lock that lets two
+//! holders in shows `overlaps>0` whatever its latency; `--no-lock` is the
+//! negative control that proves it (`impl=no-lock`: each worker locks a key
+//! of its own through the same backend, so the lock excludes nobody).
 //!
 //! Each result is one line of `key=value` pairs separated by single spaces.
 //! Exit code 2 for bad arguments or a backend this build cannot open.
@@ -47,6 +55,13 @@ struct Args {
     processes: usize,
     /// `guard.release().await` rather than dropping the guard.
     await_release: bool,
+    /// How long a holder stays in the critical section; zero yields once.
+    hold: Duration,
+    /// Negative control: each worker locks a key of its own, so the lock
+    /// excludes nobody and the overlap check must see overlaps.
+    no_lock: bool,
+    /// `http`: serve both routes bare, to calibrate the comparison.
+    calibrate: bool,
     /// Internal: run as one of `--processes`, logging critical sections to
     /// this file.
     section_log: Option<String>,
@@ -54,7 +69,7 @@ struct Args {
 
 const USAGE: &str = "usage: bench --backend <memory|redis://..|redlock://..|zk://..> \
 --workload <uncontended|contended|keys|http|floor> [--n N] [--secs S] [--workers W] [--keys K] \
-[--conns C] [--processes P] [--release drop|await]";
+[--conns C] [--processes P] [--release drop|await] [--hold-us H] [--no-lock] [--calibrate]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -67,6 +82,9 @@ fn parse_args() -> Result<Args, String> {
         conns: 32,
         processes: 1,
         await_release: false,
+        hold: Duration::ZERO,
+        no_lock: false,
+        calibrate: false,
         section_log: None,
     };
     let mut it = std::env::args().skip(1);
@@ -86,6 +104,9 @@ fn parse_args() -> Result<Args, String> {
             "--conns" => a.conns = num(&flag, value()?)?,
             "--processes" => a.processes = num(&flag, value()?)?,
             "--section-log" => a.section_log = Some(value()?),
+            "--hold-us" => a.hold = Duration::from_micros(num(&flag, value()?)?),
+            "--no-lock" => a.no_lock = true,
+            "--calibrate" => a.calibrate = true,
             "--release" => {
                 a.await_release = match value()?.as_str() {
                     "drop" => false,
@@ -99,6 +120,12 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.workload.is_empty() {
         return Err(format!("--workload is required\n{USAGE}"));
+    }
+    if a.no_lock && !matches!(a.workload.as_str(), "contended" | "keys") {
+        return Err("--no-lock applies to the contended and keys workloads".into());
+    }
+    if a.calibrate && a.workload != "http" {
+        return Err("--calibrate applies to the http workload".into());
     }
     if a.n == 0 || a.secs == 0 || a.workers == 0 || a.keys == 0 || a.conns == 0 || a.processes == 0
     {
@@ -166,8 +193,9 @@ async fn run(args: Args) -> ExitCode {
         backend.flush().await;
         let waits: Vec<String> = r.waits.iter().map(|w| w.as_nanos().to_string()).collect();
         println!(
-            "child cycles={} per_worker_min={} per_worker_max={} overlaps={} waits_ns={}",
+            "child cycles={} elapsed_ns={} per_worker_min={} per_worker_max={} overlaps={} waits_ns={}",
             r.cycles,
+            r.elapsed.as_nanos(),
             r.per_worker_min,
             r.per_worker_max,
             r.overlaps,
@@ -187,7 +215,7 @@ async fn run(args: Args) -> ExitCode {
         },
         "contended" => contended(&backend, args.workers, args.secs, &how).await,
         "keys" => keys(&backend, args.workers, args.keys, args.secs, &how).await,
-        "http" => http(backend.clone(), args.conns, args.secs).await,
+        "http" => http(backend.clone(), args.conns, args.secs, args.calibrate).await,
         other => {
             eprintln!("bench: unknown workload {other:?}\n{USAGE}");
             return ExitCode::from(2);
@@ -195,8 +223,17 @@ async fn run(args: Args) -> ExitCode {
     };
     // Releases still in flight reach the server before the process exits.
     backend.flush().await;
+    // The negative control and the calibration are not this library's
+    // figures: they say so in the first field.
+    let implementation = if args.no_lock {
+        "no-lock"
+    } else if args.calibrate {
+        "bare-vs-bare"
+    } else {
+        "tower-lock"
+    };
     println!(
-        "impl=tower-lock backend={name} workload={} {line}",
+        "impl={implementation} backend={name} workload={} {line}",
         args.workload
     );
     ExitCode::SUCCESS
@@ -327,10 +364,17 @@ async fn redis_floor(url: &str, n: usize) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// How the workers release, and where they log their critical sections.
+/// How the workers lock, hold and release, and where they log their critical
+/// sections.
 #[derive(Clone)]
 struct How {
     await_release: bool,
+    /// Time spent inside the critical section; zero yields once. Either way
+    /// other tasks run while a holder is inside, so two holders at once show
+    /// as an overlap whatever the lock's latency.
+    hold: Duration,
+    /// Each worker locks a key of its own: the negative control.
+    no_lock: bool,
     /// Under `--processes`: a file every process appends `E token` and
     /// `L token` lines to on entering and leaving a critical section. Appends
     /// are atomic and ordered by the kernel, so the parent finds any overlap
@@ -351,6 +395,8 @@ impl How {
         };
         Ok(How {
             await_release: args.await_release,
+            hold: args.hold,
+            no_lock: args.no_lock,
             section_log,
         })
     }
@@ -363,17 +409,21 @@ impl How {
         }
     }
 
-    /// Logs entering, then lets other tasks run inside the critical section,
-    /// so that it spans more than the two writes.
-    async fn enter(&self, token: u64) {
-        if self.section_log.is_some() {
-            self.log('E', token);
-            tokio::task::yield_now().await;
+    /// The critical section, entered by a holder of `token`: counts the
+    /// holders inside `inside` (an overlap when it was not alone), logs
+    /// entering and leaving, and holds for `hold` (or yields once) in between.
+    async fn section(&self, inside: &AtomicUsize, overlaps: &AtomicU64, token: u64) {
+        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            overlaps.fetch_add(1, Ordering::SeqCst);
         }
-    }
-
-    fn leave(&self, token: u64) {
+        self.log('E', token);
+        if self.hold.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(self.hold).await;
+        }
         self.log('L', token);
+        inside.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn log(&self, what: char, token: u64) {
@@ -394,11 +444,14 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let (secs, workers) = (args.secs.to_string(), args.workers.to_string());
     let release = if args.await_release { "await" } else { "drop" };
+    let hold = args.hold.as_micros().to_string();
     let mut children = Vec::new();
     for _ in 0..args.processes {
         let child = tokio::process::Command::new(&exe)
             .args(["--backend", &args.backend, "--workload", "contended"])
             .args(["--secs", &secs, "--workers", &workers, "--release", release])
+            .args(["--hold-us", &hold])
+            .args(args.no_lock.then_some("--no-lock"))
             .arg("--section-log")
             .arg(&log)
             .stdout(std::process::Stdio::piped())
@@ -408,6 +461,7 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
         children.push(child);
     }
     let mut cycles = 0;
+    let mut elapsed = Duration::ZERO;
     let mut overlaps = 0;
     let mut per_worker_min = u64::MAX;
     let mut per_worker_max = 0;
@@ -427,6 +481,7 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
         };
         let num = |name: &str| field(name).parse::<u64>().unwrap_or(0);
         cycles += num("cycles");
+        elapsed = elapsed.max(Duration::from_nanos(num("elapsed_ns")));
         overlaps += num("overlaps");
         per_worker_min = per_worker_min.min(num("per_worker_min"));
         per_worker_max = per_worker_max.max(num("per_worker_max"));
@@ -458,7 +513,7 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
     }
     // Redlock's tokens rise only while its servers' clocks agree (see its
     // docs); every other backend's must rise strictly.
-    if regressions > 0 {
+    if regressions > 0 && !args.no_lock {
         let msg = format!("{regressions} fencing tokens were lower than the one granted before");
         if args.backend.starts_with("redlock://") {
             eprintln!("bench: {msg} (Redlock does not promise rising tokens)");
@@ -469,7 +524,7 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
     waits.sort_unstable();
     let run = Run {
         cycles,
-        cycles_per_s: cycles as f64 / args.secs as f64,
+        elapsed,
         waits,
         per_worker_min,
         per_worker_max,
@@ -491,16 +546,24 @@ struct Tally {
 /// The totals of a run of workers over some keys.
 struct Run {
     cycles: u64,
-    cycles_per_s: f64,
+    /// The time the counted cycles took.
+    elapsed: Duration,
     waits: Vec<Duration>,
     per_worker_min: u64,
     per_worker_max: u64,
     overlaps: u64,
 }
 
-/// `workers` tasks loop for `secs` seconds: pick one of `keys` (a fixed
-/// pseudo-random sequence per worker), acquire, enter the critical section
-/// (a per-key counter detects overlap), leave, release.
+/// Cycles that start within this long of the workers' start are not counted,
+/// in this program and in every peer's: connections, caches and the JIT warm
+/// up first.
+const WARM_UP: Duration = Duration::from_millis(500);
+
+/// `workers` tasks loop for `secs` seconds after [`WARM_UP`]: pick one of
+/// `keys` (a fixed pseudo-random sequence per worker), acquire, run the
+/// critical section, release. Under `--no-lock` each worker locks a key of
+/// its own instead (same round trips, no exclusion between workers) while
+/// the section still counts holders of the key it picked.
 async fn run_workers(
     backend: &Arc<dyn Backend>,
     workers: usize,
@@ -512,17 +575,20 @@ async fn run_workers(
     let inside: Arc<Vec<AtomicUsize>> =
         Arc::new(keys.iter().map(|_| AtomicUsize::new(0)).collect());
     let overlaps = Arc::new(AtomicU64::new(0));
+    let counting = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for w in 0..workers {
-        let (backend, keys, inside, overlaps, stop, how) = (
+        let (backend, keys, inside, overlaps, counting, stop, how) = (
             backend.clone(),
             keys.clone(),
             inside.clone(),
             overlaps.clone(),
+            counting.clone(),
             stop.clone(),
             how.clone(),
         );
+        let own_key = format!("bench:no-lock:{}:{w}", std::process::id());
         tasks.push(tokio::spawn(async move {
             // xorshift64*: a fixed, per-worker sequence of keys.
             let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (w as u64 + 1);
@@ -531,29 +597,31 @@ async fn run_workers(
                 waits: Vec::with_capacity(1 << 16),
             };
             while !stop.load(Ordering::Relaxed) {
+                let counted = counting.load(Ordering::Relaxed);
                 x ^= x >> 12;
                 x ^= x << 25;
                 x ^= x >> 27;
                 let k = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) % keys.len() as u64) as usize;
+                let key = if how.no_lock { &own_key } else { &keys[k] };
                 let t = Instant::now();
                 let g = backend
-                    .lock(keys[k].as_str())
+                    .lock(key.as_str())
                     .wait(Wait::Forever)
                     .await
                     .expect("lock");
-                tally.waits.push(t.elapsed());
-                if inside[k].fetch_add(1, Ordering::SeqCst) != 0 {
-                    overlaps.fetch_add(1, Ordering::SeqCst);
-                }
-                how.enter(g.token().get()).await;
-                how.leave(g.token().get());
-                inside[k].fetch_sub(1, Ordering::SeqCst);
+                let waited = t.elapsed();
+                how.section(&inside[k], &overlaps, g.token().get()).await;
                 how.release(g).await;
-                tally.cycles += 1;
+                if counted {
+                    tally.waits.push(waited);
+                    tally.cycles += 1;
+                }
             }
             tally
         }));
     }
+    tokio::time::sleep(WARM_UP).await;
+    counting.store(true, Ordering::Relaxed);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     stop.store(true, Ordering::Relaxed);
@@ -561,6 +629,7 @@ async fn run_workers(
     for t in tasks {
         tallies.push(t.await.expect("worker"));
     }
+    // Cycles begun before the stop are counted, so is the time they took.
     let elapsed = started.elapsed();
     let total: u64 = tallies.iter().map(|t| t.cycles).sum();
     let per_worker_min = tallies.iter().map(|t| t.cycles).min().unwrap_or(0);
@@ -569,7 +638,7 @@ async fn run_workers(
     waits.sort_unstable();
     Run {
         cycles: total,
-        cycles_per_s: total as f64 / elapsed.as_secs_f64(),
+        elapsed,
         waits,
         per_worker_min,
         per_worker_max,
@@ -586,7 +655,7 @@ async fn contended(backend: &Arc<dyn Backend>, workers: usize, secs: u64, how: &
 fn contended_line(workers: usize, secs: u64, r: &Run) -> String {
     format!(
         "workers={workers} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} per_worker_min={} per_worker_max={} overlaps={}",
-        r.cycles_per_s,
+        r.cycles as f64 / r.elapsed.as_secs_f64(),
         us(percentile(&r.waits, 0.50)),
         us(percentile(&r.waits, 0.99)),
         r.per_worker_min,
@@ -606,7 +675,7 @@ async fn keys(
     let r = run_workers(backend, workers, names, secs, how).await;
     format!(
         "workers={workers} keys={nkeys} secs={secs} cycles_per_s={:.0} wait_p50_us={} wait_p99_us={} overlaps={}",
-        r.cycles_per_s,
+        r.cycles as f64 / r.elapsed.as_secs_f64(),
         us(percentile(&r.waits, 0.50)),
         us(percentile(&r.waits, 0.99)),
         r.overlaps,
@@ -643,10 +712,13 @@ impl Clients {
     }
 
     /// Every connection sends requests back to back for `dur`, each on a SKU
-    /// no other request uses; returns how many completed.
-    async fn drive(&mut self, dur: Duration) -> u64 {
+    /// no other request uses; returns how many completed and the time they
+    /// took (from the start until the last request in flight at `dur` is
+    /// answered).
+    async fn drive(&mut self, dur: Duration) -> (u64, Duration) {
         let stop = Arc::new(AtomicBool::new(false));
         let base = self.sent;
+        let started = Instant::now();
         let tasks: Vec<_> = self
             .clients
             .drain(..)
@@ -677,21 +749,27 @@ impl Clients {
             total += done;
         }
         self.sent += total;
-        total
+        (total, started.elapsed())
     }
 }
 
-async fn http(backend: Arc<dyn Backend>, conns: usize, secs: u64) -> String {
-    let bare = serve(Router::new().route("/orders/{sku}", post(order))).await;
-    let locked = serve(
-        Router::new()
-            .route("/orders/{sku}", post(order))
-            .route_layer(LockLayer::with_locker(
-                Locker::from_arc(backend),
-                PathParam("sku"),
-            )),
-    )
-    .await;
+/// Two servers in this process, one per route, each with its own `conns`
+/// connections from the same client code: the bare route and the route under
+/// `LockLayer` (both bare under `--calibrate`, which shows how far apart two
+/// identical routes measure). The phases alternate A-B-B-A; a rate is the
+/// requests a route answered over the time its phases actually took.
+async fn http(backend: Arc<dyn Backend>, conns: usize, secs: u64, calibrate: bool) -> String {
+    let route = || Router::new().route("/orders/{sku}", post(order));
+    let bare = serve(route()).await;
+    let locked = if calibrate {
+        serve(route()).await
+    } else {
+        serve(route().route_layer(LockLayer::with_locker(
+            Locker::from_arc(backend),
+            PathParam("sku"),
+        )))
+        .await
+    };
     let mut bare = Clients::connect(bare, conns).await;
     let mut locked = Clients::connect(locked, conns).await;
     // Warm up, then alternate short phases in an A-B-B-A pattern, so that
@@ -700,18 +778,24 @@ async fn http(backend: Arc<dyn Backend>, conns: usize, secs: u64) -> String {
     locked.drive(Duration::from_millis(250)).await;
     let phases = (secs * 10).max(2) as u32;
     let phase = Duration::from_secs(secs) / phases;
-    let (mut n_bare, mut n_locked) = (0u64, 0u64);
+    // Requests answered and the time they took, per route.
+    let (mut on_bare, mut on_locked) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
+    async fn measure(clients: &mut Clients, phase: Duration, sum: &mut (u64, Duration)) {
+        let (n, t) = clients.drive(phase).await;
+        sum.0 += n;
+        sum.1 += t;
+    }
     for i in 0..phases {
         if i % 2 == 0 {
-            n_bare += bare.drive(phase).await;
-            n_locked += locked.drive(phase).await;
+            measure(&mut bare, phase, &mut on_bare).await;
+            measure(&mut locked, phase, &mut on_locked).await;
         } else {
-            n_locked += locked.drive(phase).await;
-            n_bare += bare.drive(phase).await;
+            measure(&mut locked, phase, &mut on_locked).await;
+            measure(&mut bare, phase, &mut on_bare).await;
         }
     }
-    let total = secs as f64;
-    let (rps_bare, rps_locked) = (n_bare as f64 / total, n_locked as f64 / total);
+    let rps_bare = on_bare.0 as f64 / on_bare.1.as_secs_f64();
+    let rps_locked = on_locked.0 as f64 / on_locked.1.as_secs_f64();
     format!(
         "conns={conns} secs={secs} rps_bare={rps_bare:.0} rps_locked={rps_locked:.0} ratio={:.3}",
         rps_locked / rps_bare

@@ -225,11 +225,49 @@ for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LO
             die "bench over $backend printed: $line"
     done
 done
+# Negative controls: the same workloads with a lock that excludes nobody must
+# show overlaps, or the overlaps=0 above prove nothing.
+for backend in memory "$TOWER_LOCK_REDIS_URL" "zk://$TOWER_LOCK_ZK_ADDR"; do
+    for workload in "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 4"; do
+        # shellcheck disable=SC2086
+        line=$(cargo run -q --example bench -- --backend "$backend" --workload $workload --no-lock)
+        echo "$line"
+        [[ "$line" =~ overlaps=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -gt 0 ] ||
+            die "the negative control over $backend saw no overlap: $line"
+    done
+done
+line=$(cargo run -q --example bench -- --backend "$TOWER_LOCK_REDIS_URL" --workload contended --secs 1 --workers 4 --processes 2 --no-lock)
+echo "$line"
+[[ "$line" =~ overlaps=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -gt 0 ] ||
+    die "the negative control across processes saw no overlap: $line"
+line=$(cargo run -q --example bench -- --backend memory --workload http --secs 1 --conns 4 --calibrate)
+echo "$line"
+[[ "$line" == impl=bare-vs-bare\ * ]] || die "bench --calibrate printed: $line"
 set +e
 cargo run -q --example bench -- --backend zk://127.0.0.1:1 --workload uncontended 2>/dev/null
 code=$?
 set -e
 [ "$code" -eq 2 ] || die "bench with an unreachable backend should exit 2, got $code"
 check_no_redis_locks "after the examples"
+
+step "torture harness, short runs (a fixed seed, then a random one; replay with --seed N)"
+# Each run starts its own servers, injects every fault that applies to the
+# backend and exits 1 if a guarantee was broken.
+cargo build -q --release --example torture
+torture() {
+    local line
+    line=$(target/release/examples/torture "$@") || die "torture $*: ${line:-no summary}"
+    echo "$line"
+    [[ "$line" == *workload=torture* && "$line" == *stale_accepted=0\ lost_updates=0\ leaked=0\ unavailable_keys=0* ]] ||
+        die "torture $*: $line"
+}
+torture --backend memory --secs 10 --seed 1
+torture --backend memory --secs 10
+torture --backend redis --secs 30 --seed 1
+torture --backend redis --secs 30 --quarantine
+torture --backend redlock --secs 30 --seed 1
+torture --backend redlock --secs 30
+torture --backend zk --secs 30 --seed 1
+torture --backend zk --secs 30
 
 step "all checks passed in $((SECONDS - started))s"

@@ -5,12 +5,30 @@
 //   bench/peers/curator/run --backend zk://127.0.0.1:PORT --workload contended --secs 5 --workers 8
 //
 // Contended workers are threads of one JVM sharing one CuratorFramework (one
-// session), as a Curator application would. The JIT is warmed up first.
+// session), as a Curator application would. Every release is
+// InterProcessMutex.release(), which deletes the lock node and waits for the
+// answer. The JIT is warmed up first: uncontended times N acquire+release after
+// 500 untimed ones.
+//
+// The critical section of a contended cycle has no client-side lock around its
+// check: an AtomicInteger counts the holders inside (an overlap when someone
+// else was inside), then the holder yields once (Thread.yield(), `--hold-us 0`,
+// the default) or sleeps `--hold-us` microseconds so that a second holder could
+// run while it is inside, then leaves and releases. Cycles begun in the first
+// 500 ms are a warm-up and not counted; cycles_per_s is the counted cycles over
+// the time they took (end of warm-up until the last of them ended). Overlaps are
+// counted over the whole run.
+//
+//   bench/peers/curator/run --backend zk://127.0.0.1:PORT --workload contended --secs 5 --no-lock
+//
+// is the negative control: the same loop without the lock. It must report
+// overlaps>0, which proves the check can fail.
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.LockSupport;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
@@ -20,22 +38,29 @@ public class CuratorBench {
     public static void main(String[] args) throws Exception {
         String backend = null, workload = null;
         int n = 2000, secs = 5, workers = 8;
-        for (int i = 0; i < args.length; i += 2) {
+        long holdUs = 0;
+        boolean noLock = false;
+        for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
-                case "--backend": backend = args[i + 1]; break;
-                case "--workload": workload = args[i + 1]; break;
-                case "--n": n = Integer.parseInt(args[i + 1]); break;
-                case "--secs": secs = Integer.parseInt(args[i + 1]); break;
-                case "--workers": workers = Integer.parseInt(args[i + 1]); break;
+                case "--backend": backend = args[++i]; break;
+                case "--workload": workload = args[++i]; break;
+                case "--n": n = Integer.parseInt(args[++i]); break;
+                case "--secs": secs = Integer.parseInt(args[++i]); break;
+                case "--workers": workers = Integer.parseInt(args[++i]); break;
+                case "--hold-us": holdUs = Long.parseLong(args[++i]); break;
+                case "--no-lock": noLock = true; break;
                 default: throw new IllegalArgumentException(args[i]);
             }
         }
+        if (holdUs < 0) usage("--hold-us must be at least 0");
+        if (noLock && !"contended".equals(workload)) usage("--no-lock applies to the contended workload");
         String hosts = backend.replaceFirst("^zk://", "").split("/")[0];
         CuratorFramework client = CuratorFrameworkFactory.newClient(hosts, 10000, 5000, new RetryOneTime(100));
         client.start();
         client.blockUntilConnected();
-        String line = workload.equals("uncontended") ? uncontended(client, n) : contended(client, workers, secs);
-        System.out.println("impl=curator backend=zookeeper workload=" + workload + " " + line);
+        String line = workload.equals("uncontended") ? uncontended(client, n) : contended(client, workers, secs, holdUs, noLock);
+        String name = noLock ? "no-lock-curator" : "curator";
+        System.out.println("impl=" + name + " backend=zookeeper workload=" + workload + " " + line);
         client.close();
     }
 
@@ -53,10 +78,13 @@ public class CuratorBench {
         return "n=" + n + " p50_us=" + us(pct(samples, 0.5)) + " p99_us=" + us(pct(samples, 0.99));
     }
 
-    static String contended(CuratorFramework client, int workers, int secs) throws Exception {
-        AtomicBoolean stop = new AtomicBoolean();
+    /** Cycles begun this long after the workers start are the first counted. */
+    static final long WARM_UP_MS = 500;
+
+    static String contended(CuratorFramework client, int workers, int secs, long holdUs, boolean noLock)
+            throws Exception {
+        AtomicBoolean stop = new AtomicBoolean(), counting = new AtomicBoolean();
         AtomicInteger inside = new AtomicInteger(), overlaps = new AtomicInteger();
-        List<long[]> waits = new ArrayList<>();
         int[] counts = new int[workers];
         List<List<Long>> perWorker = new ArrayList<>();
         Thread[] threads = new Thread[workers];
@@ -68,24 +96,33 @@ public class CuratorBench {
                 InterProcessMutex lock = new InterProcessMutex(client, "/bench-curator/contended");
                 try {
                     while (!stop.get()) {
+                        boolean counted = counting.get();
                         long t = System.nanoTime();
-                        lock.acquire();
-                        mine.add(System.nanoTime() - t);
+                        if (!noLock) lock.acquire();
+                        long waited = System.nanoTime() - t;
+                        // The critical section: no lock around the check.
                         if (inside.incrementAndGet() != 1) overlaps.incrementAndGet();
+                        hold(holdUs);
                         inside.decrementAndGet();
-                        lock.release();
-                        counts[id]++;
+                        if (!noLock) lock.release();
+                        if (counted) {
+                            mine.add(waited);
+                            counts[id]++;
+                        }
                     }
                 } catch (Exception e) {
                     throw new RuntimeException(e);
                 }
             });
         }
-        long started = System.nanoTime();
         for (Thread t : threads) t.start();
+        Thread.sleep(WARM_UP_MS);
+        counting.set(true);
+        long started = System.nanoTime();
         Thread.sleep(secs * 1000L);
         stop.set(true);
         for (Thread t : threads) t.join();
+        // Cycles begun before the stop are counted, so is the time they took.
         double elapsed = (System.nanoTime() - started) / 1e9;
         long total = 0;
         int min = Integer.MAX_VALUE, max = 0;
@@ -94,6 +131,26 @@ public class CuratorBench {
         return "workers=" + workers + " secs=" + secs + " cycles_per_s=" + Math.round(total / elapsed)
             + " wait_p50_us=" + us(pct(all, 0.5)) + " wait_p99_us=" + us(pct(all, 0.99))
             + " per_worker_min=" + min + " per_worker_max=" + max + " overlaps=" + overlaps.get();
+    }
+
+    /**
+     * Yields once (zero) or sleeps {@code us} microseconds. Not Thread.sleep:
+     * before JDK 21 it rounds any nanos up to a whole millisecond.
+     */
+    static void hold(long us) {
+        if (us == 0) {
+            Thread.yield();
+            return;
+        }
+        long deadline = System.nanoTime() + us * 1000;
+        for (long left = us * 1000; left > 0; left = deadline - System.nanoTime()) {
+            LockSupport.parkNanos(left);
+        }
+    }
+
+    static void usage(String message) {
+        System.err.println("CuratorBench: " + message);
+        System.exit(2);
     }
 
     static long pct(long[] sorted, double p) {

@@ -1,6 +1,21 @@
-//! rslock (LockManager over one instance) measured like tower-lock's bench
-//! program: same workloads, same output format. Defaults as rslock ships them.
+//! rslock (LockManager over one instance, or its Redlock over several)
+//! measured like tower-lock's bench program: same workloads, same output
+//! format. Defaults as rslock ships them. Every release is `lm.unlock(&l)`
+//! awaited: one round trip that waits for the server's answer.
+//!
+//! `contended` runs W tasks on a multi-threaded tokio runtime, each looping
+//! acquire -> critical section -> release on one key. The critical section
+//! counts the holders inside (an AtomicUsize, no lock around the check; an
+//! overlap when someone else was inside), then yields once
+//! (`--hold-us 0`, the default) or sleeps `--hold-us` µs, so that a second
+//! holder could run while the first is inside. Cycles begun in the first
+//! 500 ms are a warm-up and not counted; `cycles_per_s` is the counted cycles
+//! over the time they took (end of warm-up until the last of them ended).
+//! Overlaps are counted over the whole run. `--no-lock` is the negative
+//! control: the same loop without acquiring or releasing; it must report
+//! overlaps>0. `uncontended` times N acquire+release after 50 untimed ones.
 
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,11 +44,31 @@ fn arg(name: &str, default: &str) -> String {
         .unwrap_or_else(|| default.to_owned())
 }
 
+fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
 const TTL: Duration = Duration::from_secs(30);
 
-fn main() {
+/// Cycles begun this long after the workers start are the first counted, as
+/// in tower-lock's bench program.
+const WARM_UP: Duration = Duration::from_millis(500);
+
+fn main() -> ExitCode {
     let url = arg("--backend", "redis://127.0.0.1:6379");
     let workload = arg("--workload", "uncontended");
+    let no_lock = flag("--no-lock");
+    let hold = match arg("--hold-us", "0").parse::<u64>() {
+        Ok(h) => Duration::from_micros(h),
+        Err(e) => {
+            eprintln!("rslock-peer-bench: --hold-us: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if no_lock && workload != "contended" {
+        eprintln!("rslock-peer-bench: --no-lock applies to the contended workload");
+        return ExitCode::from(2);
+    }
     let rt = if workload == "uncontended" {
         tokio::runtime::Builder::new_current_thread()
     } else {
@@ -70,28 +105,52 @@ fn main() {
                 let workers: usize = arg("--workers", "8").parse().unwrap();
                 let secs: u64 = arg("--secs", "5").parse().unwrap();
                 let stop = Arc::new(AtomicBool::new(false));
+                let counting = Arc::new(AtomicBool::new(false));
                 let inside = Arc::new(AtomicUsize::new(0));
                 let overlaps = Arc::new(AtomicU64::new(0));
                 let mut tasks = Vec::new();
                 for _ in 0..workers {
-                    let (lm, stop, inside, overlaps) =
-                        (lm.clone(), stop.clone(), inside.clone(), overlaps.clone());
+                    let (lm, stop, counting, inside, overlaps) = (
+                        lm.clone(),
+                        stop.clone(),
+                        counting.clone(),
+                        inside.clone(),
+                        overlaps.clone(),
+                    );
                     tasks.push(tokio::spawn(async move {
                         let (mut cycles, mut waits) = (0u64, Vec::new());
                         while !stop.load(Ordering::Relaxed) {
+                            let counted = counting.load(Ordering::Relaxed);
                             let t = Instant::now();
-                            let l = lm.acquire_no_guard("bench:rslock:c", TTL).await.unwrap();
-                            waits.push(t.elapsed());
+                            let l = if no_lock {
+                                None
+                            } else {
+                                Some(lm.acquire_no_guard("bench:rslock:c", TTL).await.unwrap())
+                            };
+                            let waited = t.elapsed();
+                            // The critical section: no lock around the check.
                             if inside.fetch_add(1, Ordering::SeqCst) != 0 {
                                 overlaps.fetch_add(1, Ordering::SeqCst);
                             }
+                            if hold.is_zero() {
+                                tokio::task::yield_now().await;
+                            } else {
+                                tokio::time::sleep(hold).await;
+                            }
                             inside.fetch_sub(1, Ordering::SeqCst);
-                            lm.unlock(&l).await;
-                            cycles += 1;
+                            if let Some(l) = l {
+                                lm.unlock(&l).await;
+                            }
+                            if counted {
+                                waits.push(waited);
+                                cycles += 1;
+                            }
                         }
                         (cycles, waits)
                     }));
                 }
+                tokio::time::sleep(WARM_UP).await;
+                counting.store(true, Ordering::Relaxed);
                 let started = Instant::now();
                 tokio::time::sleep(Duration::from_secs(secs)).await;
                 stop.store(true, Ordering::Relaxed);
@@ -102,6 +161,7 @@ fn main() {
                     counts.push(c);
                     waits.extend(w);
                 }
+                // Cycles begun before the stop are counted, so is the time they took.
                 let elapsed = started.elapsed().as_secs_f64();
                 waits.sort();
                 format!(
@@ -122,5 +182,7 @@ fn main() {
     } else {
         "redis"
     };
-    println!("impl=rslock backend={backend} workload={workload} {line}");
+    let name = if no_lock { "no-lock-rslock" } else { "rslock" };
+    println!("impl={name} backend={backend} workload={workload} {line}");
+    ExitCode::SUCCESS
 }
