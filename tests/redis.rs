@@ -1,12 +1,27 @@
 //! The Redis backend against a real redis-server. `scripts/test-all.sh` starts
-//! one and sets `TOWER_LOCK_REDIS_URL`.
-#![cfg(feature = "redis")]
+//! one and sets `TOWER_LOCK_REDIS_URL` (and three more for Redlock); run
+//! without it, every test here fails and says how to start one.
+//!
+//! Cargo.toml's dev-dependency on this crate turns the `redis` feature on
+//! for every test build, plain `cargo test` included, so these tests are
+//! always built: they are never skipped by a feature set.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+#[cfg(not(feature = "redis"))]
+compile_error!(
+    "tests/redis.rs needs the `redis` feature (Cargo.toml's self dev-dependency enables it); \
+     run scripts/test-all.sh, or `cargo test --all-features` with the servers it starts"
+);
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use common::check_two_process_log;
+use common::fault_proxy::{Fault as ProxyFault, FaultProxy};
 
 use redis::AsyncCommands;
 use tower_lock::backend::{RedisBackend, RedisOptions};
@@ -182,21 +197,265 @@ async fn renewal_keeps_a_lock_past_its_lease() {
 }
 
 #[tokio::test]
-async fn a_lock_taken_away_is_reported_lost() {
+async fn waiters_in_one_process_are_served_in_arrival_order() {
+    let b = backend("fifo").await;
+    let holder = b.lock("k").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    // More waiters than one Redis acquisition serves (8 grants): the order
+    // holds across the lock going back to Redis and being taken again.
+    for i in 0..20 {
+        let (b, order) = (b.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = b.lock("k").wait(Duration::from_secs(10)).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::task::yield_now().await;
+            g.release().await.unwrap();
+        }));
+        // On the current-thread runtime this runs waiter i until it queues.
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+    }
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+
+    // In every mode: a reader that arrives after a queued writer waits for
+    // it, though it could share with the reader holding the key.
+    let reader = b.lock("doc").read().await.unwrap();
+    let writer = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("doc").write().wait(Duration::from_secs(10)).await })
+    };
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!writer.is_finished());
+    let late = b.lock("doc").read().fail_fast().await;
+    assert!(
+        matches!(late, Err(LockError::Busy)),
+        "a reader overtook a queued writer: {late:?}"
+    );
+    reader.release().await.unwrap();
+    writer.await.unwrap().unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
+async fn tokens_keep_rising_when_the_fencing_counter_expires() {
+    let url = redis_url();
+    let b = backend("fence-expiry").await;
+    let fence = format!("{}{{k}}:fence", prefix("fence-expiry"));
+    let mut conn = raw(&url).await;
+    let day_ms = 24 * 3600 * 1000;
+    let mut last = 0;
+    for round in 0..3 {
+        // A burst of acquisitions moves the counter on; then it expires.
+        for i in 0..50 {
+            let g = if i % 5 == 0 {
+                b.lock("k").read().await.unwrap()
+            } else {
+                b.lock("k").await.unwrap()
+            };
+            assert!(
+                g.token().get() > last,
+                "round {round}: token {} after {last}",
+                g.token()
+            );
+            last = g.token().get();
+            g.release().await.unwrap();
+        }
+        // The counter outlives its key by a day, not forever.
+        let ttl: i64 = conn.pttl(&fence).await.unwrap();
+        assert!(ttl > day_ms - 60_000 && ttl <= day_ms, "{fence} PTTL {ttl}");
+        let _: bool = conn.pexpire(&fence, 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let exists: bool = conn.exists(&fence).await.unwrap();
+        assert!(!exists, "{fence} did not expire");
+    }
+}
+
+/// When `signal` fires, by the clock of a task of its own (so that the
+/// moment is taken when the signal wakes it, not when the test looks).
+fn when_lost(signal: &tower_lock::LostSignal) -> tokio::task::JoinHandle<Instant> {
+    let signal = signal.clone();
+    tokio::spawn(async move {
+        signal.lost().await;
+        Instant::now()
+    })
+}
+
+/// Waits for a `when_lost` task; `limit` only bounds a hang, the callers
+/// assert the guarantee on the instant.
+async fn lost_at(task: tokio::task::JoinHandle<Instant>, limit: Duration, what: &str) -> Instant {
+    tokio::time::timeout(limit, task)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the holder was never told its lock was lost"))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_away_is_reported_lost_within_a_renewal_and_before_its_lease_ends() {
     let url = redis_url();
     let b = backend("taken").await;
-    let g = b.lock("k").lease(Duration::from_millis(600)).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let asked = Instant::now();
+    let g = b.lock("k").lease(lease).await.unwrap();
+    let lost = when_lost(g.held().lost_signal());
     let key = b.redis_key(&LockKey::new("k").unwrap());
-    let _: () = raw(&url).await.del(&key).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(5), g.lost())
-        .await
-        .expect("not told the lock was lost");
+    let deleted: i64 = raw(&url).await.del(&key).await.unwrap();
+    let taken = Instant::now();
+    assert_eq!(deleted, 1, "the lock was not in Redis under {key}");
+    let lost = lost_at(lost, 2 * lease, "taken away").await;
+    // The lease counts from when the acquire was sent, which is after `asked`.
+    assert!(
+        lost < asked + lease,
+        "told {:?} after asking for a {lease:?} lease: after it ended",
+        lost - asked
+    );
+    // The next renewal starts within a third of the lease of the loss and
+    // ends (answered or timed out) within another third.
+    assert!(
+        lost < taken + lease * 2 / 3,
+        "told {:?} after the key was deleted",
+        lost - taken
+    );
     assert!(g
         .held()
         .lost_signal()
         .reason()
         .unwrap()
         .contains("another owner"));
+}
+
+fn socket_addr(url: &str) -> std::net::SocketAddr {
+    let hostport = url
+        .strip_prefix("redis://")
+        .unwrap_or_else(|| panic!("{url} is not a redis:// URL"))
+        .trim_end_matches('/');
+    hostport
+        .parse()
+        .unwrap_or_else(|e| panic!("{url}: the tests need redis://IP:PORT ({e})"))
+}
+
+/// How a holder's renewals are made to fail while Redis stays up.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Its connections go through a proxy that stops passing anything:
+    /// renewals go unanswered.
+    Silent,
+    /// Its connections go through a proxy that closes them and refuses new
+    /// ones.
+    Cut,
+    /// It connects as a Redis user whose scripting rights are revoked:
+    /// renewals are answered with an error.
+    Refused,
+}
+
+/// Asserts the holder of `g` was told (at `lost`) before its lease can have
+/// ended (every request the server granted was sent before `last_sent`) and
+/// before someone else was `granted` the key; returns the reason it was told.
+fn told_in_time(
+    g: &tower_lock::LockGuard,
+    lost: Instant,
+    last_sent: Instant,
+    lease: Duration,
+    granted: Instant,
+    what: &str,
+) -> String {
+    assert!(
+        lost < last_sent + lease,
+        "{what}: told {:?} after the holder's last request went out, past its {lease:?} lease",
+        lost - last_sent
+    );
+    assert!(
+        lost < granted,
+        "{what}: another client was granted the key {:?} before the holder was told",
+        lost - granted
+    );
+    let reason = g.held().lost_signal().reason().unwrap().to_owned();
+    eprintln!(
+        "{what}: told {:?} after the last request went out, {:?} before the next grant: {reason}",
+        lost - last_sent,
+        granted - lost
+    );
+    reason
+}
+
+/// A holder's renewals fail (see [`Fault`]) while Redis stays up, and a
+/// second client, connected directly, waits for the key. The holder must be
+/// told before its lease can have ended, and before the other client is
+/// granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_timed_out_renewal_is_told_before_the_lease_ends_and_anyone_else_is_granted() {
+    let url = redis_url();
+    let lease = Duration::from_millis(900);
+    let user = format!("tower-lock-test-{}", std::process::id());
+    for fault in [Fault::Silent, Fault::Cut, Fault::Refused] {
+        let test = format!("cutoff-{fault:?}");
+        let addr = socket_addr(&url);
+        let proxy = FaultProxy::start(addr).await.unwrap();
+        let holder_url = match fault {
+            Fault::Refused => {
+                let _: () = redis::cmd("ACL")
+                    .arg(&["SETUSER", &user, "reset", "on", ">pw", "~*", "&*", "+@all"])
+                    .query_async(&mut raw(&url).await)
+                    .await
+                    .unwrap();
+                format!("redis://{user}:pw@{addr}/")
+            }
+            _ => format!("redis://{}/", proxy.addr()),
+        };
+        let holder = backend_at(&holder_url, &prefix(&test)).await;
+        let other = backend(&test).await;
+        let g = holder.lock("k").lease(lease).await.unwrap();
+        let lost = when_lost(g.held().lost_signal());
+        // A few renewals go through first.
+        tokio::time::sleep(lease + lease / 4).await;
+        assert!(!g.is_lost(), "{fault:?}: lost before the fault");
+        let waiter = tokio::spawn(async move {
+            let g = other
+                .lock("k")
+                .lease(lease)
+                .wait(Duration::from_secs(10))
+                .await;
+            (Instant::now(), g)
+        });
+        // Every renewal Redis granted was sent before `last_sent`, so the
+        // lease lasted at most until `last_sent + lease`.
+        let (last_sent, why) = match fault {
+            Fault::Silent => (
+                proxy.set(ProxyFault::Freeze).await,
+                "renewing the lease timed out",
+            ),
+            Fault::Cut => (proxy.set(ProxyFault::Drop).await, "renewing the lease"),
+            Fault::Refused => {
+                let _: () = redis::cmd("ACL")
+                    .arg(&["SETUSER", &user, "-@scripting"])
+                    .query_async(&mut raw(&url).await)
+                    .await
+                    .unwrap();
+                (Some(Instant::now()), "renewing the lease failed")
+            }
+        };
+        let last_sent = last_sent.expect("the holder's requests went through the proxy");
+        let lost = lost_at(lost, 2 * lease, &format!("{fault:?}")).await;
+        let (granted, g2) = waiter.await.unwrap();
+        let g2 = g2.unwrap_or_else(|e| panic!("{fault:?}: Redis did not grant the key: {e}"));
+        let reason = told_in_time(&g, lost, last_sent, lease, granted, &format!("{fault:?}"));
+        assert!(reason.contains(why), "{fault:?}: {reason}");
+        assert!(g2.token() > g.token());
+        g2.release().await.unwrap();
+        drop(g);
+        drop(proxy);
+    }
+    let _: () = redis::cmd("ACL")
+        .arg(&["DELUSER", &user])
+        .query_async(&mut raw(&url).await)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -369,6 +628,7 @@ fn child(role: &str, test: &str, extra: &[(&str, String)]) -> Child {
     .env("TOWER_LOCK_CHILD", role)
     .env("TOWER_LOCK_CHILD_PREFIX", prefix(test))
     .env("TOWER_LOCK_REDIS_URL", redis_url())
+    .stdin(Stdio::piped())
     .stdout(Stdio::piped());
     for (k, v) in extra {
         cmd.env(k, v);
@@ -423,6 +683,14 @@ async fn child_entry() {
         "worker" => {
             let mut conn = raw(&url).await;
             let inside = format!("{prefix}inside");
+            // Redis orders the log's entries, whatever the processes' clocks.
+            let log = format!("{prefix}log");
+            let me = std::process::id();
+            // Both workers start together: connected, then told to go.
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            std::io::stdin().read_line(&mut String::new()).unwrap();
+            let _: i64 = conn.rpush(&log, format!("start {me}")).await.unwrap();
             let mut overlaps = 0;
             for _ in 0..100 {
                 let g = b
@@ -434,10 +702,13 @@ async fn child_entry() {
                 if n != 1 {
                     overlaps += 1;
                 }
+                let _: i64 = conn.rpush(&log, format!("enter {me}")).await.unwrap();
                 tokio::time::sleep(Duration::from_millis(1)).await;
+                let _: i64 = conn.rpush(&log, format!("leave {me}")).await.unwrap();
                 let _: i64 = conn.decr(&inside, 1).await.unwrap();
                 g.release().await.unwrap();
             }
+            let _: i64 = conn.rpush(&log, format!("end {me}")).await.unwrap();
             println!("overlaps={overlaps}");
         }
         "holder" => {
@@ -484,14 +755,57 @@ async fn child_entry() {
     }
 }
 
+/// Reads the child's lines until one holds the word `word`.
+fn expect_word(out: &mut BufReader<ChildStdout>, word: &str) {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child ended before saying {word:?}"
+        );
+        if line.split_whitespace().any(|w| w == word) {
+            return;
+        }
+    }
+}
+
 #[tokio::test]
 async fn excludes_between_processes() {
     let test = "procs";
-    let mut a = child("worker", test, &[]);
-    let mut b = child("worker", test, &[]);
-    assert_eq!(read_value(&mut a, "overlaps"), "0");
-    assert_eq!(read_value(&mut b, "overlaps"), "0");
-    assert!(a.wait().unwrap().success() && b.wait().unwrap().success());
+    let url = redis_url();
+    let log = format!("{}log", prefix(test));
+    let _: () = raw(&url).await.del(&log).await.unwrap();
+    let mut kids: Vec<(Child, BufReader<ChildStdout>)> = (0..2)
+        .map(|_| {
+            let mut c = child("worker", test, &[]);
+            let out = BufReader::new(c.stdout.take().unwrap());
+            (c, out)
+        })
+        .collect();
+    for (_, out) in &mut kids {
+        expect_word(out, "ready");
+    }
+    for (c, _) in &mut kids {
+        writeln!(c.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    for (c, out) in &mut kids {
+        let mut line = String::new();
+        let mut overlaps = None;
+        while out.read_line(&mut line).unwrap() > 0 {
+            overlaps = overlaps.or_else(|| {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix("overlaps="))
+                    .map(str::to_owned)
+            });
+            line.clear();
+        }
+        assert_eq!(overlaps.as_deref(), Some("0"));
+        assert!(c.wait().unwrap().success());
+    }
+    let entries: Vec<String> = raw(&url).await.lrange(&log, 0, -1).await.unwrap();
+    check_two_process_log(&entries, 100);
+    let _: () = raw(&url).await.del(&log).await.unwrap();
 }
 
 #[tokio::test]
@@ -560,20 +874,36 @@ async fn a_paused_holder_loses_the_lock_and_its_stale_token_is_refused() {
     g.release().await.unwrap();
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_makes_the_holder_lost_and_tokens_keep_rising() {
     // Its own server, since the test restarts it.
     let server = Server::start();
     let (port, url) = (server.port, server.url());
     let b = backend_at(&url, "restart:").await;
-    let g = b.lock("k").lease(Duration::from_secs(3)).await.unwrap();
+    let lease = Duration::from_secs(3);
+    let asked = Instant::now();
+    let g = b.lock("k").lease(lease).await.unwrap();
+    let lost = when_lost(g.held().lost_signal());
 
     drop(server);
+    let killed = Instant::now();
     let server = Server::start_on(port);
 
-    tokio::time::timeout(Duration::from_secs(5), g.lost())
-        .await
-        .expect("the holder was not told its lock was lost");
+    let lost = lost_at(lost, 2 * lease, "restart").await;
+    // No renewal succeeded after the acquire: the lease ends `lease` after
+    // it was sent. The failure is found by a renewal that starts within a
+    // third of the lease (at once, on the dropped connection) and ends
+    // within another third.
+    assert!(
+        lost < asked + lease,
+        "told {:?} after asking for a {lease:?} lease",
+        lost - asked
+    );
+    assert!(
+        lost < killed + lease * 2 / 3,
+        "told {:?} after the server was killed",
+        lost - killed
+    );
     // The restarted server forgot the lock and the counter; a new holder's
     // token is still higher, so storage can refuse the old one.
     let other = backend_at(&url, "restart:").await;
@@ -693,10 +1023,25 @@ impl Server {
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
+
+    fn addr(&self) -> std::net::SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
+    /// Sends `sig` (`-STOP`, `-CONT`) to the server.
+    fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "kill {sig} failed");
+    }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-CONT", &self.child.id().to_string()])
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -752,54 +1097,188 @@ async fn redlock_excludes_and_cleans_up() {
     }
 }
 
-#[tokio::test]
-async fn redlock_works_with_one_of_three_down_and_says_why_with_two() {
-    use tower_lock::backend::RedlockBackend;
-    let mut servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let url = redlock_url(&servers);
-    let backend = RedlockBackend::connect(&url).await.unwrap();
-    drop(servers.pop());
-    let g = backend
-        .lock("k")
-        .wait(Duration::from_secs(5))
-        .await
-        .unwrap();
-    g.release().await.unwrap();
+/// The longest one Redlock round can take: an attempt on every instance and
+/// its undo, each bounded by an instance connection's timeouts (200 ms for
+/// an answer; on a broken connection, two connection attempts of 200 ms
+/// each and a pause of up to 200 ms between them). "At once" means within
+/// one round, not after retries or the caller's wait.
+const ONE_ROUND: Duration = Duration::from_millis(2 * (200 + 2 * 200 + 200));
 
-    drop(servers.pop());
-    let err = backend
-        .lock("k")
-        .wait(Duration::from_secs(5))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, LockError::Backend { .. }), "{err}");
-    assert!(
-        err.to_string().contains("only 1 of 3 instances answered"),
-        "{err}"
-    );
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_works_with_one_of_three_down_and_fails_at_once_with_two() {
+    use tower_lock::backend::RedlockBackend;
+    let wait = Duration::from_secs(10);
+    // Down as a killed server (connections refused) or a stopped one
+    // (connections accepted, nothing answered).
+    for stop in [false, true] {
+        let mut servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+        let backend = RedlockBackend::connect(&redlock_url(&servers))
+            .await
+            .unwrap();
+        let take_down = |servers: &mut Vec<Server>| {
+            let s = servers.pop().unwrap();
+            if stop {
+                s.signal("-STOP");
+                // Kept, stopped, until the end of the round.
+                servers.insert(0, s);
+            }
+        };
+        take_down(&mut servers);
+        let g = backend.lock("k").wait(wait).await.unwrap();
+        g.release().await.unwrap();
+
+        take_down(&mut servers);
+        let started = Instant::now();
+        let err = backend.lock("k").wait(wait).await.unwrap_err();
+        let took = started.elapsed();
+        let how = if stop { "stopped" } else { "killed" };
+        eprintln!("{how}: failed after {took:?}");
+        assert!(matches!(err, LockError::Backend { .. }), "{how}: {err}");
+        assert!(
+            err.to_string().contains("only 1 of 3 instances answered"),
+            "{how}: {err}"
+        );
+        assert!(
+            took < ONE_ROUND,
+            "{how}: failed after {took:?} of a {wait:?} wait, not at once"
+        );
+    }
 }
 
-#[tokio::test]
-async fn redlock_holder_is_told_when_a_majority_is_gone() {
+/// A round that reaches fewer than a majority is undone on every instance:
+/// on the one that granted it, and on one that did not answer in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_undoes_a_failed_round_on_every_instance() {
     use tower_lock::backend::RedlockBackend;
-    let mut servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let backend = RedlockBackend::connect(&redlock_url(&servers))
         .await
         .unwrap();
-    let g = backend
-        .lock("k")
-        .lease(Duration::from_millis(600))
+    let (lock, fence) = ("lock:{k}", "lock:{k}:fence");
+    let run = |server: &Server, cmd: redis::Cmd| {
+        let url = server.url();
+        async move {
+            let v: redis::Value = cmd.query_async(&mut raw(&url).await).await.unwrap();
+            v
+        }
+    };
+    let held_by_someone_else = || {
+        let mut c = redis::cmd("SET");
+        c.arg(lock).arg("someone-else").arg("PX").arg(60_000);
+        c
+    };
+    let exists = |key: &str| {
+        let mut c = redis::cmd("EXISTS");
+        c.arg(key);
+        c
+    };
+
+    // Two instances held by someone else: the third grants, and the round
+    // (one of three) is undone there.
+    run(&servers[0], held_by_someone_else()).await;
+    run(&servers[1], held_by_someone_else()).await;
+    let r = backend.lock("k").fail_fast().await;
+    assert!(matches!(r, Err(LockError::Busy)), "{r:?}");
+    assert_eq!(
+        run(&servers[2], exists(fence)).await,
+        redis::Value::Int(1),
+        "the free instance never granted the round"
+    );
+    assert_eq!(
+        run(&servers[2], exists(lock)).await,
+        redis::Value::Int(0),
+        "the instance that granted the failed round still holds it"
+    );
+
+    // One held by someone else, one silent past the round's timeout, one
+    // free: the round is undone on the free one, and on the silent one,
+    // where the attempt lands once it runs again.
+    run(&servers[1], redis::cmd("FLUSHALL")).await;
+    run(&servers[2], redis::cmd("FLUSHALL")).await;
+    servers[1].signal("-STOP");
+    let r = backend.lock("k").fail_fast().await;
+    servers[1].signal("-CONT");
+    assert!(matches!(r, Err(LockError::Busy)), "{r:?}");
+    assert_eq!(run(&servers[2], exists(fence)).await, redis::Value::Int(1));
+    assert_eq!(
+        run(&servers[2], exists(lock)).await,
+        redis::Value::Int(0),
+        "the instance that granted the failed round still holds it"
+    );
+    let mut landed = false;
+    for _ in 0..50 {
+        if run(&servers[1], exists(fence)).await == redis::Value::Int(1) {
+            landed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(landed, "the attempt never reached the silent instance");
+    // Undone: the key goes within moments, not at the end of its lease.
+    let mut undone = false;
+    for _ in 0..50 {
+        if run(&servers[1], exists(lock)).await == redis::Value::Int(0) {
+            undone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(undone, "the silent instance kept the failed round");
+}
+
+/// The holder reaches two of the three servers through proxies, and loses
+/// both paths while every server stays up; a second client, connected
+/// directly, waits for the key. The holder must be told before its lease
+/// can have ended on a majority, and before the other client is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_holder_cut_off_from_a_majority_is_told_before_anyone_else_is_granted() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let proxies = [
+        FaultProxy::start(servers[0].addr()).await.unwrap(),
+        FaultProxy::start(servers[1].addr()).await.unwrap(),
+    ];
+    let holder = RedlockBackend::connect(&format!(
+        "redlock://{},{},127.0.0.1:{}",
+        proxies[0].addr(),
+        proxies[1].addr(),
+        servers[2].port
+    ))
+    .await
+    .unwrap();
+    let other = RedlockBackend::connect(&redlock_url(&servers))
         .await
         .unwrap();
-    drop(servers.pop());
-    drop(servers.pop());
-    tokio::time::timeout(Duration::from_secs(5), g.lost())
-        .await
-        .expect("not told the lock was lost");
-    assert!(g
-        .held()
-        .lost_signal()
-        .reason()
-        .unwrap()
-        .contains("majority"));
+    let lease = Duration::from_millis(900);
+    let g = holder.lock("k").lease(lease).await.unwrap();
+    let lost = when_lost(g.held().lost_signal());
+    // A few renewals go through first.
+    tokio::time::sleep(lease + lease / 4).await;
+    assert!(!g.is_lost(), "lost before the fault");
+    let waiter = tokio::spawn(async move {
+        let g = other
+            .lock("k")
+            .lease(lease)
+            .wait(Duration::from_secs(10))
+            .await;
+        (Instant::now(), g)
+    });
+    let mut last_sent = None;
+    for p in &proxies {
+        let sent = p
+            .set(ProxyFault::Freeze)
+            .await
+            .expect("no request through the proxy");
+        last_sent = last_sent.max(Some(sent));
+    }
+    let last_sent = last_sent.unwrap();
+    let lost = lost_at(lost, 2 * lease, "redlock").await;
+    let (granted, g2) = waiter.await.unwrap();
+    let g2 = g2.unwrap_or_else(|e| panic!("the servers did not grant the key: {e}"));
+    // A renewal a majority granted reached one of the two cut-off servers,
+    // so it was sent before `last_sent`.
+    let reason = told_in_time(&g, lost, last_sent, lease, granted, "redlock");
+    assert!(reason.contains("majority"), "{reason}");
+    g2.release().await.unwrap();
+    drop(g);
 }

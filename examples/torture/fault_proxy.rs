@@ -9,14 +9,21 @@
 //! retransmissions would deliver them after a partition heals. A closed
 //! side's end of stream is forwarded the same way. [`Fault::Drop`] closes
 //! every connection and refuses new ones until healed.
+//!
+//! A change of fault is atomic with the forwarding: once
+//! [`set`](FaultProxy::set) returns, nothing passes that the new fault
+//! holds back, and it returns when a chunk last went towards the server.
+//! Every request the server has answered was sent before then, so that
+//! moment plus a lease bounds when a lease can have ended.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Mutex};
 
 /// What the proxy does to the traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,8 +61,17 @@ impl Fault {
 /// A running proxy; dropping it stops it and closes its connections.
 pub struct FaultProxy {
     addr: SocketAddr,
-    fault: watch::Sender<Fault>,
+    shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
+    /// Held by a pump while it writes a chunk, and by `set` while it
+    /// changes the fault.
+    fault: Mutex<Fault>,
+    changed: watch::Sender<Fault>,
+    /// When a chunk was last written towards the server.
+    last_up: std::sync::Mutex<Option<Instant>>,
 }
 
 impl FaultProxy {
@@ -63,9 +79,13 @@ impl FaultProxy {
     pub async fn start(server: SocketAddr) -> std::io::Result<FaultProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let (fault, watching) = watch::channel(Fault::Pass);
-        let task = tokio::spawn(accept(listener, server, watching));
-        Ok(FaultProxy { addr, fault, task })
+        let shared = Arc::new(Shared {
+            fault: Mutex::new(Fault::Pass),
+            changed: watch::channel(Fault::Pass).0,
+            last_up: std::sync::Mutex::new(None),
+        });
+        let task = tokio::spawn(accept(listener, server, shared.clone()));
+        Ok(FaultProxy { addr, shared, task })
     }
 
     /// The address clients connect to.
@@ -73,37 +93,43 @@ impl FaultProxy {
         self.addr
     }
 
-    /// Applies `fault` from now on (to connections open now and later).
-    pub fn set(&self, fault: Fault) {
-        self.fault.send_replace(fault);
+    /// Applies `fault` from now on (to connections open now and later);
+    /// returns when a chunk last went towards the server (`None`: never).
+    pub async fn set(&self, fault: Fault) -> Option<Instant> {
+        let mut current = self.shared.fault.lock().await;
+        *current = fault;
+        self.shared.changed.send_replace(fault);
+        let last_up = *self.shared.last_up.lock().unwrap();
+        drop(current);
+        last_up
     }
 
     /// Back to [`Fault::Pass`]: held bytes are delivered.
-    pub fn heal(&self) {
-        self.set(Fault::Pass);
-    }
-
-    pub fn fault(&self) -> Fault {
-        *self.fault.borrow()
+    pub async fn heal(&self) {
+        self.set(Fault::Pass).await;
     }
 }
 
 impl Drop for FaultProxy {
+    /// Stops accepting and closes every connection.
     fn drop(&mut self) {
         self.task.abort();
-        // Pumps see the sender gone and stop.
+        if let Ok(mut fault) = self.shared.fault.try_lock() {
+            *fault = Fault::Drop;
+        }
+        self.shared.changed.send_replace(Fault::Drop);
     }
 }
 
-async fn accept(listener: TcpListener, server: SocketAddr, fault: watch::Receiver<Fault>) {
+async fn accept(listener: TcpListener, server: SocketAddr, shared: Arc<Shared>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        if *fault.borrow() == Fault::Drop {
+        if *shared.changed.borrow() == Fault::Drop {
             continue; // dropped: closed at once
         }
-        let fault = fault.clone();
+        let shared = shared.clone();
         tokio::spawn(async move {
             let Ok(upstream) = TcpStream::connect(server).await else {
                 return;
@@ -112,8 +138,8 @@ async fn accept(listener: TcpListener, server: SocketAddr, fault: watch::Receive
             let _ = upstream.set_nodelay(true);
             let (client_read, client_write) = client.into_split();
             let (server_read, server_write) = upstream.into_split();
-            let up = pump(client_read, server_write, fault.clone(), true);
-            let down = pump(server_read, client_write, fault, false);
+            let up = pump(client_read, server_write, shared.clone(), true);
+            let down = pump(server_read, client_write, shared, false);
             // Both directions end together: a dropped connection closes both.
             tokio::join!(up, down);
         });
@@ -125,12 +151,13 @@ async fn accept(listener: TcpListener, server: SocketAddr, fault: watch::Receive
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut fault: watch::Receiver<Fault>,
+    shared: Arc<Shared>,
     up: bool,
 ) {
+    let mut fault = shared.changed.subscribe();
     // `None` is the end of the stream, forwarded like data.
     let (chunks, mut queue) = mpsc::unbounded_channel::<(Instant, Option<Vec<u8>>)>();
-    let mut reading_fault = fault.clone();
+    let mut reading_fault = shared.changed.subscribe();
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
@@ -155,34 +182,43 @@ async fn pump(
     let writer = async move {
         while let Some((read_at, chunk)) = queue.recv().await {
             loop {
-                let now = *fault.borrow_and_update();
-                if now == Fault::Drop {
+                if *fault.borrow_and_update() == Fault::Drop {
                     return;
                 }
-                if now.holds(up) {
+                let current = shared.fault.lock().await;
+                if *current == Fault::Drop {
+                    return;
+                }
+                let due = read_at + current.latency();
+                if !current.holds(up) && Instant::now() >= due {
+                    // Written under the lock, so a fault set meanwhile
+                    // waits for it, and `last_up` is never behind.
+                    if up {
+                        *shared.last_up.lock().unwrap() = Some(Instant::now());
+                    }
+                    let written = match &chunk {
+                        Some(bytes) => to.write_all(bytes).await.is_ok(),
+                        None => {
+                            let _ = to.shutdown().await;
+                            false
+                        }
+                    };
+                    if !written {
+                        return;
+                    }
+                    break;
+                }
+                let held = current.holds(up);
+                drop(current);
+                if held {
                     if fault.changed().await.is_err() {
                         return;
                     }
                     continue;
                 }
-                let due = read_at + now.latency();
-                if Instant::now() >= due {
-                    break;
-                }
                 tokio::select! {
                     _ = tokio::time::sleep_until(due.into()) => {}
                     changed = fault.changed() => if changed.is_err() { return },
-                }
-            }
-            match chunk {
-                Some(bytes) => {
-                    if to.write_all(&bytes).await.is_err() {
-                        return;
-                    }
-                }
-                None => {
-                    let _ = to.shutdown().await;
-                    return;
                 }
             }
         }

@@ -343,11 +343,11 @@ impl Nemesis {
                     };
                     for (id, server) in clients.links(&mut rng, addrs.len()) {
                         if let Some(proxy) = clients.proxy(&id, server) {
-                            proxy.set(set);
+                            proxy.set(set).await;
                         }
                     }
                     tokio::time::sleep(lasting).await;
-                    clients.heal();
+                    clients.heal().await;
                 }
                 FaultKind::Kill => {
                     let id = clients.any(&mut rng);
@@ -403,7 +403,7 @@ impl Nemesis {
             }
             *counts.entry(fault.name()).or_insert(0u64) += 1;
         }
-        clients.heal();
+        clients.heal().await;
         // The clients stop at `until`, release, flush and exit.
         let grace = Duration::from_nanos(until.saturating_sub(now_ns()))
             + lease * 4
@@ -521,10 +521,10 @@ impl Clients {
         }
     }
 
-    fn heal(&self) {
+    async fn heal(&self) {
         for (_, proxies) in self.running.values() {
             for p in proxies {
-                p.heal();
+                p.heal().await;
             }
         }
     }
