@@ -136,7 +136,7 @@ struct LockerInner {
 
 impl Locker {
     /// A locker on `backend` with no namespace, the default wait (10 s) and
-    /// lease (30 s).
+    /// lease (10 s).
     pub fn new(backend: impl Backend) -> Self {
         Self::from_arc(Arc::new(backend))
     }

@@ -162,7 +162,7 @@ impl Config {
 
 impl LockLayer {
     /// Locks the key `source` finds in each request, on `backend`: exclusive,
-    /// waiting up to 10 s, 30 s lease, 400 for a request without a key.
+    /// waiting up to 10 s, 10 s lease, 400 for a request without a key.
     pub fn new(backend: impl Backend, source: impl KeySource) -> Self {
         Self::with_locker(Locker::new(backend), source)
     }
@@ -239,7 +239,7 @@ impl LockLayer {
     }
 
     /// The lease of a remote lock, renewed while the request runs. Default:
-    /// 30 seconds.
+    /// [`DEFAULT_LEASE`](crate::backend::DEFAULT_LEASE), 10 seconds.
     pub fn lease(self, lease: Duration) -> Self {
         self.edit(|c| c.lease = lease)
     }
