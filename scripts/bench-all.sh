@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Measures everything the README's benchmark tables show, in one run on one
+# machine: this library on every backend, the floor through the same client,
+# the peers with the same workloads, and the negative controls. Starts its
+# own servers (as scripts/test-all.sh does) and prints one line per result,
+# in the format bench/README.md describes.
+#
+# Usage: scripts/bench-all.sh [SECS]     (SECS per timed workload, default 5)
+# Build first: cargo build --release --examples, and for the rslock peer
+# cargo build --release --manifest-path bench/peers/rslock/Cargo.toml --target-dir target
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+secs=${1:-5}
+# shellcheck source=scripts/servers.sh
+source scripts/servers.sh
+install_packages
+start_servers >&2
+
+bench=target/release/examples/bench
+rslock=target/release/rslock-peer-bench
+[ -x "$bench" ] && [ -x "$rslock" ] || die "build first: cargo build --release --examples; cargo build --release --manifest-path bench/peers/rslock/Cargo.toml --target-dir target"
+redis=$TOWER_LOCK_REDIS_URL
+zk="zk://$TOWER_LOCK_ZK_ADDR"
+contended=(--workload contended --secs "$secs" --workers 8)
+
+run() { "$@" || die "failed: $*"; }
+
+# Redis: redis-benchmark's PING (p50 is the fifth column, in ms) and the
+# same two PINGs through the Rust client, then three interleaved rounds.
+redis_port=${redis##*:}
+for _ in 1 2 3; do
+    redis-benchmark -p "$redis_port" -c 1 -n 20000 -t ping -q --csv | grep PING_MBULK
+    run "$bench" --backend "$redis" --workload floor --n 5000
+    run "$bench" --backend "$redis" --workload uncontended --n 5000
+    run "$bench" --backend "$redis" --workload uncontended --n 5000 --release await
+    run "$rslock" --backend "$redis" --workload uncontended --n 5000
+    run /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis" --workload uncontended --n 5000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$redis" "${contended[@]}"
+    run "$rslock" --backend "$redis" "${contended[@]}"
+    run /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis" "${contended[@]}"
+done
+run "$bench" --backend "$redis" "${contended[@]}" --no-lock
+run "$rslock" --backend "$redis" "${contended[@]}" --no-lock
+run /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis" "${contended[@]}" --no-lock
+run "$bench" --backend "$redis" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$redis" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$redis" --workload http --secs "$secs" --conns 32
+
+# Redlock over three servers.
+for _ in 1 2 3; do
+    run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload uncontended --n 5000
+    run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload uncontended --n 5000 --release await
+    run "$rslock" --backend "$TOWER_LOCK_REDLOCK_URL" --workload uncontended --n 5000
+done
+run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" "${contended[@]}"
+run "$rslock" --backend "$TOWER_LOCK_REDLOCK_URL" "${contended[@]}"
+run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload http --secs "$secs" --conns 32
+
+# ZooKeeper: the floor is a raw create + delete through the same client.
+for _ in 1 2 3; do
+    run "$bench" --backend "$zk" --workload floor --n 2000
+    run "$bench" --backend "$zk" --workload uncontended --n 2000
+    run "$bench" --backend "$zk" --workload uncontended --n 2000 --release await
+    run bench/peers/curator/run --backend "$zk" --workload uncontended --n 2000
+    run /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk" --workload uncontended --n 2000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$zk" "${contended[@]}"
+    run bench/peers/curator/run --backend "$zk" "${contended[@]}"
+    run /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk" "${contended[@]}"
+done
+run "$bench" --backend "$zk" "${contended[@]}" --no-lock
+run bench/peers/curator/run --backend "$zk" "${contended[@]}" --no-lock
+run /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk" "${contended[@]}" --no-lock
+run "$bench" --backend "$zk" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$zk" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$zk" --workload http --secs "$secs" --conns 32
+
+# Memory.
+run "$bench" --backend memory --workload uncontended --n 5000
+run "$bench" --backend memory "${contended[@]}"
+run "$bench" --backend memory "${contended[@]}" --no-lock
+run "$bench" --backend memory --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend memory --workload http --secs "$secs" --conns 32
+run "$bench" --backend memory --workload http --secs "$secs" --conns 32 --calibrate

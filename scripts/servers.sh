@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Sourced by scripts/test-all.sh and scripts/bench-all.sh: installs the
+# Debian packages the servers and peers need (as root; otherwise says which
+# to install), starts private servers on free loopback ports, and stops them
+# on exit, whatever happened.
+#
+# After `start_servers`: TOWER_LOCK_REDIS_URL (one redis-server),
+# TOWER_LOCK_REDLOCK_URL (three more), TOWER_LOCK_ZK_ADDR (ZooKeeper) are
+# exported; `redlock` holds the three Redlock addresses.
+
+started=$SECONDS
+work=$(mktemp -d "${TMPDIR:-/tmp}/tower-lock-test.XXXXXX")
+pids=()
+
+cleanup() {
+    local code=$?
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+    rm -rf "$work"
+    exit "$code"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf '%s: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }
+
+# --- packages ----------------------------------------------------------------
+
+# Each line: a file that proves the package is there, and the package.
+required_packages() {
+    cat <<'EOF'
+/usr/bin/redis-server redis-server
+/usr/bin/redis-cli redis-tools
+/usr/share/java/zookeeper.jar zookeeper
+/usr/bin/java default-jre-headless
+/usr/bin/javac default-jdk-headless
+/usr/share/java/curator-recipes.jar libcurator-recipes-java
+/usr/share/java/slf4j-nop.jar libslf4j-java
+/usr/bin/python3 python3
+/usr/lib/python3/dist-packages/redis/__init__.py python3-redis
+/usr/lib/python3/dist-packages/kazoo/__init__.py python3-kazoo
+EOF
+}
+
+install_packages() {
+    local missing=() file package
+    while read -r file package; do
+        [ -e "$file" ] || missing+=("$package")
+    done < <(required_packages)
+    [ "${#missing[@]}" -gt 0 ] || return 0
+    if [ "$(id -u)" -eq 0 ]; then
+        step "installing missing Debian packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        die "missing Debian packages: ${missing[*]}; run as root, or: sudo apt-get install ${missing[*]}"
+    fi
+}
+
+# --- servers -----------------------------------------------------------------
+
+free_port() {
+    /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_for SECONDS DESCRIPTION COMMAND...: retries COMMAND until it succeeds.
+wait_for() {
+    local limit=$1 what=$2
+    shift 2
+    local deadline=$((SECONDS + limit))
+    until "$@" >/dev/null 2>&1; do
+        [ "$SECONDS" -lt "$deadline" ] || die "$what did not come up within ${limit}s"
+        sleep 0.2
+    done
+}
+
+# start_redis NAME: a redis-server on a free port, left in $redis_port (not
+# printed: a command substitution would lose the pid kept for cleanup).
+start_redis() {
+    local port
+    port=$(free_port)
+    mkdir -p "$work/$1"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+        --dir "$work/$1" --logfile "$work/$1/redis.log" >/dev/null &
+    pids+=("$!")
+    wait_for 10 "redis-server on port $port" redis-cli -p "$port" ping
+    redis_port=$port
+}
+
+# ZooKeeper answers its four-letter words on the client port.
+zk_says() {
+    local port=$1 word=$2 expect=$3 reply
+    reply=$(exec 3<>"/dev/tcp/127.0.0.1/$port" && printf '%s' "$word" >&3 && cat <&3) || return 1
+    [[ "$reply" == *"$expect"* ]]
+}
+
+start_zookeeper() {
+    local port
+    port=$(free_port)
+    mkdir -p "$work/zk/data"
+    # A short tick lets session-expiry tests finish in seconds; every
+    # four-letter word is allowed so tests can count watches.
+    cat >"$work/zk/zoo.cfg" <<EOF
+tickTime=200
+minSessionTimeout=400
+maxSessionTimeout=60000
+dataDir=$work/zk/data
+clientPort=$port
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=*
+maxClientCnxns=0
+EOF
+    # Empty container parents are reaped every second rather than every minute.
+    java -Dzookeeper.log.dir="$work/zk" -Dznode.container.checkIntervalMs=1000 -cp "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar" \
+        org.apache.zookeeper.server.quorum.QuorumPeerMain "$work/zk/zoo.cfg" \
+        >"$work/zk/zookeeper.log" 2>&1 &
+    pids+=("$!")
+    wait_for 60 "ZooKeeper on port $port (log: $work/zk/zookeeper.log)" zk_says "$port" isro rw
+    export TOWER_LOCK_ZK_ADDR="127.0.0.1:$port"
+    echo "ZooKeeper on 127.0.0.1:$port"
+}
+
+start_servers() {
+    step "starting servers"
+    start_redis redis
+    export TOWER_LOCK_REDIS_URL="redis://127.0.0.1:$redis_port"
+    echo "redis-server on 127.0.0.1:$redis_port"
+    redlock=()
+    for i in 1 2 3; do
+        start_redis "redlock$i"
+        redlock+=("127.0.0.1:$redis_port")
+    done
+    TOWER_LOCK_REDLOCK_URL="redlock://$(IFS=,; echo "${redlock[*]}")"
+    export TOWER_LOCK_REDLOCK_URL
+    echo "Redlock over $TOWER_LOCK_REDLOCK_URL"
+    start_zookeeper
+}
