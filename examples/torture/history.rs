@@ -118,6 +118,9 @@ struct Hold {
 pub struct History {
     holds: HashMap<String, Hold>,
     faults: HashMap<String, Vec<ProcessFault>>,
+    /// Every fault the nemesis injected: its name and the window in which
+    /// it may have had an effect.
+    windows: Vec<(&'static str, u64, u64)>,
     pub failed_acquisitions: u64,
     pub writes_skipped: u64,
 }
@@ -132,6 +135,10 @@ pub struct Verdict {
     /// Overlaps excused because the earlier holder was paused by the harness
     /// and told as soon as it ran again.
     pub overlaps_paused: u64,
+    /// Overlaps while a fault the backend documents as outside its
+    /// guarantees was in effect (an emptied Redis without quarantine, a
+    /// stepped Redlock clock).
+    pub overlaps_outside: u64,
     /// The smallest time from a holder being told lost to the next grant of
     /// its key, in ms (negative: told after); `None` when no one was told.
     pub worst_margin_ms: Option<f64>,
@@ -184,6 +191,14 @@ impl History {
             }
             Event::Failed => self.failed_acquisitions += 1,
         }
+    }
+
+    /// Records that fault `name` was injected from `start` to `end`. Its
+    /// effect may outlast it by a lease (a lock an emptied server forgot is
+    /// noticed at the holder's next renewal; a stepped clock expires keys a
+    /// lease early), so the window runs until `end + lease`.
+    pub fn fault_window(&mut self, name: &'static str, start: u64, end: u64, lease: u64) {
+        self.windows.push((name, start, end + lease));
     }
 
     pub fn process_fault(&mut self, process: &str, fault: ProcessFault) {
@@ -239,7 +254,9 @@ impl History {
         })
     }
 
-    pub fn check(&self) -> Verdict {
+    /// Checks the history; an overlap during a fault named in `outside` is
+    /// counted apart, as one the backend does not promise to prevent.
+    pub fn check(&self, outside: &[&str]) -> Verdict {
         let mut verdict = Verdict {
             holds: self.holds.len() as u64,
             told_lost: self.holds.values().filter(|h| h.told.is_some()).count() as u64,
@@ -256,8 +273,15 @@ impl History {
             for (i, (id, h)) in holds.iter().enumerate() {
                 if let Some((before, end, paused)) = latest {
                     if h.granted < end {
+                        let during_outside = self.windows.iter().any(|(name, start, end)| {
+                            outside.contains(name)
+                                && *start <= h.granted
+                                && *end >= self.holds[before].granted
+                        });
                         if paused {
                             verdict.overlaps_paused += 1;
+                        } else if during_outside {
+                            verdict.overlaps_outside += 1;
                         } else {
                             verdict.overlaps_unwarned += 1;
                             if verdict.examples.len() < 5 {
@@ -291,6 +315,11 @@ impl History {
                 // The margin of every earlier hold told lost before this grant.
                 if let Some((_, prev)) = i.checked_sub(1).map(|p| holds[p]) {
                     let excused = self.end(prev, &mut Verdict::default()).1;
+                    // Margins measure what the backend promises.
+                    let excused = excused
+                        || self.windows.iter().any(|(name, start, end)| {
+                            outside.contains(name) && *start <= h.granted && *end >= prev.granted
+                        });
                     if let Some(told) = prev.told.filter(|_| !excused).filter(|_| {
                         prev.released
                             .is_none_or(|r| prev.told.is_some_and(|t| t <= r))

@@ -249,7 +249,7 @@ impl Nemesis {
             counts,
             leaked,
             unavailable,
-            false,
+            &[],
         ))
     }
 
@@ -328,6 +328,7 @@ impl Nemesis {
                 continue;
             };
             let lasting = rng.between(lease / 2, lease * 2);
+            let began = now_ns();
             match fault {
                 FaultKind::Partition
                 | FaultKind::PartitionUp
@@ -401,6 +402,12 @@ impl Nemesis {
                 }
                 FaultKind::Cancel | FaultKind::Panic => unreachable!("in-process faults"),
             }
+            history.lock().unwrap().fault_window(
+                fault.name(),
+                began,
+                now_ns(),
+                lease.as_nanos() as u64,
+            );
             *counts.entry(fault.name()).or_insert(0u64) += 1;
         }
         clients.heal().await;
@@ -439,8 +446,11 @@ impl Nemesis {
         let history = std::mem::take(&mut *history.lock().unwrap());
         // Faults the backend documents as outside its guarantees: there the
         // fenced register must refuse every stale write instead.
-        let excused = (self.kind == "redis" && !a.quarantine && counts.contains_key("server-kill"))
-            || (self.kind == "redlock" && counts.contains_key("clock"));
+        let outside: &[&str] = match self.kind.as_str() {
+            "redis" if !a.quarantine => &["server-kill"],
+            "redlock" => &["clock"],
+            _ => &[],
+        };
         Ok(summarize(
             a,
             backend_name(&self.kind),
@@ -450,7 +460,7 @@ impl Nemesis {
             counts,
             leaked,
             unavailable,
-            excused,
+            outside,
         ))
     }
 }
@@ -734,9 +744,9 @@ fn summarize(
     counts: BTreeMap<&'static str, u64>,
     leaked: u64,
     unavailable: u64,
-    overlaps_excused: bool,
+    outside: &[&str],
 ) -> Summary {
-    let v = history.check();
+    let v = history.check(outside);
     let t = register.tally();
     let faults: u64 = counts.values().sum();
     let by_kind: Vec<String> = counts.iter().map(|(k, n)| format!("{k}:{n}")).collect();
@@ -752,7 +762,7 @@ fn summarize(
     let line = format!(
         "impl=tower-lock backend={backend} workload=torture secs={} processes={} workers={} keys={} \
          lease_ms={} seed={seed} holds={} faults={faults} faults_by_kind={} told_lost={} \
-         stale_refused={} overlaps_unwarned={} overlaps_paused={} stale_accepted={} lost_updates={} \
+         stale_refused={} overlaps_unwarned={} overlaps_paused={} overlaps_outside={} stale_accepted={} lost_updates={} \
          leaked={leaked} unavailable_keys={unavailable} failed_acquisitions={} writes_accepted={} \
          worst_margin_ms={margin} told_after_resume_ms={resume} kill_recovery_ms={recovery}",
         args.secs,
@@ -766,13 +776,14 @@ fn summarize(
         t.stale_refused,
         v.overlaps_unwarned,
         v.overlaps_paused,
+        v.overlaps_outside,
         t.stale_accepted,
         t.lost_updates,
         history.failed_acquisitions,
         t.writes_accepted,
     );
     let mut broken = Vec::new();
-    if v.overlaps_unwarned > 0 && !overlaps_excused {
+    if v.overlaps_unwarned > 0 {
         broken.push("overlaps_unwarned");
     }
     if t.stale_accepted > 0 {
