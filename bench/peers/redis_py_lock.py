@@ -1,144 +1,35 @@
 #!/usr/bin/python3
-"""redis-py's Lock measured like tower-lock's bench program, same output format.
+"""redis-py's Lock measured like tower-lock's bench program, same output
+format (the shared harness and its critical section: peer_harness.py).
 
     /usr/bin/python3 bench/peers/redis_py_lock.py --backend redis://127.0.0.1:PORT --workload uncontended --n 5000
     /usr/bin/python3 bench/peers/redis_py_lock.py --backend redis://127.0.0.1:PORT --workload contended --secs 5 --workers 8
+    /usr/bin/python3 bench/peers/redis_py_lock.py --backend redis://127.0.0.1:PORT --workload contended --secs 5 --no-lock
 
 Contended workers are threads of one process, each with its own connection,
 blocking with redis-py's own retry loop (sleep=0.001 s rather than the
 default 0.1 s, which would only make it look slower). Every release is
 redis-py's lock.release(), which waits for the server's answer.
-
-The critical section of a contended cycle has no client-side lock around its
-check: the thread adds its id to a set shared by all workers (set operations
-are atomic under the GIL), counts an overlap if another thread is in the set,
-then yields once (time.sleep(0), `--hold-us 0`, the default) or sleeps
-`--hold-us` µs so that a second holder could run while it is inside, then
-discards its id and releases. Cycles begun in the first 500 ms are a warm-up
-and not counted; cycles_per_s is the counted cycles over the time they took
-(end of warm-up until the last of them ended). Overlaps are counted over the
-whole run. Uncontended times N acquire+release after 50 untimed ones.
-
-    /usr/bin/python3 bench/peers/redis_py_lock.py --backend redis://127.0.0.1:PORT --workload contended --secs 5 --no-lock
-
-is the negative control: the same loop without the lock. It must report
-overlaps>0, which proves the check can fail.
 """
-import argparse
-import threading
-import time
-
 import redis
 
-
-# Cycles begun this long after the workers start are the first counted, as in
-# tower-lock's bench program.
-WARM_UP_S = 0.5
+from peer_harness import run
 
 
-def pct(sorted_values, p):
-    i = max(1, min(len(sorted_values), int(-(-len(sorted_values) * p // 1)))) - 1
-    return sorted_values[i]
-
-
-def us(seconds):
-    v = seconds * 1e6
-    return f"{v:.2f}" if v < 10 else f"{v:.0f}"
-
-
-def uncontended(url, n):
+def worker_locks(url):
     r = redis.Redis.from_url(url)
-    lock = r.lock("bench:redis-py:uncontended", timeout=30)
-    for _ in range(50):
-        lock.acquire()
-        lock.release()
-    samples = []
-    for _ in range(n):
-        t = time.perf_counter()
-        lock.acquire()
-        lock.release()
-        samples.append(time.perf_counter() - t)
-    samples.sort()
-    return f"n={n} p50_us={us(pct(samples, 0.5))} p99_us={us(pct(samples, 0.99))}"
-
-
-def contended(url, workers, secs, hold_us, use_lock):
-    stop = threading.Event()
-    counting = threading.Event()
-    # The ids of the threads inside the critical section. set.add, set.discard
-    # and len are each atomic under the GIL; nothing else guards the check.
-    inside = set()
-    # One entry per overlap: list.append is atomic under the GIL, where
-    # `n += 1` could lose a count.
-    overlaps = []
-    hold = hold_us / 1e6
-    results = []
-
-    def worker():
-        r = redis.Redis.from_url(url)
-        me = threading.get_ident()
-        cycles, waits = 0, []
-        while not stop.is_set():
-            counted = counting.is_set()
-            lock = r.lock("bench:redis-py:contended", timeout=30, sleep=0.001)
-            t = time.perf_counter()
-            if use_lock:
-                lock.acquire()
-            waited = time.perf_counter() - t
-            inside.add(me)
-            if len(inside) > 1:
-                overlaps.append(me)
-            time.sleep(hold)
-            inside.discard(me)
-            if use_lock:
-                lock.release()
-            if counted:
-                waits.append(waited)
-                cycles += 1
-        results.append((cycles, waits))
-
-    threads = [threading.Thread(target=worker) for _ in range(workers)]
-    for t in threads:
-        t.start()
-    time.sleep(WARM_UP_S)
-    counting.set()
-    started = time.perf_counter()
-    time.sleep(secs)
-    stop.set()
-    for t in threads:
-        t.join()
-    # Cycles begun before the stop are counted, so is the time they took.
-    elapsed = time.perf_counter() - started
-    counts = [c for c, _ in results]
-    waits = sorted(w for _, ws in results for w in ws)
-    return (
-        f"workers={workers} secs={secs} cycles_per_s={sum(counts) / elapsed:.0f} "
-        f"wait_p50_us={us(pct(waits, 0.5))} wait_p99_us={us(pct(waits, 0.99))} "
-        f"per_worker_min={min(counts)} per_worker_max={max(counts)} overlaps={len(overlaps)}"
-    )
-
-
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--backend", required=True)
-    p.add_argument("--workload", required=True, choices=["uncontended", "contended"])
-    p.add_argument("--n", type=int, default=5000)
-    p.add_argument("--secs", type=int, default=5)
-    p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--hold-us", type=int, default=0)
-    p.add_argument("--no-lock", action="store_true")
-    a = p.parse_args()
-    if a.hold_us < 0:
-        p.error("--hold-us must be at least 0")
-    if a.no_lock and a.workload != "contended":
-        p.error("--no-lock applies to the contended workload")
-    if a.workload == "uncontended":
-        line = uncontended(a.backend, a.n)
-    else:
-        line = contended(a.backend, a.workers, a.secs, a.hold_us, not a.no_lock)
-    name = "no-lock-redis-py" if a.no_lock else "redis-py"
-    print(f"impl={name} backend=redis workload={a.workload} {line}")
+    return lambda: r.lock("bench:redis-py:contended", timeout=30, sleep=0.001)
 
 
 if __name__ == "__main__":
-    main()
+    run(
+        impl="redis-py",
+        backend="redis",
+        default_n=5000,
+        connect=lambda url: url,
+        uncontended_lock=lambda url: redis.Redis.from_url(url).lock(
+            "bench:redis-py:uncontended", timeout=30
+        ),
+        worker_locks=worker_locks,
+        close=lambda url: None,
+    )
