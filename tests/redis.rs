@@ -309,19 +309,7 @@ async fn a_lock_taken_away_is_reported_lost_within_a_renewal_and_before_its_leas
     let taken = Instant::now();
     assert_eq!(deleted, 1, "the lock was not in Redis under {key}");
     let lost = lost_at(lost, 2 * lease, "taken away").await;
-    // The lease counts from when the acquire was sent, which is after `asked`.
-    assert!(
-        lost < asked + lease,
-        "told {:?} after asking for a {lease:?} lease: after it ended",
-        lost - asked
-    );
-    // The next renewal starts within a third of the lease of the loss and
-    // ends (answered or timed out) within another third.
-    assert!(
-        lost < taken + lease * 2 / 3,
-        "told {:?} after the key was deleted",
-        lost - taken
-    );
+    told_within_a_renewal(lost, asked, lease, taken, "the key was deleted");
     assert!(g
         .held()
         .lost_signal()
@@ -352,6 +340,30 @@ enum Fault {
     /// It connects as a Redis user whose scripting rights are revoked:
     /// renewals are answered with an error.
     Refused,
+}
+
+/// Asserts a holder that asked for its lock at `asked` and lost it at `fault`
+/// (no renewal succeeding after) was told at `lost`: before the lease ended
+/// (it counts from when the acquire was sent, which is after `asked`), and
+/// within two thirds of the lease of the fault (the next renewal starts
+/// within a third and ends, answered or timed out, within another).
+fn told_within_a_renewal(
+    lost: Instant,
+    asked: Instant,
+    lease: Duration,
+    fault: Instant,
+    what: &str,
+) {
+    assert!(
+        lost < asked + lease,
+        "told {:?} after asking for a {lease:?} lease: after it ended",
+        lost - asked
+    );
+    assert!(
+        lost < fault + lease * 2 / 3,
+        "told {:?} after {what}",
+        lost - fault
+    );
 }
 
 /// Asserts the holder of `g` was told (at `lost`) before its lease can have
@@ -890,20 +902,9 @@ async fn a_restarted_server_makes_the_holder_lost_and_tokens_keep_rising() {
     let server = Server::start_on(port);
 
     let lost = lost_at(lost, 2 * lease, "restart").await;
-    // No renewal succeeded after the acquire: the lease ends `lease` after
-    // it was sent. The failure is found by a renewal that starts within a
-    // third of the lease (at once, on the dropped connection) and ends
-    // within another third.
-    assert!(
-        lost < asked + lease,
-        "told {:?} after asking for a {lease:?} lease",
-        lost - asked
-    );
-    assert!(
-        lost < killed + lease * 2 / 3,
-        "told {:?} after the server was killed",
-        lost - killed
-    );
+    // The renewal that finds the failure starts at once, on the dropped
+    // connection.
+    told_within_a_renewal(lost, asked, lease, killed, "the server was killed");
     // The restarted server forgot the lock and the counter; a new holder's
     // token is still higher, so storage can refuse the old one.
     let other = backend_at(&url, "restart:").await;
