@@ -32,10 +32,15 @@ die() { printf '%s: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }
 # --- packages ----------------------------------------------------------------
 
 # Each line: a file that proves the package is there, and the package.
+# openssl makes the TLS tests' throw-away certificates; libssl-dev and
+# pkg-config build the `redis-tls` feature (native-tls over OpenSSL).
 required_packages() {
     cat <<'EOF'
 /usr/bin/redis-server redis-server
 /usr/bin/redis-cli redis-tools
+/usr/bin/openssl openssl
+/usr/include/openssl/ssl.h libssl-dev
+/usr/bin/pkg-config pkg-config
 /usr/share/java/zookeeper.jar zookeeper
 /usr/bin/java default-jre-headless
 /usr/bin/javac default-jdk-headless

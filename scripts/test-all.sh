@@ -26,6 +26,10 @@ cargo fmt --all -- --check
 
 step "cargo clippy --all-targets --all-features -- -D warnings"
 cargo clippy --all-targets --all-features -- -D warnings
+# A user's build has only the features they chose: it must not warn either.
+step "cargo clippy --lib -- -D warnings (default features, then none)"
+cargo clippy --lib -- -D warnings
+cargo clippy --lib --no-default-features -- -D warnings
 
 step "cargo test --all-features"
 cargo test --all-features

@@ -4,12 +4,30 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
-use crate::key::KeyError;
+use crate::key::{KeyError, LockKey};
+use crate::mode::LockMode;
 
 /// Boxed error from a backend's client library.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// Why a lock could not be acquired or released.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use tower_lock::{BackendExt, LockError, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let _held = backend.lock("sku-1").await.unwrap();
+/// match backend.lock("sku-1").fail_fast().await {
+///     Err(LockError::Busy) => println!("someone else is on it; try later"),
+///     Err(e) if e.is_retryable() => println!("try later: {e}"),
+///     Err(e) => panic!("a bug or misconfiguration: {e}"),
+///     Ok(_) => unreachable!("the key is held"),
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockError {
@@ -30,6 +48,18 @@ pub enum LockError {
     Config(String),
     /// The lock was lost while held (lease not renewed, session expired).
     Lost(String),
+    /// The request being served already holds `key` in a mode that cannot
+    /// share with the one asked for (a read lock, then a write lock):
+    /// waiting would wait for itself. See
+    /// [re-entrancy](crate::Locker#re-entrancy).
+    Reentry {
+        /// The key.
+        key: LockKey,
+        /// The mode the request holds it in.
+        held: LockMode,
+        /// The mode asked for.
+        wanted: LockMode,
+    },
     /// The backend could not be reached or answered with an error.
     Backend {
         /// Which backend, e.g. `redis`.
@@ -83,6 +113,11 @@ impl fmt::Display for LockError {
             LockError::InvalidMode(m) => write!(f, "invalid lock mode: {m}"),
             LockError::Config(m) => write!(f, "lock backend misconfigured: {m}"),
             LockError::Lost(reason) => write!(f, "lock lost: {reason}"),
+            LockError::Reentry { key, held, wanted } => write!(
+                f,
+                "this request already holds the lock on {key:?} in {held} mode; \
+                 taking it in {wanted} mode would wait for itself"
+            ),
             LockError::Backend {
                 backend,
                 message,

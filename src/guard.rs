@@ -5,7 +5,9 @@ use std::fmt;
 use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::backend::LeaseHandle;
 use crate::error::LockError;
@@ -19,6 +21,21 @@ use crate::token::FencingToken;
 ///
 /// Cheap to clone. The [`LockLayer`](crate::LockLayer) puts one in the request
 /// extensions; with the `axum` feature a handler takes it as an extractor.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::{BackendExt, HeldLock, MemoryBackend};
+///
+/// fn audit(held: &HeldLock) -> String {
+///     format!("{} held in {} mode, token {}", held.key(), held.mode(), held.token())
+/// }
+///
+/// let guard = MemoryBackend::new().lock("sku-1").await?;
+/// assert_eq!(audit(guard.held()), "sku-1 held in exclusive mode, token 1");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct HeldLock {
     pub(crate) key: LockKey,
@@ -98,43 +115,75 @@ impl HeldLock {
 /// ```
 #[must_use = "if unused the lock is released at once"]
 pub struct LockGuard {
-    held: HeldLock,
-    handle: Option<Arc<dyn LeaseHandle>>,
-    /// Read only when the span records it: a clock read per lock is a
-    /// measurable share of the uncontended path.
+    /// Shared with the nested guards of a re-entered lock; `None` once
+    /// released. The last guard to let go releases the lock.
+    share: Option<Arc<Share>>,
+    /// Read only when the span or metrics record it: a clock read per lock
+    /// is a measurable share of the uncontended path.
     acquired_at: Option<Instant>,
     span: tracing::Span,
 }
 
+/// What the guards of one acquisition share: the description, the backend's
+/// handle, and which backend instance took it (for re-entrancy).
+pub(crate) struct Share {
+    pub(crate) held: HeldLock,
+    pub(crate) handle: Arc<dyn LeaseHandle>,
+    pub(crate) backend_id: usize,
+}
+
 impl LockGuard {
-    pub(crate) fn new(held: HeldLock, handle: Arc<dyn LeaseHandle>, span: tracing::Span) -> Self {
+    pub(crate) fn new(
+        held: HeldLock,
+        handle: Arc<dyn LeaseHandle>,
+        backend_id: usize,
+        span: tracing::Span,
+    ) -> Self {
+        let timed = !span.is_disabled() || cfg!(feature = "metrics");
         LockGuard {
-            held,
-            handle: Some(handle),
-            acquired_at: (!span.is_disabled()).then(Instant::now),
+            share: Some(Arc::new(Share {
+                held,
+                handle,
+                backend_id,
+            })),
+            acquired_at: timed.then(Instant::now),
             span,
         }
     }
 
+    /// A second guard on a lock this task already holds (re-entry): same
+    /// key and token; the lock is released when the last guard lets go.
+    pub(crate) fn nested(share: Arc<Share>) -> Self {
+        LockGuard {
+            share: Some(share),
+            acquired_at: None,
+            span: tracing::Span::none(),
+        }
+    }
+
+    pub(crate) fn share(&self) -> &Arc<Share> {
+        self.share.as_ref().expect("share present until released")
+    }
+
     /// The locked key.
     pub fn key(&self) -> &LockKey {
-        &self.held.key
+        &self.held().key
     }
 
     /// The mode it is held in.
     pub fn mode(&self) -> LockMode {
-        self.held.mode
+        self.held().mode
     }
 
     /// The fencing token: strictly greater than any earlier acquisition's of
     /// the same key.
     pub fn token(&self) -> FencingToken {
-        self.held.token
+        self.held().token
     }
 
     /// Whether the lock has been lost.
     pub fn is_lost(&self) -> bool {
-        self.held.lost.is_lost()
+        self.held().lost.is_lost()
     }
 
     /// Completes when the lock is lost; never on a backend that cannot lose
@@ -144,12 +193,12 @@ impl LockGuard {
     ///
     /// Cancel safe.
     pub fn lost(&self) -> Lost {
-        self.held.lost.lost()
+        self.held().lost.lost()
     }
 
     /// The cloneable description of this lock.
     pub fn held(&self) -> &HeldLock {
-        &self.held
+        &self.share().held
     }
 
     /// Releases the lock and waits until the backend confirms (on Redis, a
@@ -162,22 +211,40 @@ impl LockGuard {
     /// say) reaches the server after it. Before a process exits, call
     /// [`Backend::flush`](crate::Backend::flush) to wait for those answers.
     ///
+    /// A guard from a [re-entered](crate::Locker#re-entrancy) lock shares it
+    /// with the guard it re-entered: releasing one of them returns `Ok` at
+    /// once, and the lock is released when the last of them is.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes does not leave the lock held:
+    /// the guard is consumed when the future is made, and a release already
+    /// sent is finished in the background, as when a guard is dropped (see
+    /// [`Backend::flush`](crate::Backend::flush)). Only the answer, and so
+    /// any error, is lost.
+    ///
     /// # Errors
     ///
     /// A backend error. When the release may not have reached the server
     /// (a broken connection), it is sent again in the background; at worst
     /// the lock ends with its lease or session.
     pub async fn release(mut self) -> Result<(), LockError> {
-        let handle = self.handle.take().expect("handle present until released");
-        let result = handle.release().await;
-        self.record_release(&result);
+        let share = self.share.take().expect("share present until released");
+        // A re-entered lock stays held until its last guard lets go.
+        let Some(share) = Arc::into_inner(share) else {
+            return Ok(());
+        };
+        let result = share.handle.release().await;
+        self.record_release(&share.held, &result);
         result
     }
 
-    fn record_release(&self, result: &Result<(), LockError>) {
-        if let Some(at) = self.acquired_at {
-            self.span.record("hold_us", at.elapsed().as_micros() as u64);
+    fn record_release(&self, held: &HeldLock, result: &Result<(), LockError>) {
+        let hold = self.acquired_at.map(|at| at.elapsed());
+        if let Some(hold) = hold {
+            self.span.record("hold_us", hold.as_micros() as u64);
         }
+        crate::metrics::released(held, hold);
         match result {
             Ok(()) => tracing::debug!(parent: &self.span, "lock released"),
             Err(e) => tracing::warn!(parent: &self.span, error = %e, "lock release failed"),
@@ -187,9 +254,12 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if let Some(handle) = self.handle.take() {
-            self.record_release(&Ok(()));
-            handle.release_on_drop();
+        let Some(share) = self.share.take() else {
+            return;
+        };
+        if let Some(share) = Arc::into_inner(share) {
+            self.record_release(&share.held, &Ok(()));
+            share.handle.release_on_drop();
         }
     }
 }
@@ -197,17 +267,32 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.held.key)
-            .field("mode", &self.held.mode)
-            .field("token", &self.held.token)
-            .field("lost", &self.held.lost.is_lost())
-            .finish()
+            .field("key", &self.share.as_ref().map(|s| &s.held.key))
+            .field("mode", &self.share.as_ref().map(|s| s.held.mode))
+            .field("token", &self.share.as_ref().map(|s| s.held.token))
+            .finish_non_exhaustive()
     }
 }
 
 /// Several locks taken together, all or nothing; released together.
 ///
 /// Guards are in the canonical (sorted) key order they were taken in.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::{BackendExt, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let set = backend.lock_all(["acct:2", "acct:1"]).await?;
+/// assert_eq!(set.len(), 2);
+/// assert_eq!(set.guards()[0].key().as_str(), "acct:1");
+/// let token = set.get("acct:2").unwrap().token();
+/// println!("moving money under token {token}");
+/// set.release().await?;
+/// # Ok(()) }
+/// ```
 #[must_use = "if unused the locks are released at once"]
 #[derive(Debug)]
 pub struct LockSet {
@@ -251,7 +336,7 @@ impl LockSet {
     pub async fn lost(&self) {
         poll_fn(|cx| {
             for g in &self.guards {
-                if g.held.lost.poll_lost(cx).is_ready() {
+                if g.held().lost.poll_lost(cx).is_ready() {
                     return Poll::Ready(());
                 }
             }
@@ -261,6 +346,12 @@ impl LockSet {
     }
 
     /// Releases every lock, in reverse order, and reports the first error.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes releases every lock it has
+    /// not reached yet as dropping a [`LockGuard`] does, in the background;
+    /// none is left held. Only the answers, and so any error, are lost.
     ///
     /// # Errors
     ///

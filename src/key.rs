@@ -1,10 +1,17 @@
 //! Lock keys: validated, cheaply cloned names of the entity a lock protects.
 
-use std::borrow::Borrow;
+use std::borrow::{Borrow, Cow};
 use std::fmt;
 use std::sync::Arc;
 
 /// The longest key accepted, in bytes of UTF-8, namespace included.
+///
+/// ```
+/// use tower_lock::{LockKey, MAX_KEY_LEN};
+///
+/// assert!(LockKey::new(&"k".repeat(MAX_KEY_LEN)).is_ok());
+/// assert!(LockKey::new(&"k".repeat(MAX_KEY_LEN + 1)).is_err());
+/// ```
 ///
 /// Chosen so that every backend can store the key as it is: a ZooKeeper node
 /// name is limited by the server's path length, and a Redis key this short
@@ -13,11 +20,22 @@ pub const MAX_KEY_LEN: usize = 256;
 
 /// The name of the entity a lock protects, such as `orders:sku-42`.
 ///
-/// A key is any UTF-8 text of 1 to [`MAX_KEY_LEN`] bytes that contains no
-/// control character (NUL included), no `/` and no `..`, and is not `.`.
-/// Those rules let every backend use the key directly in a node name, a Redis
-/// key or a log line without escaping surprises. Cloning is a reference-count
-/// increment.
+/// A key is any UTF-8 text of 1 to [`MAX_KEY_LEN`] bytes (namespace
+/// included) that
+///
+/// - contains no control character (NUL included) and no `/`, and is not `.`
+///   or `..`, so that every backend can use it directly in a node name, a
+///   Redis key or a log line without escaping surprises;
+/// - is not blank: not only whitespace or invisible characters (`"   "`,
+///   `"\u{200B}"`), and neither starts nor ends with them, since `"A1 "` and
+///   `"A1"` would lock different entities;
+/// - contains no invisible formatting character that makes two keys look
+///   alike: zero-width space, word joiner, byte-order mark, soft hyphen,
+///   bidirectional controls. (Zero-width joiners and variation selectors,
+///   which scripts and emoji need, are allowed inside a key.)
+///
+/// Everything else is accepted: any script, spaces inside, punctuation,
+/// `a..b`, `%`. Cloning is a reference-count increment.
 ///
 /// # Examples
 ///
@@ -39,7 +57,7 @@ impl LockKey {
     ///
     /// [`KeyError`] says which rule the text broke.
     pub fn new(key: &str) -> Result<Self, KeyError> {
-        validate(key)?;
+        validate(key, 0)?;
         Ok(LockKey(Arc::from(key)))
     }
 
@@ -63,7 +81,7 @@ impl LockKey {
         joined.push_str(namespace);
         joined.push(':');
         joined.push_str(key);
-        validate(&joined)?;
+        validate(&joined, namespace.len() + 1)?;
         Ok(LockKey(Arc::from(joined)))
     }
 
@@ -84,10 +102,11 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), KeyError> {
     if namespace.is_empty() {
         return Ok(());
     }
-    validate(namespace)?;
+    validate(namespace, 0)?;
     if namespace.len() + 2 > MAX_KEY_LEN {
         return Err(KeyError::TooLong {
             len: namespace.len() + 2,
+            namespace: namespace.len() + 1,
         });
     }
     Ok(())
@@ -102,33 +121,108 @@ pub(crate) fn assert_namespace(namespace: &str) {
     }
 }
 
-fn validate(key: &str) -> Result<(), KeyError> {
-    if key.is_empty() {
+/// Checks the whole key; its first `prefix` bytes are a namespace and `:`,
+/// already checked when the namespace was set.
+fn validate(key: &str, prefix: usize) -> Result<(), KeyError> {
+    if key.len() <= prefix {
         return Err(KeyError::Empty);
     }
     if key.len() > MAX_KEY_LEN {
-        return Err(KeyError::TooLong { len: key.len() });
+        return Err(KeyError::TooLong {
+            len: key.len(),
+            namespace: prefix,
+        });
     }
-    if key == "." {
+    let own = &key[prefix..];
+    if own == "." || own == ".." {
         return Err(KeyError::DotSegment);
     }
     // One pass over the bytes, on the hot path of every request. The control
     // characters (`char::is_control`: U+0000..=U+001F, U+007F..=U+009F) are
     // the bytes 0x00..=0x1F and 0x7F, and 0xC2 followed by 0x80..=0x9F.
-    let bytes = key.as_bytes();
+    let bytes = own.as_bytes();
+    let mut ascii = true;
     for (i, &b) in bytes.iter().enumerate() {
         match b {
             b'/' => return Err(KeyError::ForbiddenChar('/')),
-            b'.' if bytes.get(i + 1) == Some(&b'.') => return Err(KeyError::DotSegment),
             0x00..=0x1F | 0x7F => return Err(KeyError::ForbiddenChar(char::from(b))),
             0xC2 if matches!(bytes.get(i + 1), Some(0x80..=0x9F)) => {
-                let c = key[i..].chars().next().expect("valid UTF-8");
+                let c = own[i..].chars().next().expect("valid UTF-8");
                 return Err(KeyError::ForbiddenChar(c));
             }
+            0x80.. => ascii = false,
             _ => {}
         }
     }
+    if ascii {
+        // The only blank ASCII character left is the space.
+        if bytes.iter().all(|&b| b == b' ') {
+            return Err(KeyError::Blank);
+        }
+        if bytes[0] == b' ' || bytes[bytes.len() - 1] == b' ' {
+            return Err(KeyError::EdgeBlank);
+        }
+        return Ok(());
+    }
+    if let Some(c) = own.chars().find(|&c| misleading(c)) {
+        return Err(KeyError::Invisible(c));
+    }
+    if own.chars().all(blank) {
+        return Err(KeyError::Blank);
+    }
+    let first = own.chars().next().expect("not empty");
+    let last = own.chars().next_back().expect("not empty");
+    if edge_blank(first) || edge_blank(last) {
+        return Err(KeyError::EdgeBlank);
+    }
     Ok(())
+}
+
+/// Invisible formatting characters that make two different keys look the
+/// same, refused anywhere in a key.
+fn misleading(c: char) -> bool {
+    matches!(
+        c,
+        '\u{ad}'                       // soft hyphen
+            | '\u{61c}'                // Arabic letter mark
+            | '\u{180e}'               // Mongolian vowel separator
+            | '\u{200b}'               // zero-width space
+            | '\u{200e}'..='\u{200f}'  // left-to-right, right-to-left marks
+            | '\u{202a}'..='\u{202e}'  // bidirectional embeddings, overrides
+            | '\u{2060}'..='\u{206f}'  // word joiner, invisible operators, isolates
+            | '\u{feff}'               // zero-width no-break space (BOM)
+    )
+}
+
+/// Characters that show as space or as nothing, which a key can neither
+/// start nor end with.
+fn edge_blank(c: char) -> bool {
+    c.is_whitespace()
+        || misleading(c)
+        || matches!(
+            c,
+            '\u{34f}'                   // combining grapheme joiner
+                | '\u{115f}'..='\u{1160}' // Hangul fillers
+                | '\u{17b4}'..='\u{17b5}' // Khmer inherent vowels
+                | '\u{200c}'..='\u{200d}' // zero-width (non-)joiner
+                | '\u{2800}'               // Braille blank
+                | '\u{3164}'               // Hangul filler
+                | '\u{ffa0}'               // halfwidth Hangul filler
+        )
+}
+
+/// Characters that show as nothing: a key made only of them (and
+/// whitespace) is blank. Variation selectors and tags may end a key (they
+/// end emoji sequences), so they are not [`edge_blank`].
+fn blank(c: char) -> bool {
+    edge_blank(c)
+        || matches!(
+            c,
+            '\u{180b}'..='\u{180d}'       // Mongolian variation selectors
+                | '\u{fe00}'..='\u{fe0f}' // variation selectors
+                | '\u{e0000}'..='\u{e007f}' // tags
+                | '\u{e0100}'..='\u{e01ef}' // variation selectors supplement
+        )
 }
 
 impl fmt::Debug for LockKey {
@@ -165,7 +259,7 @@ impl TryFrom<&str> for LockKey {
 impl TryFrom<String> for LockKey {
     type Error = KeyError;
     fn try_from(key: String) -> Result<Self, KeyError> {
-        validate(&key)?;
+        validate(&key, 0)?;
         Ok(LockKey(Arc::from(key)))
     }
 }
@@ -183,7 +277,20 @@ impl From<&LockKey> for LockKey {
     }
 }
 
-/// Why a text is not a valid [`LockKey`].
+/// Why a text is not a valid [`LockKey`], or why a request carries none.
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::{KeyError, LockKey};
+///
+/// assert_eq!(LockKey::new("   "), Err(KeyError::Blank));
+/// let e = LockKey::namespaced("sku", &"x".repeat(300)).unwrap_err();
+/// assert_eq!(
+///     e.to_string(),
+///     "key is 304 bytes long counting the 4-byte namespace prefix the server adds, the maximum is 256"
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyError {
@@ -191,32 +298,86 @@ pub enum KeyError {
     Empty,
     /// The key is longer than [`MAX_KEY_LEN`] bytes.
     TooLong {
-        /// Its length in bytes.
+        /// Its length in bytes, namespace included.
         len: usize,
+        /// How many of them are the namespace and its `:` (0 without one).
+        namespace: usize,
     },
     /// The key contains a control character or `/`.
     ForbiddenChar(char),
-    /// The key is `.` or contains `..`.
+    /// The key is `.` or `..`.
     DotSegment,
+    /// The key is only whitespace or invisible characters.
+    Blank,
+    /// The key starts or ends with whitespace or an invisible character.
+    EdgeBlank,
+    /// The key contains an invisible formatting character (zero-width
+    /// space, bidirectional control, …) that makes it look like another key.
+    Invisible(char),
     /// The source (a header) held bytes that are not UTF-8.
     NotUtf8,
+    /// The request gives the key more than once, with different values (a
+    /// header or query parameter repeated): which one to lock is ambiguous.
+    Repeated {
+        /// How many times it is given.
+        count: usize,
+    },
+    /// A [`KeyFn`](crate::KeyFn) found no key, and says why. Handled as a
+    /// missing key: 400, or no lock with
+    /// [`OnMissingKey::PassThrough`](crate::OnMissingKey::PassThrough).
+    Missing(Cow<'static, str>),
+    /// A [`KeyFn`](crate::KeyFn) refused the request's key, and says why.
+    Refused(Cow<'static, str>),
     /// The key source cannot work where it was installed (a server
     /// configuration error, not the client's).
     Misconfigured(&'static str),
+}
+
+impl KeyError {
+    /// A key function's "no key here", with the reason shown to the client.
+    pub fn missing(why: impl Into<Cow<'static, str>>) -> Self {
+        KeyError::Missing(why.into())
+    }
+
+    /// A key function's "this key is unusable", with the reason shown to the
+    /// client.
+    pub fn refused(why: impl Into<Cow<'static, str>>) -> Self {
+        KeyError::Refused(why.into())
+    }
 }
 
 impl fmt::Display for KeyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeyError::Empty => f.write_str("key is empty"),
-            KeyError::TooLong { len } => {
+            KeyError::TooLong { len, namespace: 0 } => {
                 write!(f, "key is {len} bytes long, the maximum is {MAX_KEY_LEN}")
             }
+            KeyError::TooLong { len, namespace } => write!(
+                f,
+                "key is {len} bytes long counting the {namespace}-byte namespace prefix \
+                 the server adds, the maximum is {MAX_KEY_LEN}"
+            ),
             KeyError::ForbiddenChar(c) => {
                 write!(f, "key contains the forbidden character {:?}", c)
             }
-            KeyError::DotSegment => f.write_str("key is `.` or contains `..`"),
+            KeyError::DotSegment => f.write_str("key is `.` or `..`"),
+            KeyError::Blank => f.write_str("key is blank (only whitespace or invisible characters)"),
+            KeyError::EdgeBlank => {
+                f.write_str("key starts or ends with whitespace or an invisible character")
+            }
+            KeyError::Invisible(c) => write!(
+                f,
+                "key contains the invisible character U+{:04X}, which makes it look like another key",
+                u32::from(*c)
+            ),
             KeyError::NotUtf8 => f.write_str("key is not valid UTF-8"),
+            KeyError::Repeated { count } => write!(
+                f,
+                "the request gives the key {count} times with different values; give it once"
+            ),
+            KeyError::Missing(why) => write!(f, "no key: {why}"),
+            KeyError::Refused(why) => f.write_str(why),
             KeyError::Misconfigured(why) => write!(f, "key source misconfigured: {why}"),
         }
     }
@@ -230,7 +391,21 @@ mod tests {
 
     #[test]
     fn accepts_unicode_and_punctuation() {
-        for ok in ["a", "订单-42", "acct:1", "a.b", "x y", "ключ", "🔒"] {
+        for ok in [
+            "a",
+            "订单-42",
+            "acct:1",
+            "a.b",
+            "a..b",
+            "...x",
+            "x y",
+            "ключ",
+            "🔒",
+            "50%",
+            "👨\u{200d}👩",
+            "❤\u{fe0f}",
+            "a\u{a0}b",
+        ] {
             assert_eq!(LockKey::new(ok).unwrap().as_str(), ok);
         }
         let max = "é".repeat(MAX_KEY_LEN / 2);
@@ -243,7 +418,8 @@ mod tests {
         assert_eq!(
             LockKey::new(&"a".repeat(MAX_KEY_LEN + 1)),
             Err(KeyError::TooLong {
-                len: MAX_KEY_LEN + 1
+                len: MAX_KEY_LEN + 1,
+                namespace: 0,
             })
         );
         assert_eq!(LockKey::new("a/b"), Err(KeyError::ForbiddenChar('/')));
@@ -255,7 +431,6 @@ mod tests {
         );
         assert_eq!(LockKey::new("."), Err(KeyError::DotSegment));
         assert_eq!(LockKey::new(".."), Err(KeyError::DotSegment));
-        assert_eq!(LockKey::new("a..b"), Err(KeyError::DotSegment));
         assert_eq!(
             LockKey::new("a\u{85}b"),
             Err(KeyError::ForbiddenChar('\u{85}'))
@@ -264,9 +439,46 @@ mod tests {
             LockKey::new("\u{9f}"),
             Err(KeyError::ForbiddenChar('\u{9f}'))
         );
-        assert!(
-            LockKey::new("\u{a0}\u{c2}").is_ok(),
-            "U+00A0 and Â are not controls"
+    }
+
+    #[test]
+    fn rejects_blank_and_invisible_keys() {
+        for blank in [
+            "   ",
+            " ",
+            "\u{200b}",
+            "\u{3000}\u{a0}",
+            "\u{feff}",
+            "\u{200d}\u{fe0f}",
+        ] {
+            assert!(
+                matches!(
+                    LockKey::new(blank),
+                    Err(KeyError::Blank | KeyError::Invisible(_))
+                ),
+                "{blank:?}"
+            );
+        }
+        assert_eq!(LockKey::new("   "), Err(KeyError::Blank));
+        assert_eq!(LockKey::new("\u{3000}"), Err(KeyError::Blank));
+        for edge in [" A1", "A1 ", "\u{a0}A1", "A1\u{3000}", "\u{200d}A1"] {
+            assert_eq!(LockKey::new(edge), Err(KeyError::EdgeBlank), "{edge:?}");
+        }
+        for (text, c) in [
+            ("A\u{200b}1", '\u{200b}'),
+            ("A1\u{feff}", '\u{feff}'),
+            ("\u{202e}1A", '\u{202e}'),
+            ("so\u{ad}ft", '\u{ad}'),
+        ] {
+            assert_eq!(LockKey::new(text), Err(KeyError::Invisible(c)), "{text:?}");
+        }
+        // Under a namespace, the part the request gave is what is checked.
+        assert_eq!(LockKey::namespaced("sku", "   "), Err(KeyError::Blank));
+        assert_eq!(LockKey::namespaced("sku", " A1"), Err(KeyError::EdgeBlank));
+        assert_eq!(LockKey::namespaced("sku", ".."), Err(KeyError::DotSegment));
+        assert_eq!(
+            LockKey::namespaced("sku", "a..b").unwrap().as_str(),
+            "sku:a..b"
         );
     }
 
@@ -279,14 +491,21 @@ mod tests {
                 continue;
             };
             for text in [c.to_string(), format!("a{c}b")] {
-                let by_chars = if text == "." || text.contains("..") {
-                    Err(KeyError::DotSegment)
-                } else if let Some(bad) = text.chars().find(|c| c.is_control() || *c == '/') {
+                let by_chars = if let Some(bad) = text.chars().find(|c| c.is_control() || *c == '/')
+                {
                     Err(KeyError::ForbiddenChar(bad))
+                } else if text == "." || text == ".." {
+                    Err(KeyError::DotSegment)
+                } else if let Some(bad) = text.chars().find(|&c| misleading(c)) {
+                    Err(KeyError::Invisible(bad))
+                } else if text.chars().all(blank) {
+                    Err(KeyError::Blank)
+                } else if text.starts_with(edge_blank) || text.ends_with(edge_blank) {
+                    Err(KeyError::EdgeBlank)
                 } else {
                     Ok(())
                 };
-                assert_eq!(validate(&text), by_chars, "{text:?}");
+                assert_eq!(validate(&text, 0), by_chars, "{text:?}");
             }
         }
     }
@@ -296,8 +515,9 @@ mod tests {
         assert!(check_namespace("").is_ok());
         assert!(check_namespace("orders").is_ok());
         assert!(check_namespace("a/b").is_err());
+        assert!(check_namespace(" sku").is_err());
         assert!(check_namespace(&"n".repeat(MAX_KEY_LEN - 1)).is_err());
-        let bad = std::panic::catch_unwind(|| assert_namespace("a..b"));
+        let bad = std::panic::catch_unwind(|| assert_namespace(".."));
         assert!(bad.is_err());
     }
 
@@ -307,9 +527,14 @@ mod tests {
         assert_eq!(LockKey::namespaced("", "k").unwrap().as_str(), "k");
         assert_eq!(LockKey::namespaced("ns", ""), Err(KeyError::Empty));
         let k = "a".repeat(MAX_KEY_LEN - 2);
-        assert!(matches!(
-            LockKey::namespaced("ns", &k),
-            Err(KeyError::TooLong { .. })
-        ));
+        let e = LockKey::namespaced("ns", &k).unwrap_err();
+        assert_eq!(
+            e,
+            KeyError::TooLong {
+                len: MAX_KEY_LEN + 1,
+                namespace: 3
+            }
+        );
+        assert!(e.to_string().contains("3-byte namespace prefix"), "{e}");
     }
 }

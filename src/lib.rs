@@ -1,6 +1,40 @@
-#![doc = include_str!("../README.md")]
+#![doc = include_str!("lib.md")]
+// Links to items behind features: to the item when it is built, to docs.rs
+// otherwise (docs.rs builds with every feature).
+#![doc = ""]
+#![cfg_attr(
+    feature = "redis",
+    doc = "[`RedisBackend`]: backend::RedisBackend",
+    doc = "[`RedlockBackend`]: backend::RedlockBackend"
+)]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[`RedisBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/struct.RedisBackend.html",
+    doc = "[`RedlockBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/struct.RedlockBackend.html",
+    doc = "[`backend::redis`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/index.html",
+    doc = "[`backend::redlock`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/index.html"
+)]
+#![cfg_attr(
+    feature = "zookeeper",
+    doc = "[`ZookeeperBackend`]: backend::ZookeeperBackend"
+)]
+#![cfg_attr(
+    not(feature = "zookeeper"),
+    doc = "[`ZookeeperBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/struct.ZookeeperBackend.html",
+    doc = "[`backend::zookeeper`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/index.html"
+)]
+#![cfg_attr(
+    not(feature = "axum"),
+    doc = "[`PathParam`]: https://docs.rs/tower-lock/latest/tower_lock/struct.PathParam.html",
+    doc = "[`extract`]: https://docs.rs/tower-lock/latest/tower_lock/extract/index.html"
+)]
 #![warn(missing_docs)]
 #![deny(unsafe_code)]
+
+// The README's examples are compiled and run with the doctests too.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 pub mod backend;
 mod error;
@@ -10,8 +44,10 @@ mod guard;
 mod key;
 mod locker;
 mod lost;
+mod metrics;
 pub mod middleware;
 mod mode;
+mod reentry;
 mod rejection;
 mod source;
 mod token;
@@ -27,5 +63,5 @@ pub use mode::{LockMode, Wait};
 pub use rejection::LockRejection;
 #[cfg(feature = "axum")]
 pub use source::PathParam;
-pub use source::{Header, KeySource, QueryParam};
+pub use source::{Header, KeyFn, KeySource, QueryParam};
 pub use token::FencingToken;

@@ -20,6 +20,17 @@ use crate::key::{KeyError, LockKey};
 use crate::mode::{LockMode, Wait};
 
 /// Something that names a lock key: `&str`, `String` or [`LockKey`].
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::{IntoLockKey, LockKey};
+///
+/// assert_eq!("42".into_lock_key("sku").unwrap().as_str(), "sku:42");
+/// let key = LockKey::new("42").unwrap();
+/// assert_eq!(key.into_lock_key("").unwrap().as_str(), "42");
+/// assert!("a/b".into_lock_key("sku").is_err());
+/// ```
 pub trait IntoLockKey {
     /// Validates the key and prefixes `namespace` (when not empty) as
     /// `namespace:key`.
@@ -104,7 +115,51 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 /// With the `axum` feature, `Locker` is also an extractor, for a locker added
 /// with `.layer(axum::Extension(locker))` (a clone per request costs one
 /// reference count, so the [`LockLayer`](crate::LockLayer) does not add one
-/// unasked).
+/// unasked). Hand handlers [`LockLayer::locker`](crate::LockLayer::locker):
+/// it locks under the layer's namespace, wait and lease.
+///
+/// # Re-entrancy
+///
+/// Within one request served under a [`LockLayer`](crate::LockLayer), a
+/// lock the request already holds (the layer's, or one its handler took) is
+/// re-entered rather than waited for, when it is asked for again through the
+/// same backend (or a clone of it), with [`lock`](Self::lock),
+/// [`lock_all`](Self::lock_all) or [`BackendExt::lock`]:
+///
+/// - in the same mode, or a read lock under a write lock: the acquisition
+///   succeeds at once with a nested guard on the same lock, with the same
+///   fencing token. The lock is released when the last of its guards is;
+///   the layer's guard lasts until the response is ready, so a nested guard
+///   never outlives it unless it is moved out of the request.
+/// - in a mode that cannot share (a write lock under a read lock, a mutex
+///   under a read/write lock, another permit count): it fails at once with
+///   [`LockError::Reentry`] (a 500 from a handler), rather than wait for
+///   itself until the wait runs out.
+///
+/// "The request" is the code the layer's response future runs: the handler
+/// and what it awaits. A task the handler spawns is not part of it, nor is
+/// another request, even for the same key: those wait as usual, which is
+/// the point of the lock. Outside a request there is no re-entrancy: a
+/// second `lock` of a held key waits.
+///
+/// ```
+/// use axum::{extract::Path, routing::post, Extension, Router};
+/// use tower_lock::{HeldLock, LockError, LockLayer, Locker, MemoryBackend, PathParam};
+///
+/// async fn restock(locker: Locker, held: HeldLock, Path(sku): Path<String>) -> Result<String, LockError> {
+///     // The layer holds `sku:{sku}` for this request: this re-enters it.
+///     let again = locker.lock(&sku).await?;
+///     assert_eq!(again.token(), held.token());
+///     Ok(format!("restocked {sku}"))
+/// }
+///
+/// let layer = LockLayer::new(MemoryBackend::new(), PathParam("sku")).namespace("sku");
+/// let locker = layer.locker().clone();
+/// let app: Router = Router::new()
+///     .route("/restock/{sku}", post(restock))
+///     .route_layer(layer)
+///     .layer(Extension(locker));
+/// ```
 ///
 /// # Examples
 ///
@@ -190,9 +245,19 @@ impl Locker {
         &self.inner.backend
     }
 
-    pub(crate) fn defaults(&self) -> (Arc<str>, Wait, Duration) {
-        let l = &self.inner;
-        (l.namespace.clone(), l.wait, l.lease)
+    /// The namespace prefixed to every key; empty for none.
+    pub fn namespace_prefix(&self) -> &str {
+        &self.inner.namespace
+    }
+
+    /// The default wait of an acquisition.
+    pub fn default_wait(&self) -> Wait {
+        self.inner.wait
+    }
+
+    /// The default lease of a remote lock.
+    pub fn default_lease(&self) -> Duration {
+        self.inner.lease
     }
 
     /// Starts building an acquisition of `key`; `.await` it.
@@ -230,6 +295,24 @@ impl fmt::Debug for Locker {
 }
 
 /// An acquisition being set up; `.await` it for a [`LockGuard`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::{BackendExt, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let report = backend
+///     .lock("report:daily")
+///     .read()
+///     .wait(Duration::from_millis(500))
+///     .lease(Duration::from_secs(30))
+///     .await?;
+/// assert_eq!(report.mode().as_str(), "read");
+/// # Ok(()) }
+/// ```
 #[must_use = "a lock builder does nothing until awaited"]
 pub struct LockBuilder<'a, B: ?Sized> {
     backend: &'a B,
@@ -304,6 +387,25 @@ impl<B: Backend + ?Sized> IntoFuture for LockBuilder<'_, B> {
 /// Future of one acquisition: waits at most until its deadline, and leaves
 /// the backend's queue if dropped.
 ///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::future::IntoFuture;
+/// use std::time::Duration;
+/// use tower_lock::{BackendExt, LockFuture, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let _held = backend.lock("k").await?;
+/// // A nameable future, e.g. to race against shutdown.
+/// let waiting: LockFuture = backend.lock("k").into_future();
+/// tokio::select! {
+///     guard = waiting => println!("got it: {:?}", guard.map(|g| g.token())),
+///     _ = tokio::time::sleep(Duration::from_millis(10)) => println!("gave up; the request is withdrawn"),
+/// }
+/// # Ok(()) }
+/// ```
+///
 /// # Cancel safety
 ///
 /// Cancel safe: dropping it before it completes withdraws the request, and a
@@ -314,6 +416,8 @@ pub struct LockFuture {
     // Boxed: only a waiting acquisition with a timeout needs a timer, and an
     // unboxed `Sleep` would make every `LockFuture` large and `!Unpin`.
     sleep: Option<Pin<Box<Sleep>>>,
+    /// A nested guard on a lock the request already holds.
+    reentered: Option<LockGuard>,
 }
 
 struct Acquiring {
@@ -321,6 +425,8 @@ struct Acquiring {
     key: Option<LockKey>,
     mode: LockMode,
     backend: &'static str,
+    /// [`Backend::instance_id`], for re-entrancy.
+    backend_id: usize,
     wait: Wait,
     /// A deadline shared with other acquisitions (`lock_all`); otherwise one
     /// is set from `wait` when the acquisition first has to wait, so that an
@@ -346,6 +452,13 @@ impl LockFuture {
             return Self::failed(LockError::InvalidMode(
                 "a semaphore needs at least one permit".into(),
             ));
+        }
+        let backend_id = backend.instance_id();
+        // A request that already holds the key must not wait for itself.
+        match crate::reentry::reenter(backend_id, &key, mode) {
+            None => {}
+            Some(Ok(guard)) => return Self::reentered(guard),
+            Some(Err(e)) => return Self::failed(e),
         }
         // The backend counts a shared deadline's remainder as its wait.
         let backend_wait = match (deadline, wait) {
@@ -379,12 +492,14 @@ impl LockFuture {
                 key: Some(key),
                 mode,
                 backend: name,
+                backend_id,
                 wait,
                 deadline,
                 waiting_since,
                 span,
             }),
             sleep: None,
+            reentered: None,
         }
     }
 
@@ -395,12 +510,22 @@ impl LockFuture {
                 key: None,
                 mode: LockMode::Exclusive,
                 backend: "",
+                backend_id: 0,
                 wait: Wait::FailFast,
                 deadline: None,
                 waiting_since: None,
                 span: tracing::Span::none(),
             }),
             sleep: None,
+            reentered: None,
+        }
+    }
+
+    fn reentered(guard: LockGuard) -> Self {
+        LockFuture {
+            state: None,
+            sleep: None,
+            reentered: Some(guard),
         }
     }
 
@@ -408,6 +533,9 @@ impl LockFuture {
     /// backend's uncontended path, an invalid key). The layer uses it to call
     /// the inner service at once instead of through a second state.
     pub(crate) fn try_ready(&mut self) -> Option<Result<LockGuard, LockError>> {
+        if let Some(guard) = self.reentered.take() {
+            return Some(Ok(guard));
+        }
         let state = self.state.as_mut()?;
         let result = match &mut state.acquire {
             Ok(f) => f.take_ready()?,
@@ -433,9 +561,17 @@ fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockG
         }
         other => other,
     };
+    let outcome = match &result {
+        Ok(_) => "acquired",
+        Err(LockError::Busy) => "busy",
+        Err(LockError::Timeout { .. }) => "timeout",
+        Err(LockError::Lost(_)) => "lost",
+        Err(_) => "error",
+    };
+    state.span.record("outcome", outcome);
+    crate::metrics::acquisition(state.backend, outcome, waited);
     match result {
         Ok(acquired) => {
-            state.span.record("outcome", "acquired");
             let (token, lost, handle) = acquired.into_parts();
             tracing::debug!(parent: &state.span, token = token.get(), "lock acquired");
             let held = HeldLock {
@@ -446,18 +582,11 @@ fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockG
                 backend: state.backend,
                 lost,
             };
-            Ok(LockGuard::new(held, handle, state.span))
+            let guard = LockGuard::new(held, handle, state.backend_id, state.span);
+            crate::reentry::record(&guard);
+            Ok(guard)
         }
         Err(e) => {
-            state.span.record(
-                "outcome",
-                match e {
-                    LockError::Busy => "busy",
-                    LockError::Timeout { .. } => "timeout",
-                    LockError::Lost(_) => "lost",
-                    _ => "error",
-                },
-            );
             tracing::debug!(parent: &state.span, error = %e, "lock not acquired");
             Err(e)
         }
@@ -534,6 +663,26 @@ impl fmt::Debug for LockFuture {
 /// Keys are de-duplicated and taken in sorted order under one total wait, so
 /// two requests that lock the same keys in different orders cannot deadlock.
 /// If one key cannot be had, the ones already taken are released.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::{Locker, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new()).namespace("acct");
+/// let both = locker.lock_all(["7", "3", "7"]).wait(Duration::from_secs(1)).await?;
+/// assert_eq!(both.len(), 2, "duplicates are taken once");
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+///
+/// Dropping the future before it completes withdraws the acquisition under
+/// way and releases the keys already taken, as dropping their guards does:
+/// at once on the memory backend, in the background on remote ones (see
+/// [`Backend::flush`]). No key is left held.
 #[must_use = "a lock builder does nothing until awaited"]
 pub struct LockAllBuilder<'a, B: ?Sized> {
     backend: &'a B,

@@ -18,6 +18,31 @@ use std::task::{Context, Poll, Waker};
 /// Most backends use a [`LostTrigger`]. A backend that already allocates per
 /// lock can embed a `LostState` in that allocation and implement
 /// [`HasLostState`], saving an allocation per acquisition.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use tower_lock::{HasLostState, LostSignal, LostState};
+///
+/// /// A backend's state for one lock, the lost state inside it.
+/// struct Hold {
+///     lost: LostState,
+///     // ... the backend's own fields
+/// }
+///
+/// impl HasLostState for Hold {
+///     fn lost_state(&self) -> &LostState {
+///         &self.lost
+///     }
+/// }
+///
+/// let hold = Arc::new(Hold { lost: LostState::new() });
+/// let signal = LostSignal::new(hold.clone()); // handed to the holder
+/// hold.lost.fire("session expired");
+/// assert!(hold.lost.is_fired());
+/// assert_eq!(signal.reason(), Some("session expired"));
+/// ```
 pub struct LostState {
     lost: AtomicBool,
     reason: OnceLock<String>,
@@ -59,6 +84,40 @@ impl Default for LostState {
 
 /// An allocation that holds a [`LostState`], so that a [`LostSignal`] can
 /// point into it.
+///
+/// # Examples
+///
+/// A hold known alive until a deadline (a real backend moves it on with
+/// each renewal) reports itself expired once the deadline has passed, even
+/// if the task that would fire the signal has not run:
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::{Duration, Instant};
+/// use tower_lock::{HasLostState, LostSignal, LostState};
+///
+/// struct Hold {
+///     lost: LostState,
+///     valid_until: Instant,
+/// }
+///
+/// impl HasLostState for Hold {
+///     fn lost_state(&self) -> &LostState {
+///         &self.lost
+///     }
+///
+///     fn expired(&self) -> Option<String> {
+///         (Instant::now() >= self.valid_until).then(|| "the lease ran out".to_owned())
+///     }
+/// }
+///
+/// let hold = |valid_for| Arc::new(Hold { lost: LostState::new(), valid_until: Instant::now() + valid_for });
+/// let live = LostSignal::new(hold(Duration::from_secs(10)));
+/// assert!(!live.is_lost());
+/// let stale = LostSignal::new(hold(Duration::ZERO));
+/// assert!(stale.is_lost());
+/// assert_eq!(stale.reason(), Some("the lease ran out"));
+/// ```
 pub trait HasLostState: Send + Sync + 'static {
     /// The embedded state.
     fn lost_state(&self) -> &LostState;
@@ -83,6 +142,26 @@ impl HasLostState for LostState {
 ///
 /// Backends make one per acquisition with [`LostTrigger::new`], keep the
 /// trigger and hand [`LostTrigger::signal`] to the holder.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use tower_lock::LostTrigger;
+///
+/// let trigger = LostTrigger::new(); // kept by the backend's renewal task
+/// let signal = trigger.signal(); // handed to the holder
+/// let holder = tokio::spawn(async move {
+///     signal.lost().await;
+///     signal.reason().map(str::to_owned)
+/// });
+///
+/// trigger.fire("renewing the lease failed");
+/// trigger.fire("ignored: only the first reason counts");
+/// assert!(trigger.is_fired());
+/// assert_eq!(holder.await.unwrap().as_deref(), Some("renewing the lease failed"));
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct LostTrigger(Arc<LostState>);
 
@@ -127,6 +206,31 @@ impl fmt::Debug for LostTrigger {
 /// the session expired, or an operator broke the lock.
 ///
 /// Cheap to clone. A signal from [`LostSignal::never`] never fires.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::{BackendExt, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let guard = backend.lock("sku-1").await?;
+/// let signal = guard.held().lost_signal().clone();
+/// assert!(!signal.is_lost());
+///
+/// backend.break_lock("sku-1"); // as a lease that ran out would
+/// assert!(signal.is_lost());
+/// assert_eq!(signal.reason(), Some("the lock was broken by an operator"));
+///
+/// // Long work races the signal, and stops once the lock is gone.
+/// let outcome = tokio::select! {
+///     _ = signal.lost() => "stopped: lock lost",
+///     _ = tokio::time::sleep(Duration::from_secs(60)) => "done",
+/// };
+/// assert_eq!(outcome, "stopped: lock lost");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Default)]
 pub struct LostSignal(Option<Arc<dyn HasLostState>>);
 
@@ -209,7 +313,30 @@ impl fmt::Debug for LostSignal {
     }
 }
 
-/// Future returned by [`LostSignal::lost`].
+/// Future returned by [`LostSignal::lost`]: completes when the lock is lost.
+///
+/// # Cancel safety
+///
+/// Cancel safe: dropping it loses nothing, and a new one can be made at
+/// any time.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+/// use tower_lock::{Lost, LostSignal, LostTrigger};
+///
+/// let trigger = LostTrigger::new();
+/// let lost: Lost = trigger.signal().lost();
+/// trigger.fire("session expired");
+/// lost.await;
+///
+/// // A signal that cannot fire never completes.
+/// let never = LostSignal::never().lost();
+/// assert!(tokio::time::timeout(Duration::from_millis(10), never).await.is_err());
+/// # }
+/// ```
 #[derive(Debug)]
 #[must_use = "futures do nothing unless polled"]
 pub struct Lost(LostSignal);
@@ -223,12 +350,14 @@ impl Future for Lost {
 
 /// The moment until which a lease or session is known alive, shared between
 /// the task that renews it and the holds that check it.
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 pub(crate) struct Deadline {
     base: std::time::Instant,
     /// Nanoseconds after `base`.
     after: std::sync::atomic::AtomicU64,
 }
 
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 impl Deadline {
     pub(crate) fn new(at: std::time::Instant) -> Self {
         Deadline {

@@ -16,14 +16,29 @@ use crate::key::KeyError;
 /// | case | status |
 /// |---|---|
 /// | key missing from the request | 400 Bad Request |
-/// | key present but invalid (too long, `/`, `..`, control characters, not UTF-8) | 400 Bad Request |
+/// | key present but invalid (see [`LockKey`](crate::LockKey): too long, `/`, control or invisible characters, blank, not UTF-8) or given twice with different values | 400 Bad Request |
 /// | key busy ([`Wait::FailFast`](crate::Wait::FailFast)) or still held when the wait ran out | 423 Locked, with `Retry-After` |
 /// | backend unreachable or failing | 503 Service Unavailable |
 /// | lock lost while the request ran (lease or session gone) | 503 Service Unavailable |
-/// | invalid mode (a semaphore of zero permits), backend configuration, or a key source that cannot work where it is installed (`PathParam` outside `route_layer`) | 500 Internal Server Error |
+/// | invalid mode (a semaphore of zero permits), backend configuration, a key source that cannot work where it is installed (`PathParam` outside `route_layer`), or a handler re-entering its request's lock in a mode that cannot share ([`LockError::Reentry`]) | 500 Internal Server Error |
 ///
 /// Bodies are plain text saying what went wrong. Replace any of them with
-/// [`LockLayer::on_rejection`](crate::LockLayer::on_rejection).
+/// [`LockLayer::on_rejection`](crate::LockLayer::on_rejection), or answer
+/// as gRPC does with
+/// [`LockLayer::grpc_rejections`](crate::LockLayer::grpc_rejections).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::{LockError, LockRejection};
+///
+/// let rejection = LockRejection::Lock(LockError::Timeout { waited: Duration::from_secs(3) });
+/// assert_eq!(rejection.status(), 423);
+/// let response = rejection.to_response(Duration::from_secs(2));
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// assert_eq!(response.body(), "timed out after 3000 ms waiting for the lock\n");
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockRejection {
@@ -31,6 +46,8 @@ pub enum LockRejection {
     MissingKey {
         /// Where the key was looked for, e.g. ``path parameter `sku` ``.
         source: Cow<'static, str>,
+        /// Why, when a [`KeyFn`](crate::KeyFn) said.
+        reason: Option<Cow<'static, str>>,
     },
     /// The key in the request is not a valid lock key.
     InvalidKey {
@@ -38,6 +55,9 @@ pub enum LockRejection {
         source: Cow<'static, str>,
         /// What is wrong with it.
         error: KeyError,
+        /// The key as the request gave it (before the namespace), when it
+        /// could be read; at most 64 characters.
+        value: Option<String>,
     },
     /// Acquiring (or keeping) the lock failed.
     Lock(LockError),
@@ -58,11 +78,79 @@ impl LockRejection {
                 LockError::InvalidKey(_) => StatusCode::BAD_REQUEST,
                 LockError::Busy | LockError::Timeout { .. } => StatusCode::LOCKED,
                 LockError::Lost(_) | LockError::Backend { .. } => StatusCode::SERVICE_UNAVAILABLE,
-                LockError::InvalidMode(_) | LockError::Config(_) => {
+                LockError::InvalidMode(_) | LockError::Config(_) | LockError::Reentry { .. } => {
                     StatusCode::INTERNAL_SERVER_ERROR
                 }
             },
         }
+    }
+
+    /// The gRPC status code that stands for this rejection, as
+    /// [`LockLayer::grpc_rejections`](crate::LockLayer::grpc_rejections)
+    /// answers it:
+    ///
+    /// | HTTP status | gRPC status |
+    /// |---|---|
+    /// | 400 (key missing or invalid) | 3 `INVALID_ARGUMENT` |
+    /// | 423 (key busy, wait ran out) | 10 `ABORTED`: a concurrency conflict; retry the call |
+    /// | 503 (backend down, lock lost) | 14 `UNAVAILABLE` |
+    /// | 500 (server misconfigured) | 13 `INTERNAL` |
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tower_lock::{LockError, LockRejection};
+    ///
+    /// assert_eq!(LockRejection::Lock(LockError::Busy).grpc_code(), 10);
+    /// ```
+    pub fn grpc_code(&self) -> u8 {
+        match self.status() {
+            StatusCode::BAD_REQUEST => 3,
+            StatusCode::LOCKED => 10,
+            StatusCode::SERVICE_UNAVAILABLE => 14,
+            _ => 13,
+        }
+    }
+
+    /// This rejection as a gRPC "trailers-only" response: HTTP 200,
+    /// `content-type: application/grpc`, `grpc-status` ([`grpc_code`](Self::grpc_code)),
+    /// `grpc-message` (this rejection's message, percent-encoded as the gRPC
+    /// spec asks), and, when trying again may help, `grpc-retry-pushback-ms`
+    /// (`retry_after`, which gRPC clients with a retry policy honour). The
+    /// body is empty.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockError, LockRejection};
+    ///
+    /// let res = LockRejection::Lock(LockError::Busy).to_grpc_response(Duration::from_secs(1));
+    /// assert_eq!(res.status(), 200);
+    /// assert_eq!(res.headers()["grpc-status"], "10");
+    /// assert_eq!(res.headers()["grpc-message"], "lock is held by someone else");
+    /// assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1000");
+    /// ```
+    pub fn to_grpc_response(&self, retry_after: Duration) -> Response<Bytes> {
+        use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+        // The spec: percent-encode everything outside printable ASCII, and `%`.
+        const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
+        let mut res = Response::new(Bytes::new());
+        let headers = res.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(
+            "grpc-status",
+            HeaderValue::from(u16::from(self.grpc_code())),
+        );
+        let message = utf8_percent_encode(&self.to_string(), GRPC_MESSAGE).to_string();
+        if let Ok(message) = HeaderValue::from_str(&message) {
+            headers.insert("grpc-message", message);
+        }
+        if matches!(self, LockRejection::Lock(e) if e.is_retryable()) {
+            let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+            headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
+        }
+        res
     }
 
     /// The default response: [`status`](Self::status), a plain-text body
@@ -88,12 +176,24 @@ impl LockRejection {
 impl fmt::Display for LockRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LockRejection::MissingKey { source } => {
-                write!(f, "missing lock key: the request has no {source}")
-            }
-            LockRejection::InvalidKey { source, error } => {
-                write!(f, "invalid lock key in {source}: {error}")
-            }
+            LockRejection::MissingKey {
+                source,
+                reason: None,
+            } => write!(f, "missing lock key: the request has no {source}"),
+            LockRejection::MissingKey {
+                source,
+                reason: Some(why),
+            } => write!(f, "missing lock key ({source}): {why}"),
+            LockRejection::InvalidKey {
+                source,
+                error,
+                value: Some(value),
+            } => write!(f, "invalid lock key {value:?} in {source}: {error}"),
+            LockRejection::InvalidKey {
+                source,
+                error,
+                value: None,
+            } => write!(f, "invalid lock key in {source}: {error}"),
             LockRejection::Lock(e) => fmt::Display::fmt(e, f),
         }
     }
@@ -115,6 +215,20 @@ impl From<LockError> for LockRejection {
     }
 }
 
+/// Marks a response made from a [`LockRejection`] outside the layer (a
+/// handler's `?` on a [`LockError`], an extractor), so that a
+/// [`LockLayer`](crate::LockLayer) around the handler answers it with its own
+/// policy ([`on_rejection`](crate::LockLayer::on_rejection),
+/// [`retry_after`](crate::LockLayer::retry_after), gRPC statuses).
+#[derive(Clone)]
+pub(crate) struct FromLockError(std::sync::Arc<LockRejection>);
+
+impl FromLockError {
+    pub(crate) fn rejection(&self) -> &LockRejection {
+        &self.0
+    }
+}
+
 /// Retry-After of rejections made outside the layer (extractors, `?` on a
 /// [`LockError`] in a handler).
 #[cfg(feature = "axum")]
@@ -123,13 +237,20 @@ const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 #[cfg(feature = "axum")]
 impl axum::response::IntoResponse for LockRejection {
     fn into_response(self) -> axum::response::Response {
-        self.to_response(DEFAULT_RETRY_AFTER)
-            .map(axum::body::Body::from)
+        let mut response = self
+            .to_response(DEFAULT_RETRY_AFTER)
+            .map(axum::body::Body::from);
+        response
+            .extensions_mut()
+            .insert(FromLockError(std::sync::Arc::new(self)));
+        response
     }
 }
 
 /// A handler can `?` a [`LockError`]: the response is the one the layer gives
-/// for the same failure.
+/// for the same failure. Under a [`LockLayer`](crate::LockLayer), the layer's
+/// [`on_rejection`](crate::LockLayer::on_rejection) and
+/// [`retry_after`](crate::LockLayer::retry_after) apply to it too.
 #[cfg(feature = "axum")]
 impl axum::response::IntoResponse for LockError {
     fn into_response(self) -> axum::response::Response {

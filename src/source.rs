@@ -12,8 +12,9 @@ use crate::key::{KeyError, LockKey};
 
 /// Finds the lock key in a request head.
 ///
-/// Implemented by [`PathParam`], [`Header`], [`QueryParam`] and by closures
-/// `Fn(&Parts) -> Option<String>` (return `None` for a missing key).
+/// Implemented by `PathParam` (feature `axum`), [`Header`], [`QueryParam`], by closures
+/// `Fn(&Parts) -> Option<String>` (return `None` for a missing key), and by
+/// [`KeyFn`], a closure that can say why a request has no usable key.
 ///
 /// # Examples
 ///
@@ -68,27 +69,107 @@ where
     }
 }
 
+/// A key source from a closure that says why a request has no usable key:
+/// return [`KeyError::missing`] (handled as a missing key: 400, or no lock
+/// with [`OnMissingKey::PassThrough`](crate::OnMissingKey::PassThrough)) or
+/// [`KeyError::refused`] (400); the reason is the client's answer.
+///
+/// # Examples
+///
+/// ```
+/// use http::request::Parts;
+/// use tower_lock::{KeyError, KeyFn, LockLayer, MemoryBackend};
+///
+/// let source = KeyFn::new("headers `x-tenant` and `x-order`", |parts: &Parts| {
+///     let header = |name| parts.headers.get(name).and_then(|v| v.to_str().ok());
+///     let tenant = header("x-tenant").ok_or(KeyError::missing("no x-tenant header"))?;
+///     let order = header("x-order").ok_or(KeyError::missing("no x-order header"))?;
+///     if !order.bytes().all(|b| b.is_ascii_digit()) {
+///         return Err(KeyError::refused(format!("order {order:?} is not a number")));
+///     }
+///     Ok(format!("{tenant}.{order}"))
+/// });
+/// let layer = LockLayer::new(MemoryBackend::new(), source);
+/// ```
+pub struct KeyFn<F> {
+    describe: Cow<'static, str>,
+    f: F,
+}
+
+impl<F> KeyFn<F>
+where
+    F: Fn(&Parts) -> Result<String, KeyError> + Send + Sync + 'static,
+{
+    /// A key source calling `f`; `describe` says where it looks, for error
+    /// messages (e.g. ``header `x-tenant` ``).
+    pub fn new(describe: impl Into<Cow<'static, str>>, f: F) -> Self {
+        KeyFn {
+            describe: describe.into(),
+            f,
+        }
+    }
+}
+
+impl<F> KeySource for KeyFn<F>
+where
+    F: Fn(&Parts) -> Result<String, KeyError> + Send + Sync + 'static,
+{
+    fn extract<'p>(&self, parts: &'p mut Parts) -> Result<Option<Cow<'p, str>>, KeyError> {
+        match (self.f)(parts) {
+            Ok(key) => Ok(Some(Cow::Owned(key))),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn describe(&self) -> Cow<'static, str> {
+        self.describe.clone()
+    }
+}
+
+impl<F> fmt::Debug for KeyFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("KeyFn").field(&self.describe).finish()
+    }
+}
+
 /// The key is a request header's value.
+///
+/// A request that repeats the header with different values is refused (400):
+/// two replicas behind different proxies could otherwise lock different keys.
 ///
 /// # Examples
 ///
 /// ```
 /// use tower_lock::{Header, LockLayer, MemoryBackend};
 ///
-/// let layer = LockLayer::new(MemoryBackend::new(), Header::new("x-account-id"));
+/// let layer = LockLayer::new(MemoryBackend::new(), Header::new("X-Account-Id"));
 /// ```
 #[derive(Clone, Debug)]
 pub struct Header(pub HeaderName);
 
 impl Header {
-    /// The header `name`.
+    /// The header `name`, in any case (header names are case-insensitive).
     ///
     /// # Panics
     ///
-    /// If `name` is not a valid lower-case header name, as
-    /// [`HeaderName::from_static`].
-    pub fn new(name: &'static str) -> Self {
-        Header(HeaderName::from_static(name))
+    /// If `name` is not a valid header name (empty, or with a space or other
+    /// character HTTP does not allow): it is fixed when the service is built,
+    /// so the mistake shows at start-up. [`Header::try_new`] returns the
+    /// error instead.
+    pub fn new(name: &str) -> Self {
+        match Self::try_new(name) {
+            Ok(header) => header,
+            Err(e) => panic!("invalid header name {name:?} for a lock key: {e}"),
+        }
+    }
+
+    /// The header `name`, in any case.
+    ///
+    /// # Errors
+    ///
+    /// If `name` is not a valid header name.
+    pub fn try_new(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
+        HeaderName::from_bytes(name.as_bytes()).map(Header)
     }
 }
 
@@ -100,12 +181,18 @@ impl From<HeaderName> for Header {
 
 impl KeySource for Header {
     fn extract<'p>(&self, parts: &'p mut Parts) -> Result<Option<Cow<'p, str>>, KeyError> {
-        match parts.headers.get(&self.0) {
-            None => Ok(None),
-            Some(v) => std::str::from_utf8(v.as_bytes())
-                .map(|s| Some(Cow::Borrowed(s)))
-                .map_err(|_| KeyError::NotUtf8),
+        let all = parts.headers.get_all(&self.0);
+        let mut values = all.iter();
+        let Some(v) = values.next() else {
+            return Ok(None);
+        };
+        if values.any(|other| other != v) {
+            let count = all.iter().count();
+            return Err(KeyError::Repeated { count });
         }
+        std::str::from_utf8(v.as_bytes())
+            .map(|s| Some(Cow::Borrowed(s)))
+            .map_err(|_| KeyError::NotUtf8)
     }
 
     fn describe(&self) -> Cow<'static, str> {
@@ -114,6 +201,9 @@ impl KeySource for Header {
 }
 
 /// The key is a query-string parameter, percent-decoded.
+///
+/// A query that repeats the parameter with different values is refused
+/// (400), rather than lock the first and serve a handler that reads another.
 ///
 /// # Examples
 ///
@@ -131,13 +221,26 @@ impl KeySource for QueryParam {
         let Some(query) = parts.uri.query() else {
             return Ok(None);
         };
-        for pair in query.split('&') {
+        let mut values = query.split('&').filter_map(|pair| {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if decode_query(name).is_ok_and(|n| n == self.0) {
-                return decode_query(value).map(Some);
-            }
+            decode_query(name)
+                .is_ok_and(|n| n == self.0)
+                .then_some(value)
+        });
+        let Some(first) = values.next() else {
+            return Ok(None);
+        };
+        let key = decode_query(first)?;
+        let mut count = 1;
+        let mut differ = false;
+        for other in values {
+            count += 1;
+            differ |= decode_query(other).map_or(true, |o| o != key);
         }
-        Ok(None)
+        if differ {
+            return Err(KeyError::Repeated { count });
+        }
+        Ok(Some(key))
     }
 
     fn describe(&self) -> Cow<'static, str> {

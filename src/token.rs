@@ -27,6 +27,37 @@ use std::fmt;
 /// assert!(second.token() > t1);
 /// # }
 /// ```
+///
+/// The storage side: accept a write only from the latest holder (the same
+/// holder may write several times), in SQL `... WHERE fence <= $token`:
+///
+/// ```
+/// use tower_lock::FencingToken;
+///
+/// #[derive(Default)]
+/// struct Fenced {
+///     fence: Option<FencingToken>,
+///     value: String,
+/// }
+///
+/// impl Fenced {
+///     fn write(&mut self, token: FencingToken, value: &str) -> Result<(), String> {
+///         if let Some(fence) = self.fence.filter(|fence| token < *fence) {
+///             return Err(format!("stale token {token}: the store has seen {fence}"));
+///         }
+///         self.fence = Some(token);
+///         self.value = value.to_owned();
+///         Ok(())
+///     }
+/// }
+///
+/// let mut store = Fenced::default();
+/// store.write(FencingToken::new(8), "from the new holder").unwrap();
+/// // A holder paused past its lease wakes up and writes: refused.
+/// assert!(store.write(FencingToken::new(7), "from the old holder").is_err());
+/// assert_eq!(store.value, "from the new holder");
+/// assert_eq!(FencingToken::new(8).get(), 8);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 

@@ -2,6 +2,7 @@
 //! port, requests from a hyper client or a raw socket.
 
 #[path = "../examples/common/mod.rs"]
+mod client;
 mod common;
 
 use std::net::SocketAddr;
@@ -20,26 +21,8 @@ use tower_lock::{
     OnMissingKey, PathParam, QueryParam,
 };
 
-use common::Client;
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    addr
-}
-
-/// Waits until `cond` holds, checking every millisecond for at most 10 s:
-/// sequencing for the test, not a timing assertion.
-async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..10_000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
+use client::Client;
+use common::{eventually, serve};
 
 #[derive(Default)]
 struct Counter {
@@ -162,7 +145,7 @@ async fn bad_input_gets_a_clear_400_and_takes_no_lock() {
             "too long",
             format!("/path/{long}"),
             vec![],
-            "key is 304 bytes long, the maximum is 256",
+            "key is 304 bytes long counting the 4-byte namespace prefix the server adds, the maximum is 256",
         ),
         (
             "slash",
@@ -174,13 +157,55 @@ async fn bad_input_gets_a_clear_400_and_takes_no_lock() {
             "dot dot",
             "/path/..".into(),
             vec![],
-            "key is `.` or contains `..`",
+            "key is `.` or `..`",
+        ),
+        (
+            "blank query parameter",
+            "/query?cart=%20%20%20".into(),
+            vec![],
+            "invalid lock key \"   \" in query parameter `cart`: key is blank",
+        ),
+        (
+            "blank header (no-break spaces)",
+            "/header".into(),
+            vec![("x-account", "\u{a0}\u{3000}".as_bytes())],
+            "key is blank",
+        ),
+        (
+            "zero-width only",
+            "/path/%E2%80%8B".into(),
+            vec![],
+            "invisible character U+200B",
+        ),
+        (
+            "zero-width inside",
+            "/path/A%E2%80%8B1".into(),
+            vec![],
+            "invalid lock key \"A\\u{200b}1\" in path parameter `sku`: key contains the invisible character U+200B",
+        ),
+        (
+            "trailing space",
+            "/query?cart=A1+".into(),
+            vec![],
+            "key starts or ends with whitespace",
+        ),
+        (
+            "header given twice",
+            "/header".into(),
+            vec![("x-account", b"A1"), ("x-account", b"A2")],
+            "invalid lock key in header `x-account`: the request gives the key 2 times with different values",
+        ),
+        (
+            "query parameter given twice",
+            "/query?cart=A1&cart=A2".into(),
+            vec![],
+            "the request gives the key 2 times with different values",
         ),
         (
             "encoded dot dot",
             "/path/%2E%2E".into(),
             vec![],
-            "key is `.` or contains `..`",
+            "key is `.` or `..`",
         ),
         (
             "NUL",

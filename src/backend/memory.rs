@@ -400,6 +400,29 @@ impl MemoryBackend {
     }
 
     /// How many acquisitions of `key` are queued behind its holders.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use tower_lock::{BackendExt, MemoryBackend};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let guard = backend.lock("sku-1").await?;
+    /// let waiter = tokio::spawn({
+    ///     let backend = backend.clone();
+    ///     async move { backend.lock("sku-1").await.map(|next| next.token()) }
+    /// });
+    /// while backend.queued("sku-1") == 0 {
+    ///     tokio::task::yield_now().await;
+    /// }
+    /// assert_eq!(backend.queued("sku-1"), 1);
+    /// let first = guard.token();
+    /// drop(guard);
+    /// assert!(waiter.await.unwrap()? > first);
+    /// assert_eq!(backend.queued("sku-1"), 0);
+    /// # Ok(()) }
+    /// ```
     pub fn queued(&self, key: &str) -> usize {
         LockKey::new(key).map_or(0, |key| self.queued_for(&key))
     }
@@ -412,6 +435,7 @@ impl MemoryBackend {
     }
 
     /// The mode of the first acquisition of `key` queued behind its holders.
+    #[cfg(feature = "redis")]
     pub(crate) fn next_in_line(&self, key: &LockKey) -> Option<LockMode> {
         let key = self.inner.map_key(key.clone());
         let shard = lock(&self.inner.shard(&key).state);
@@ -419,6 +443,7 @@ impl MemoryBackend {
     }
 
     /// Whether `key` has neither a holder nor a waiter.
+    #[cfg(feature = "redis")]
     pub(crate) fn is_idle(&self, key: &LockKey) -> bool {
         let key = self.inner.map_key(key.clone());
         let shard = lock(&self.inner.shard(&key).state);
@@ -432,6 +457,24 @@ impl MemoryBackend {
     /// aborts their requests by default), and the waiters next in line are
     /// granted with higher fencing tokens. A revoked holder's later release
     /// does nothing. This is the in-process model of a lease that expired.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use tower_lock::{BackendExt, MemoryBackend};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let stuck = backend.lock("sku-1").await?;
+    /// assert_eq!(backend.break_lock("sku-1"), 1);
+    /// assert!(stuck.is_lost());
+    ///
+    /// let next = backend.lock("sku-1").fail_fast().await?; // free again
+    /// assert!(next.token() > stuck.token());
+    /// drop(stuck); // releases nothing: `next` still holds the key
+    /// assert!(backend.lock("sku-1").fail_fast().await.is_err());
+    /// # drop(next); Ok(()) }
+    /// ```
     pub fn break_lock(&self, key: &str) -> usize {
         let Ok(key) = LockKey::new(key) else {
             return 0;
@@ -491,6 +534,11 @@ impl Inner {
 }
 
 impl Backend for MemoryBackend {
+    fn instance_id(&self) -> usize {
+        // Clones share `inner`, and so their locks.
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }

@@ -82,7 +82,9 @@ use crate::token::FencingToken;
 /// |---|---|
 /// | `memory` | [`MemoryBackend`] |
 /// | `redis://host:port` | [`RedisBackend`], one instance (feature `redis`) |
+/// | `rediss://host:port[/#insecure]` | [`RedisBackend`] over TLS (feature `redis-tls`) |
 /// | `redlock://h1:p1,h2:p2,h3:p3` | [`RedlockBackend`] (feature `redis`) |
+/// | `redlocks://h1:p1,h2:p2,h3:p3[#insecure]` | [`RedlockBackend`] over TLS (feature `redis-tls`) |
 /// | `zk://host:port[,host:port...][/root]` | ZooKeeper (feature `zookeeper`) |
 ///
 /// # Errors
@@ -98,17 +100,41 @@ use crate::token::FencingToken;
 /// assert!(tower_lock::backend::connect("carrier-pigeon://").await.is_err());
 /// # }
 /// ```
+///
+/// The backend goes wherever one is taken, the layer included:
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::{LockLayer, Locker, PathParam};
+///
+/// let url = "memory"; // or "redis://127.0.0.1:6379", "zk://127.0.0.1:2181/locks", ...
+/// let backend = tower_lock::backend::connect(url).await?;
+/// let layer = LockLayer::new(backend.clone(), PathParam("sku"));
+/// let locker = Locker::from_arc(backend);
+/// # Ok(()) }
+/// ```
+// Without the feature, the backends' links go to docs.rs.
+#[cfg_attr(
+    not(feature = "redis"),
+    doc = "",
+    doc = "[`RedisBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/struct.RedisBackend.html",
+    doc = "[`RedlockBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/struct.RedlockBackend.html"
+)]
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
     let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
     match scheme {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
         #[cfg(feature = "redis")]
-        "redis" => Ok(Arc::new(RedisBackend::connect(url).await?)),
+        "redis" | "rediss" => Ok(Arc::new(RedisBackend::connect(url).await?)),
         #[cfg(feature = "redis")]
-        "redlock" => Ok(Arc::new(RedlockBackend::connect(url).await?)),
+        "redlock" | "redlocks" => Ok(Arc::new(RedlockBackend::connect(url).await?)),
         #[cfg(not(feature = "redis"))]
         "redis" | "redlock" => Err(LockError::Config(format!(
             "the `{scheme}` backend needs tower-lock's `redis` feature"
+        ))),
+        #[cfg(not(feature = "redis"))]
+        "rediss" | "redlocks" => Err(LockError::Config(format!(
+            "the `{scheme}` backend (over TLS) needs tower-lock's `redis-tls` feature"
         ))),
         #[cfg(feature = "zookeeper")]
         "zk" => Ok(Arc::new(ZookeeperBackend::connect(url).await?)),
@@ -128,11 +154,110 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
 /// See the [module documentation](self) for the contract. Users do not call
 /// these methods directly: they use [`BackendExt::lock`](crate::BackendExt::lock),
 /// a [`Locker`](crate::Locker) or the [`LockLayer`](crate::LockLayer).
+///
+/// # Examples
+///
+/// A toy backend: exclusive locks on Tokio mutexes, one per key. The mutex
+/// queues waiters in order and leaves its queue when a waiting future is
+/// dropped, and every grant takes the next number of one counter, so the
+/// contract holds; a real backend would also forget idle keys, as
+/// [`MemoryBackend`] does.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::{Arc, Mutex};
+///
+/// use tokio::sync::OwnedMutexGuard;
+/// use tower_lock::backend::{Acquired, BackendFuture, LeaseHandle, LockRequest};
+/// use tower_lock::{Backend, BackendExt, FencingToken, LockError, LockMode, Wait};
+///
+/// #[derive(Default)]
+/// struct MutexBackend {
+///     keys: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+///     tokens: Arc<AtomicU64>,
+/// }
+///
+/// /// A granted lock: releasing it unlocks the mutex.
+/// struct Held(Mutex<Option<OwnedMutexGuard<()>>>);
+///
+/// impl LeaseHandle for Held {
+///     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+///         self.0.lock().unwrap().take();
+///         BackendFuture::ready(Ok(()))
+///     }
+/// }
+///
+/// fn grant(tokens: &AtomicU64, guard: OwnedMutexGuard<()>) -> Acquired {
+///     let token = FencingToken::new(tokens.fetch_add(1, Ordering::Relaxed) + 1);
+///     Acquired::new(token, Arc::new(Held(Mutex::new(Some(guard)))))
+/// }
+///
+/// impl Backend for MutexBackend {
+///     fn name(&self) -> &'static str {
+///         "mutex"
+///     }
+///
+///     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+///         if request.mode != LockMode::Exclusive {
+///             let why = format!("the mutex backend has no {} locks", request.mode);
+///             return BackendFuture::ready(Err(LockError::InvalidMode(why)));
+///         }
+///         let key = request.key.as_str().to_owned();
+///         let mutex = self.keys.lock().unwrap().entry(key).or_default().clone();
+///         if request.wait == Wait::FailFast {
+///             // Decided at once: no future to box.
+///             let result = match mutex.try_lock_owned() {
+///                 Ok(guard) => Ok(grant(&self.tokens, guard)),
+///                 Err(_) => Err(LockError::Busy),
+///             };
+///             return BackendFuture::ready(result);
+///         }
+///         // The core enforces the wait by dropping this future.
+///         let tokens = self.tokens.clone();
+///         BackendFuture::new(async move { Ok(grant(&tokens, mutex.lock_owned().await)) })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// let backend = MutexBackend::default();
+/// let first = backend.lock("order-1").await?;
+/// assert!(matches!(backend.lock("order-1").fail_fast().await, Err(LockError::Busy)));
+/// let earlier = first.token();
+/// drop(first);
+/// assert!(backend.lock("order-1").await?.token() > earlier);
+/// # Ok(()) }
+/// ```
 pub trait Backend: Send + Sync + 'static {
     /// A short name for traces and errors: `memory`, `redis`, `zookeeper`.
     fn name(&self) -> &'static str;
 
     /// Acquires `request.key` in `request.mode`.
+    ///
+    /// # Cancel safety
+    ///
+    /// The core drops this future when the wait runs out or the request goes
+    /// away, and the contract asks a backend to undo what it started: a
+    /// queued waiter leaves the queue at once, and a lock granted as the
+    /// future was dropped is released. The memory backend does it in the
+    /// drop. The Redis and ZooKeeper backends start the undo (the release of
+    /// an acquire script that may have granted, the delete of a node that
+    /// may have been created) from the drop and finish it in a background
+    /// task, which [`flush`](Self::flush) waits for; dropped outside a Tokio
+    /// runtime, that undo cannot run, and the lock ends with its lease or
+    /// session. The Redlock backend undoes a failed round, but not a round
+    /// still in flight when its future is dropped: see its
+    /// [module documentation][redlock-cancel].
+    #[cfg_attr(
+        feature = "redis",
+        doc = "",
+        doc = "[redlock-cancel]: crate::backend::redlock#cancel-safety"
+    )]
+    #[cfg_attr(
+        not(feature = "redis"),
+        doc = "",
+        doc = "[redlock-cancel]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/index.html#cancel-safety"
+    )]
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>>;
 
     /// Completes once no release this backend sent is waiting for its answer
@@ -149,25 +274,59 @@ pub trait Backend: Send + Sync + 'static {
     /// (ZooKeeper) ends. The default, for backends that release at once,
     /// completes at once.
     ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the future only waits. The releases it waits for run in
+    /// tasks of their own on the Tokio runtime, so dropping it (a shutdown
+    /// deadline that ran out, as below) stops the waiting and nothing else:
+    /// they go on while the runtime runs, and a later `flush` waits for those
+    /// still in flight. What is lost is what `flush` guards against: the
+    /// releases still unanswered when the runtime stops. The Redis backend
+    /// also releases, when `flush` is called and whether or not the future is
+    /// then awaited, the locks it kept for local waiters that have not taken
+    /// them yet (those waiters then acquire anew).
+    ///
     /// # Examples
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use std::time::Duration;
     /// use tower_lock::{Backend, BackendExt, MemoryBackend};
     ///
     /// let backend = MemoryBackend::new();
     /// backend.lock("sku-1").await?.release().await?;
-    /// backend.flush().await;
+    ///
+    /// // After a graceful shutdown, give releases in flight five seconds.
+    /// if tokio::time::timeout(Duration::from_secs(5), backend.flush()).await.is_err() {
+    ///     eprintln!("some locks stay taken until their lease ends");
+    /// }
     /// # Ok(()) }
     /// ```
     fn flush(&self) -> BackendFuture<()> {
         BackendFuture::ready(())
+    }
+
+    /// Identifies the locks this backend holds in this process: handles that
+    /// share their state (clones) return the same value. A request that
+    /// locks a key it already holds through the same backend
+    /// [re-enters](crate::Locker#re-entrancy) that lock instead of waiting
+    /// for itself.
+    ///
+    /// The default is the backend's address, right for a backend that is
+    /// not a handle on shared state; a cloneable handle returns the address
+    /// of what its clones share.
+    fn instance_id(&self) -> usize {
+        (self as *const Self).cast::<()>() as usize
     }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+
+    fn instance_id(&self) -> usize {
+        (**self).instance_id()
     }
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
@@ -183,6 +342,10 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         (**self).name()
     }
 
+    fn instance_id(&self) -> usize {
+        (**self).instance_id()
+    }
+
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         (**self).acquire(request)
     }
@@ -192,6 +355,27 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 }
 
 /// One acquisition asked of a [`Backend`].
+///
+/// The core builds it from [`BackendExt::lock`](crate::BackendExt::lock) and
+/// the layer's settings; backend tests build it by hand.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_lock::backend::LockRequest;
+/// use tower_lock::{Backend, LockError, LockKey, LockMode, MemoryBackend, Wait};
+///
+/// let backend = MemoryBackend::new();
+/// let request = LockRequest::new(LockKey::new("sku-1")?, LockMode::Exclusive)
+///     .with_wait(Wait::FailFast)
+///     .with_lease(Duration::from_secs(30));
+/// let held = backend.acquire(request.clone()).await?;
+/// assert!(matches!(backend.acquire(request).await, Err(LockError::Busy)));
+/// drop(held); // releases
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct LockRequest {
@@ -240,11 +424,52 @@ impl LockRequest {
 /// as a replica crashes still gets the key within its wait. Longer leases
 /// only help holders that stall (a pause, an unanswered renewal) for more
 /// than two thirds of one; they then lose the lock and are told.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::backend::DEFAULT_LEASE;
+/// use tower_lock::{BackendExt, MemoryBackend};
+///
+/// assert_eq!(DEFAULT_LEASE, Duration::from_secs(10));
+/// // A job that may stall longer asks for a longer lease:
+/// let backend = MemoryBackend::new();
+/// let guard = backend.lock("nightly-export").lease(Duration::from_secs(60)).await?;
+/// # drop(guard); Ok(()) }
+/// ```
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 /// What a backend hands back for a granted lock.
 ///
 /// Dropping it without turning it into a guard releases the lock.
+///
+/// # Examples
+///
+/// A backend builds one from its fencing token, its [`LeaseHandle`] and, if
+/// the lock can be lost, the signal of a [`LostTrigger`](crate::LostTrigger)
+/// it keeps:
+///
+/// ```
+/// use std::sync::Arc;
+/// use tower_lock::backend::{Acquired, BackendFuture, LeaseHandle};
+/// use tower_lock::{FencingToken, LockError, LostTrigger};
+///
+/// struct Hold;
+/// impl LeaseHandle for Hold {
+///     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+///         BackendFuture::ready(Ok(()))
+///     }
+/// }
+///
+/// let trigger = LostTrigger::new();
+/// let acquired = Acquired::new(FencingToken::new(42), Arc::new(Hold)).with_lost(trigger.signal());
+/// assert_eq!(acquired.token().get(), 42);
+/// assert!(!acquired.lost().is_lost());
+/// trigger.fire("lease expired"); // from the backend's renewal task
+/// assert_eq!(acquired.lost().reason(), Some("lease expired"));
+/// ```
 #[must_use = "dropping an Acquired releases the lock"]
 pub struct Acquired {
     token: FencingToken,
@@ -357,15 +582,63 @@ impl InFlight {
 }
 
 /// A backend's hold on one granted lock.
+///
+/// The core calls [`release`](Self::release) when a guard is released and
+/// [`release_on_drop`](Self::release_on_drop) when it is dropped, one of
+/// them once.
+///
+/// # Examples
+///
+/// A handle whose release is asynchronous, as a remote backend's is:
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use tokio::sync::oneshot;
+/// use tower_lock::backend::{Acquired, BackendFuture, LeaseHandle};
+/// use tower_lock::{FencingToken, LockError};
+///
+/// /// Stands in for a lock on a server: releasing it sends a message.
+/// struct RemoteHold(Mutex<Option<oneshot::Sender<&'static str>>>);
+///
+/// impl LeaseHandle for RemoteHold {
+///     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+///         BackendFuture::new(async move {
+///             // The round trip to the server goes here.
+///             if let Some(server) = self.0.lock().unwrap().take() {
+///                 let _ = server.send("released");
+///             }
+///             Ok(())
+///         })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let (tx, server) = oneshot::channel();
+/// let acquired = Acquired::new(FencingToken::new(1), Arc::new(RemoteHold(Mutex::new(Some(tx)))));
+/// drop(acquired); // the default `release_on_drop` spawns the release
+/// assert_eq!(server.await.unwrap(), "released");
+/// # }
+/// ```
 pub trait LeaseHandle: Send + Sync + 'static {
     /// Releases the lock (and stops any renewal). Called at most once.
+    ///
+    /// # Cancel safety
+    ///
+    /// The caller may drop the future before it completes, having given up
+    /// waiting for the answer; the lock must be released all the same.
+    /// Start the release in this method, before the future is polled, or
+    /// finish it in the background from the future's drop, as the Redis and
+    /// ZooKeeper backends do once their future has been polled.
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>>;
 
     /// Releases the lock from a destructor, where nothing can be awaited.
     ///
     /// The default runs [`release`](Self::release) and, if it did not finish at
     /// once, spawns it on the current Tokio runtime. Outside a runtime the
-    /// release is abandoned and the lease expires on its own (logged).
+    /// release is abandoned and the lease expires on its own (logged). The
+    /// spawned task is not tracked: a backend whose releases can be left in
+    /// flight this way overrides this method and [`Backend::flush`] so that
+    /// `flush` waits for them.
     fn release_on_drop(self: Arc<Self>) {
         let mut fut = self.release();
         if let Some(result) = fut.take_ready() {
@@ -393,6 +666,80 @@ pub trait LeaseHandle: Send + Sync + 'static {
 ///
 /// The ready form lets a backend that can decide synchronously (the memory
 /// backend, uncontended) skip a heap allocation per call.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use tower_lock::backend::BackendFuture;
+///
+/// let mut now = BackendFuture::ready(1);
+/// assert!(now.is_ready());
+/// assert_eq!(now.take_ready(), Some(1));
+///
+/// let later = BackendFuture::new(async { 2 });
+/// assert!(!later.is_ready());
+/// assert_eq!(later.await, 2);
+/// # }
+/// ```
+///
+/// A backend that wraps another keeps the inner one's ready results ready.
+/// This one counts grants; it forwards [`flush`](Backend::flush) and
+/// [`instance_id`](Backend::instance_id) too, since its locks are the inner
+/// backend's:
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use tower_lock::backend::{Acquired, BackendFuture, LockRequest};
+/// use tower_lock::{Backend, BackendExt, LockError, MemoryBackend};
+///
+/// struct Counted<B> {
+///     inner: B,
+///     grants: Arc<AtomicU64>,
+/// }
+///
+/// impl<B: Backend> Backend for Counted<B> {
+///     fn name(&self) -> &'static str {
+///         self.inner.name()
+///     }
+///
+///     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+///         let grants = self.grants.clone();
+///         let count = move |result: &Result<Acquired, LockError>| {
+///             if result.is_ok() {
+///                 grants.fetch_add(1, Ordering::Relaxed);
+///             }
+///         };
+///         let mut fut = self.inner.acquire(request);
+///         if let Some(result) = fut.take_ready() {
+///             count(&result);
+///             return BackendFuture::ready(result);
+///         }
+///         BackendFuture::new(async move {
+///             let result = fut.await;
+///             count(&result);
+///             result
+///         })
+///     }
+///
+///     fn flush(&self) -> BackendFuture<()> {
+///         self.inner.flush()
+///     }
+///
+///     fn instance_id(&self) -> usize {
+///         self.inner.instance_id()
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// let grants = Arc::new(AtomicU64::new(0));
+/// let backend = Counted { inner: MemoryBackend::new(), grants: grants.clone() };
+/// backend.lock("a").await?.release().await?;
+/// backend.lock("b").await?.release().await?;
+/// assert_eq!(grants.load(Ordering::Relaxed), 2);
+/// # Ok(()) }
+/// ```
 #[must_use = "futures do nothing unless polled"]
 pub struct BackendFuture<T>(Repr<T>);
 

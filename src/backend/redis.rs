@@ -251,12 +251,31 @@ pub struct RedisBackend {
 }
 
 /// Connection settings of a [`RedisBackend`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::backend::{RedisBackend, RedisOptions};
+///
+/// let options = RedisOptions::default()
+///     .prefix("orders:lock:")
+///     .connect_timeout(Duration::from_secs(2))
+///     .response_timeout(Duration::from_millis(500))
+///     // Every client of this server uses leases of at most 30 s.
+///     .restart_quarantine(Duration::from_secs(30));
+/// let redis = RedisBackend::connect_with("redis://127.0.0.1:6379/", options).await?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
     restart_quarantine: Option<Duration>,
+    #[cfg(feature = "redis-tls")]
+    tls_root_certificate: Option<Vec<u8>>,
 }
 
 impl Default for RedisOptions {
@@ -266,6 +285,8 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
             restart_quarantine: None,
+            #[cfg(feature = "redis-tls")]
+            tls_root_certificate: None,
         }
     }
 }
@@ -303,6 +324,59 @@ impl RedisOptions {
         self.restart_quarantine = Some(longest_lease);
         self
     }
+
+    /// For a `rediss://` URL: trust the CA certificate(s) in `pem` (PEM
+    /// text, one or more certificates), and only them, instead of the
+    /// system's trust store. For a server whose certificate a private CA
+    /// signed. The host name in the URL must still match the certificate.
+    /// [`connect_with`](RedisBackend::connect_with) refuses it with a URL
+    /// that does not use TLS, and a `pem` that does not parse, as
+    /// [`LockError::Config`]. Needs the `redis-tls` feature.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
+        self
+    }
+}
+
+/// Whether `url` asks for TLS: `rediss://`, or the redis crate's
+/// `valkeys://`.
+fn wants_tls(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+}
+
+/// Refuses a URL whose `scheme` asks for TLS when this build has none,
+/// naming the feature that adds it (the redis crate's own error names its
+/// features, not ours).
+pub(super) fn check_tls_support(scheme: &str) -> Result<(), LockError> {
+    tls_support(scheme, cfg!(feature = "redis-tls"))
+}
+
+/// The likely cause of a failed connection that failed the way one to a
+/// server expecting TLS fails without it (the server drops it), or the other
+/// way round (no answer to the TLS handshake).
+fn tls_mismatch_hint(url: &str, e: &redis::RedisError) -> &'static str {
+    let dropped = e.is_connection_dropped() && !e.is_connection_refusal();
+    match wants_tls(url) {
+        false if dropped => {
+            " (the server dropped the connection: if it expects TLS, use rediss://)"
+        }
+        true if dropped || e.is_timeout() => {
+            " (no TLS handshake: if the server does not speak TLS, use redis://)"
+        }
+        _ => "",
+    }
+}
+
+fn tls_support(scheme: &str, built_in: bool) -> Result<(), LockError> {
+    if built_in {
+        return Ok(());
+    }
+    Err(LockError::Config(format!(
+        "`{scheme}://` URLs connect over TLS, which this build of tower-lock leaves out: \
+         enable its `redis-tls` feature (features = [\"redis-tls\"] in Cargo.toml)"
+    )))
 }
 
 struct RedisInner {
@@ -770,9 +844,27 @@ pub(super) enum Attempt {
 impl RedisBackend {
     /// Connects with the default [`RedisOptions`].
     ///
+    /// # URLs
+    ///
+    /// The `redis` crate's forms (`valkey://` and `valkeys://` too):
+    ///
+    /// | URL | connection |
+    /// |---|---|
+    /// | `redis://[user][:password@]host[:port][/db]` | plain TCP, port 6379 unless given |
+    /// | `rediss://[user][:password@]host[:port][/db]` | TLS (feature `redis-tls`): the server's certificate must be valid for `host` and chain to a CA of the system's trust store (OpenSSL's: `/etc/ssl/certs`, or what `SSL_CERT_FILE` / `SSL_CERT_DIR` name), or to the one given by `RedisOptions::tls_root_certificate` |
+    /// | `rediss://host:port/#insecure` | TLS that checks neither the certificate nor the host name: encrypted, but an impostor is not detected. For tests |
+    ///
+    /// Without the `redis-tls` feature a `rediss://` URL is a
+    /// [`LockError::Config`] that says so. Client certificates (mutual TLS)
+    /// are not supported. The backend always speaks RESP3, whatever
+    /// `?protocol=` says. A `redis://` URL to a port that expects TLS fails
+    /// like an unreachable server (the server drops the connection), within
+    /// the connect timeout.
+    ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] if the server cannot be reached, or
+    /// [`LockError::Backend`] if the server cannot be reached or the TLS
+    /// handshake fails (an untrusted certificate, say), or
     /// [`LockError::Config`] for a malformed URL.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::connect_with(url, RedisOptions::default()).await
@@ -784,6 +876,9 @@ impl RedisBackend {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self, LockError> {
+        if wants_tls(url) {
+            check_tls_support("rediss")?;
+        }
         let info = url
             .into_connection_info()
             .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))?;
@@ -793,6 +888,25 @@ impl RedisBackend {
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
         let info = info.set_redis_settings(settings);
+        #[cfg(feature = "redis-tls")]
+        let client = match options.tls_root_certificate {
+            Some(_) if !wants_tls(url) => {
+                return Err(LockError::Config(format!(
+                    "a TLS root certificate was given, but {url:?} does not use TLS: use rediss://"
+                )));
+            }
+            Some(pem) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem),
+                },
+            )
+            .map_err(|e| LockError::Config(format!("invalid TLS root certificate: {e}")))?,
+            None => redis::Client::open(info)
+                .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))?,
+        };
+        #[cfg(not(feature = "redis-tls"))]
         let client = redis::Client::open(info)
             .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))?;
         let watches = Arc::new(Watches::default());
@@ -815,7 +929,10 @@ impl RedisBackend {
         let conn = client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(|e| redis_error(&format!("connecting to {url}"), e))?;
+            .map_err(|e| {
+                let hint = tls_mismatch_hint(url, &e);
+                redis_error(&format!("connecting to {url}{hint}"), e)
+            })?;
         let inner = Arc::new(RedisInner {
             conn,
             prefix: options.prefix,
@@ -832,6 +949,20 @@ impl RedisBackend {
 
     /// The Redis key of an exclusive lock on `key`, for peers in other
     /// languages: redis-py's `r.lock(name)` with this name excludes us.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::backend::RedisBackend;
+    /// use tower_lock::LockKey;
+    ///
+    /// let redis = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+    /// let name = redis.redis_key(&LockKey::new("order:42")?);
+    /// assert_eq!(name, "lock:{order:42}");
+    /// // In Python: redis.Redis().lock("lock:{order:42}") excludes this backend's holders.
+    /// # Ok(()) }
+    /// ```
     pub fn redis_key(&self, key: &LockKey) -> String {
         format!("{}{{{key}}}", self.inner.prefix)
     }
@@ -1125,6 +1256,11 @@ impl Drop for Watch {
 }
 
 impl Backend for RedisBackend {
+    fn instance_id(&self) -> usize {
+        // Clones share `inner`, and so their locks.
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
     fn name(&self) -> &'static str {
         "redis"
     }
@@ -1369,5 +1505,31 @@ impl LeaseHandle for RedisHold {
             return;
         }
         self.remote.clone().release_later(Some(&self.local));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tls_url_without_the_feature_is_a_config_error_naming_the_feature() {
+        assert!(wants_tls("rediss://127.0.0.1:6379/"));
+        assert!(wants_tls("REDISS://127.0.0.1/#insecure"));
+        assert!(wants_tls("valkeys://127.0.0.1/"));
+        assert!(!wants_tls("redis://127.0.0.1:6379/"));
+        assert!(!wants_tls("redis://rediss:6379/"));
+        assert!(tls_support("rediss", true).is_ok());
+        match tls_support("rediss", false) {
+            Err(LockError::Config(m)) => {
+                assert!(m.contains("`rediss://`"), "{m}");
+                assert!(m.contains("`redis-tls` feature"), "{m}");
+            }
+            other => panic!("expected a Config error, got {other:?}"),
+        }
+        assert_eq!(
+            check_tls_support("rediss").is_ok(),
+            cfg!(feature = "redis-tls")
+        );
     }
 }

@@ -39,6 +39,16 @@
 //! again (M. Kleppmann, "How to do distributed locking"). Waiting is by jittered
 //! retries, not release messages, and is not first-come-first-served across
 //! processes (it is within one).
+//!
+//! # Cancel safety
+//!
+//! The core drops an acquisition's future when its wait runs out or its
+//! request goes away. Dropped while it waits in this process's queue or
+//! between two rounds, it leaves nothing behind. Dropped while a round is in
+//! flight (the acquire scripts on every instance, or the undo of a failed
+//! round), that round is not undone: the instances that granted it keep the
+//! key until its lease ends, and if they were a majority no one gets the key
+//! before then. A lock once granted is released as above when dropped.
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -105,14 +115,65 @@ impl RedlockBackend {
     /// instances, best an odd number). Instances that are down are connected
     /// to when they come up; the lock works while a majority answers.
     ///
+    /// Each instance may be given as `[user][:password@]host:port`, as in a
+    /// `redis://` URL (see [`RedisBackend::connect`](super::RedisBackend::connect)).
+    ///
+    /// `redlocks://h1:p1,h2:p2,h3:p3` connects to every instance over TLS,
+    /// as `rediss://` does (feature `redis-tls`; without it the URL is a
+    /// [`LockError::Config`] that says so): each server's certificate must be
+    /// valid for its host and chain to a CA of the system's trust store
+    /// (OpenSSL's: `/etc/ssl/certs`, or what the `SSL_CERT_FILE` /
+    /// `SSL_CERT_DIR` environment variables name, the way to trust a private
+    /// CA here). `redlocks://h1:p1,h2:p2,h3:p3#insecure` checks neither
+    /// certificates nor host names (for tests). All instances use TLS or
+    /// none.
+    ///
     /// # Errors
     ///
     /// [`LockError::Config`] for a malformed URL or fewer than three
-    /// instances.
+    /// instances. An instance that cannot be reached, or whose TLS handshake
+    /// fails, makes acquisitions fail once no majority answers.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tower_lock::backend::RedlockBackend;
+    /// use tower_lock::LockError;
+    ///
+    /// // Refused before anything is connected to: Redlock needs three servers or more.
+    /// let two = RedlockBackend::connect("redlock://127.0.0.1:6379,127.0.0.1:6380").await;
+    /// assert!(matches!(two, Err(LockError::Config(_))));
+    /// # }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let list = url
-            .strip_prefix("redlock://")
-            .ok_or_else(|| LockError::Config(format!("{url:?} is not a redlock:// URL")))?;
+        let (scheme, list) = url.split_once("://").unwrap_or(("", url));
+        let tls = match scheme {
+            "redlock" => false,
+            "redlocks" => {
+                super::redis::check_tls_support("redlocks")?;
+                true
+            }
+            _ => {
+                return Err(LockError::Config(format!(
+                    "{url:?} is not a redlock:// (or, over TLS, redlocks://) URL"
+                )))
+            }
+        };
+        let (list, fragment) = match list.split_once('#') {
+            Some((list, fragment)) => (list, Some(fragment)),
+            None => (list, None),
+        };
+        let node_url: fn(&str) -> String = match (tls, fragment) {
+            (false, None) => |addr: &str| format!("redis://{addr}/"),
+            (true, None) => |addr: &str| format!("rediss://{addr}/"),
+            (true, Some("insecure")) => |addr: &str| format!("rediss://{addr}/#insecure"),
+            _ => {
+                return Err(LockError::Config(format!(
+                    "a Redlock URL takes no fragment but #insecure, with redlocks://: {url:?}"
+                )))
+            }
+        };
         let addrs: Vec<&str> = list.trim_end_matches('/').split(',').collect();
         if addrs.len() < 3 || addrs.iter().any(|a| a.is_empty()) {
             return Err(LockError::Config(format!(
@@ -121,7 +182,7 @@ impl RedlockBackend {
         }
         let mut nodes = Vec::with_capacity(addrs.len());
         for addr in addrs {
-            let client = redis::Client::open(format!("redis://{addr}/"))
+            let client = redis::Client::open(node_url(addr))
                 .map_err(|e| LockError::Config(format!("invalid Redis address {addr:?}: {e}")))?;
             // Short timeouts: a dead instance must not hold up the majority.
             let config = ConnectionManagerConfig::new()
@@ -323,6 +384,11 @@ impl RedlockInner {
 }
 
 impl Backend for RedlockBackend {
+    fn instance_id(&self) -> usize {
+        // Clones share `inner`, and so their locks.
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
     fn name(&self) -> &'static str {
         "redlock"
     }

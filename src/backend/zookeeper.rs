@@ -165,6 +165,22 @@ const LEASE_NAME: &str = "lease-";
 const PROTECTED: &str = "_c_";
 
 /// Settings of a [`ZookeeperBackend`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::backend::{ZookeeperBackend, ZookeeperOptions};
+///
+/// let options = ZookeeperOptions::default()
+///     .root("/services/orders/locks")
+///     .session_timeout(Duration::from_secs(6))
+///     .connect_timeout(Duration::from_secs(2));
+/// let zk = ZookeeperBackend::connect_with("zk://10.0.0.1:2181,10.0.0.2:2181", options).await?;
+/// assert_eq!(zk.root(), "/services/orders/locks");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct ZookeeperOptions {
     root: Option<String>,
@@ -346,6 +362,18 @@ fn forbidden_in_name(c: char) -> bool {
 
 /// The node name of a key: the key, with `%` and refused characters
 /// percent-encoded. See the [module documentation](self#key-encoding).
+///
+/// # Examples
+///
+/// ```
+/// # fn main() -> Result<(), tower_lock::KeyError> {
+/// use tower_lock::backend::zookeeper::node_name;
+/// use tower_lock::LockKey;
+///
+/// assert_eq!(node_name(&LockKey::new("order:42")?), "order:42");
+/// assert_eq!(node_name(&LockKey::new("50%")?), "50%25");
+/// # Ok(()) }
+/// ```
 pub fn node_name(key: &LockKey) -> std::borrow::Cow<'_, str> {
     let key = key.as_str();
     if !key.chars().any(|c| c == '%' || forbidden_in_name(c)) {
@@ -370,6 +398,19 @@ impl ZookeeperBackend {
     /// [options](ZookeeperOptions).
     ///
     /// Opens the session at once, so a wrong address fails here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tower_lock::backend::ZookeeperBackend;
+    /// use tower_lock::LockError;
+    ///
+    /// // A malformed URL is refused before anything is connected to.
+    /// let wrong = ZookeeperBackend::connect("zookeeper://127.0.0.1:2181").await;
+    /// assert!(matches!(wrong, Err(LockError::Config(_))));
+    /// # }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::connect_with(url, ZookeeperOptions::default()).await
     }
@@ -399,6 +440,20 @@ impl ZookeeperBackend {
     }
 
     /// The path of the node under which `key`'s lock nodes are created.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::backend::ZookeeperBackend;
+    /// use tower_lock::LockKey;
+    ///
+    /// let zk = ZookeeperBackend::connect("zk://127.0.0.1:2181/locks").await?;
+    /// assert_eq!(zk.root(), "/locks");
+    /// // Where Curator's `InterProcessMutex` points to share the lock:
+    /// assert_eq!(zk.lock_path(&LockKey::new("order:42")?), "/locks/order:42");
+    /// # Ok(()) }
+    /// ```
     pub fn lock_path(&self, key: &LockKey) -> String {
         self.inner.dir(key)
     }
@@ -426,6 +481,11 @@ impl fmt::Debug for ZookeeperBackend {
 }
 
 impl Backend for ZookeeperBackend {
+    fn instance_id(&self) -> usize {
+        // Clones share `inner`, and so their locks.
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
     fn name(&self) -> &'static str {
         "zookeeper"
     }

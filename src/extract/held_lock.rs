@@ -11,6 +11,30 @@ use crate::guard::HeldLock;
 /// the request did not pass through a [`LockLayer`](crate::LockLayer) (for
 /// `Locker`: no `axum::Extension(locker)` was added): a server
 /// misconfiguration, answered 500 with a body that says how to fix it.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use axum::body::Body;
+/// use axum::http::{Request, StatusCode};
+/// use axum::{routing::post, Router};
+/// use tower::ServiceExt;
+/// use tower_lock::HeldLock;
+///
+/// async fn create_order(held: HeldLock) -> String {
+///     held.key().to_string()
+/// }
+///
+/// // The route forgot its `route_layer(LockLayer::new(...))`:
+/// let app = Router::new().route("/orders/{sku}", post(create_order));
+/// let request = Request::post("/orders/sku-1").body(Body::empty()).unwrap();
+/// let response = app.oneshot(request).await.unwrap();
+/// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+/// assert_eq!(body, "no HeldLock in this request: add LockLayer to the route with `route_layer`\n");
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MissingLockExtension {
     pub(crate) what: &'static str,
@@ -65,6 +89,19 @@ impl<S: Send + Sync> FromRequestParts<S> for HeldLock {
 
 /// `Option<HeldLock>`: `None` on a route (or request) the layer did not lock,
 /// e.g. with [`OnMissingKey::PassThrough`](crate::OnMissingKey::PassThrough).
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::HeldLock;
+///
+/// async fn show_cart(held: Option<HeldLock>) -> String {
+///     match held {
+///         Some(held) => format!("cart {} (locked)", held.key()),
+///         None => "no cart named: served unlocked".to_owned(),
+///     }
+/// }
+/// ```
 impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for HeldLock {
     type Rejection = std::convert::Infallible;
 

@@ -14,7 +14,30 @@ use crate::guard::LockGuard;
 ///
 /// The layer's responses keep the inner service's body type, so it composes
 /// like any tower-http middleware. Implemented for axum's `Body` (feature
-/// `axum`) and for [`LockBody`], which wraps any body.
+/// `axum`) and for [`LockBody`], which wraps any body: under another
+/// service (plain tower or hyper, tonic), map its responses with
+/// [`LockBody::wrap`], as in
+/// `ServiceBuilder::new().layer(lock_layer).map_response(|r: Response<_>| r.map(LockBody::wrap))`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a `LockLayer` response body",
+    label = "the service under the `LockLayer` answers with this body",
+    note = "wrap the inner service's response bodies in `tower_lock::LockBody`: \
+            `ServiceBuilder::new().layer(lock_layer).map_response(|r: http::Response<_>| r.map(LockBody::wrap))` \
+            (axum's `Body` needs nothing)"
+)]
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::{LockBody, LockableBody};
+/// use http_body_util::Full;
+/// use bytes::Bytes;
+///
+/// fn assert_lockable<B: LockableBody>() {}
+/// assert_lockable::<axum::body::Body>();
+/// assert_lockable::<LockBody<Full<Bytes>>>();
+/// // assert_lockable::<Full<Bytes>>(); // error: wrap it in `LockBody`
+/// ```
 pub trait LockableBody: Body + Sized {
     /// A body of `text`, for the layer's own answers (rejections).
     fn from_text(text: Bytes) -> Self;
@@ -45,6 +68,35 @@ pin_project! {
     ///
     /// With axum you never see it; for another inner service, map its
     /// response bodies with [`LockBody::wrap`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use http::{Request, Response};
+    /// use http_body_util::Full;
+    /// use bytes::Bytes;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_lock::{HeldLock, LockBody, LockLayer, MemoryBackend, QueryParam};
+    ///
+    /// // A plain tower service: no axum.
+    /// let debit = tower::service_fn(|req: Request<()>| async move {
+    ///     let held = req.extensions().get::<HeldLock>().expect("under the layer");
+    ///     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(format!("debited {}", held.key())))))
+    /// });
+    /// let service = ServiceBuilder::new()
+    ///     .layer(LockLayer::new(MemoryBackend::new(), QueryParam("account")).namespace("acct"))
+    ///     // The layer answers rejections in the inner service's body type:
+    ///     // `LockBody` wraps any body so that it can.
+    ///     .map_response(|res: Response<Full<Bytes>>| res.map(LockBody::wrap))
+    ///     .service(debit);
+    ///
+    /// let res = service.clone().oneshot(Request::post("/debit?account=7").body(()).unwrap()).await.unwrap();
+    /// assert_eq!(res.status(), 200);
+    /// let res = service.oneshot(Request::post("/debit").body(()).unwrap()).await.unwrap();
+    /// assert_eq!(res.status(), 400, "no key");
+    /// # }
+    /// ```
     pub struct LockBody<B> {
         #[pin]
         kind: Kind<B>,

@@ -1,3 +1,4 @@
+use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -7,6 +8,7 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
 use tower_service::Service;
 
 use super::layer::{Config, OnLost, Policy};
@@ -16,7 +18,8 @@ use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::locker::LockFuture;
 use crate::lost::LostSignal;
-use crate::rejection::LockRejection;
+use crate::reentry::{self, RequestLocks};
+use crate::rejection::{FromLockError, LockRejection};
 
 pin_project! {
     /// Response future of [`LockService`](super::LockService): acquires the
@@ -24,6 +27,24 @@ pin_project! {
     ///
     /// Dropping it at any point (the client went away) withdraws the
     /// acquisition or releases the held lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use axum::{body::Body, routing::post, Router};
+    /// use http::Request;
+    /// use tower::{Layer, Service, ServiceExt};
+    /// use tower_lock::{middleware::ResponseFuture, LockLayer, MemoryBackend, QueryParam};
+    ///
+    /// let mut service = LockLayer::new(MemoryBackend::new(), QueryParam("cart"))
+    ///     .layer(Router::new().route("/checkout", post(|| async { "paid" })));
+    /// let ready = ServiceExt::<Request<Body>>::ready(&mut service).await.unwrap();
+    /// let future: ResponseFuture<Router, Body> =
+    ///     ready.call(Request::post("/checkout?cart=9").body(Body::empty()).unwrap());
+    /// assert_eq!(future.await.unwrap().status(), 200);
+    /// # }
+    /// ```
     pub struct ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
@@ -51,8 +72,10 @@ pin_project! {
             pending: Box<Pending<S, ReqBody>>,
         },
         Running {
+            // Run in the request's re-entrancy scope: the handler's locks on
+            // its own key re-enter the layer's.
             #[pin]
-            future: S::Future,
+            future: TaskLocalFuture<RefCell<RequestLocks>, S::Future>,
             // Dropped after `future`: fields drop in order, so a handler that
             // is cancelled stops before its lock is released.
             guard: Option<LockGuard>,
@@ -87,7 +110,7 @@ where
             .map_or_else(LostSignal::never, |g| g.held().lost_signal().clone());
         ResponseFuture {
             state: State::Running {
-                future,
+                future: reentry::scope(guard.as_ref(), future),
                 guard,
                 lost,
             },
@@ -140,7 +163,7 @@ where
                             let lost = guard.held().lost_signal().clone();
                             let future = service.call(with_lock(request, &guard));
                             this.state.set(State::Running {
-                                future,
+                                future: reentry::scope(Some(&guard), future),
                                 guard: Some(guard),
                                 lost,
                             });
@@ -188,12 +211,20 @@ where
                     // Done: a further poll finds no future to resume.
                     this.state.set(State::Rejected { response: None });
                     let abort = this.policy.on_lost == OnLost::Abort;
-                    return Poll::Ready(result.map(|response| match guard {
-                        Some(guard) if this.policy.hold_body => {
-                            response.map(|body| body.holding(guard, abort))
+                    return Poll::Ready(result.map(|mut response| {
+                        // A handler answered with a `LockError` (`?` on a
+                        // `Locker` call): answer as the layer would.
+                        if let Some(e) = response.extensions_mut().remove::<FromLockError>() {
+                            let rejection = this.policy.reject(e.rejection());
+                            response = rejection.map(ResBody::from_text);
                         }
-                        // Released here, as soon as the response is ready.
-                        _ => response,
+                        match guard {
+                            Some(guard) if this.policy.hold_body => {
+                                response.map(|body| body.holding(guard, abort))
+                            }
+                            // Released here, as soon as the response is ready.
+                            _ => response,
+                        }
                     }));
                 }
             }

@@ -17,8 +17,9 @@ use crate::source::KeySource;
 /// Holds a lock on a key taken from each request while the inner service
 /// serves it.
 ///
-/// The key comes from a [`KeySource`] ([`PathParam`](crate::PathParam),
-/// [`Header`](crate::Header), [`QueryParam`](crate::QueryParam) or a closure),
+/// The key comes from a [`KeySource`] (`PathParam` with the `axum` feature,
+/// [`Header`](crate::Header), [`QueryParam`](crate::QueryParam), a closure or
+/// a [`KeyFn`](crate::KeyFn)),
 /// prefixed by an optional namespace. Requests for the same key are served one
 /// at a time (or as the [mode](Self::mode) allows), across every replica that
 /// shares the backend. The lock is released exactly once, when the response
@@ -30,7 +31,12 @@ use crate::source::KeySource;
 ///
 /// The layer puts a [`HeldLock`](crate::HeldLock) in the request extensions
 /// for handlers to extract. To take more locks inside a handler, give it the
-/// layer's [`Locker`] with `.layer(axum::Extension(layer.locker().clone()))`.
+/// layer's [`Locker`] with `.layer(axum::Extension(layer.locker().clone()))`:
+/// it locks under the layer's namespace, wait and lease, so
+/// `locker.lock("A1")` in a handler and a request for `A1` exclude each
+/// other. A handler that locks its own request's key again
+/// [re-enters](crate::Locker#re-entrancy) the layer's lock rather than wait
+/// for itself.
 ///
 /// # Examples
 ///
@@ -57,6 +63,16 @@ pub struct LockLayer {
 }
 
 /// What the layer does with a request that carries no key.
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::{Header, LockLayer, MemoryBackend, OnMissingKey};
+///
+/// // Lock per tenant when the header is there; serve anonymous requests unlocked.
+/// let layer = LockLayer::new(MemoryBackend::new(), Header::new("x-tenant"))
+///     .on_missing_key(OnMissingKey::PassThrough);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OnMissingKey {
     /// Answer 400 naming the missing key. The default.
@@ -67,6 +83,16 @@ pub enum OnMissingKey {
 }
 
 /// What the layer does when a held lock is lost while the request runs.
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::{LockLayer, MemoryBackend, OnLost, QueryParam};
+///
+/// // The handler checks `HeldLock::is_lost` itself before committing.
+/// let layer = LockLayer::new(MemoryBackend::new(), QueryParam("order"))
+///     .on_lost(OnLost::Continue);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OnLost {
     /// Drop the inner future and answer 503, so no work goes on without the
@@ -97,16 +123,16 @@ pub(crate) enum ModeSelector {
 
 #[derive(Clone)]
 pub(crate) struct Config {
+    /// Holds the namespace, wait and lease too, so that the locker handed to
+    /// handlers locks exactly what the layer locks.
     pub(crate) locker: Locker,
-    pub(crate) namespace: Arc<str>,
     pub(crate) source: Arc<dyn KeySource>,
     pub(crate) mode: ModeSelector,
-    pub(crate) wait: Wait,
-    pub(crate) lease: Duration,
     pub(crate) on_missing: OnMissingKey,
     pub(crate) on_lost: OnLost,
     pub(crate) hold_body: bool,
     pub(crate) retry_after: Duration,
+    pub(crate) grpc: bool,
     pub(crate) reject: Option<Arc<RejectFn>>,
 }
 
@@ -116,6 +142,7 @@ pub(crate) struct Policy {
     pub(crate) on_lost: OnLost,
     pub(crate) hold_body: bool,
     retry_after: Duration,
+    grpc: bool,
     reject: Option<Arc<RejectFn>>,
 }
 
@@ -123,6 +150,7 @@ impl Policy {
     pub(crate) fn reject(&self, rejection: &LockRejection) -> Response<Bytes> {
         match &self.reject {
             Some(f) => f(rejection),
+            None if self.grpc => rejection.to_grpc_response(self.retry_after),
             None => rejection.to_response(self.retry_after),
         }
     }
@@ -134,6 +162,7 @@ impl Config {
             on_lost: self.on_lost,
             hold_body: self.hold_body,
             retry_after: self.retry_after,
+            grpc: self.grpc,
             reject: self.reject.clone(),
         }
     }
@@ -167,22 +196,19 @@ impl LockLayer {
         Self::with_locker(Locker::new(backend), source)
     }
 
-    /// Like [`new`](Self::new), sharing `locker`'s backend and taking its
-    /// namespace, wait and lease as defaults.
+    /// Like [`new`](Self::new), sharing `locker`'s backend and starting from
+    /// its namespace, wait and lease.
     pub fn with_locker(locker: Locker, source: impl KeySource) -> Self {
-        let (namespace, wait, lease) = locker.defaults();
         LockLayer {
             config: Arc::new(Config {
                 locker,
-                namespace,
                 source: Arc::new(source),
                 mode: ModeSelector::Fixed(LockMode::Exclusive),
-                wait,
-                lease,
                 on_missing: OnMissingKey::Reject,
                 on_lost: OnLost::Abort,
                 hold_body: false,
                 retry_after: Duration::from_secs(1),
+                grpc: false,
                 reject: None,
             }),
         }
@@ -206,8 +232,7 @@ impl LockLayer {
     /// If `namespace` breaks the [`LockKey`](crate::LockKey) rules or leaves
     /// no room for a key.
     pub fn namespace(self, namespace: &str) -> Self {
-        crate::key::assert_namespace(namespace);
-        self.edit(|c| c.namespace = Arc::from(namespace))
+        self.edit(|c| c.locker = c.locker.clone().namespace(namespace))
     }
 
     /// Locks every request in `mode`.
@@ -230,7 +255,7 @@ impl LockLayer {
     /// Default: 10 seconds.
     pub fn wait(self, wait: impl Into<Wait>) -> Self {
         let wait = wait.into();
-        self.edit(|c| c.wait = wait)
+        self.edit(|c| c.locker = c.locker.clone().wait(wait))
     }
 
     /// Answer 423 at once when the key is held.
@@ -241,7 +266,7 @@ impl LockLayer {
     /// The lease of a remote lock, renewed while the request runs. Default:
     /// [`DEFAULT_LEASE`](crate::backend::DEFAULT_LEASE), 10 seconds.
     pub fn lease(self, lease: Duration) -> Self {
-        self.edit(|c| c.lease = lease)
+        self.edit(|c| c.locker = c.locker.clone().lease(lease))
     }
 
     /// What to do with a request that carries no key.
@@ -265,6 +290,25 @@ impl LockLayer {
     /// Default: 1 second.
     pub fn retry_after(self, after: Duration) -> Self {
         self.edit(|c| c.retry_after = after)
+    }
+
+    /// Answers requests it could not lock as gRPC does: HTTP 200 with
+    /// `grpc-status` and `grpc-message` (see
+    /// [`LockRejection::to_grpc_response`] for the codes), so that gRPC
+    /// clients see `INVALID_ARGUMENT`, `ABORTED` or `UNAVAILABLE` rather than
+    /// `Unknown`. For a layer in front of a gRPC server (tonic).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tower_lock::{Header, LockLayer, MemoryBackend};
+    ///
+    /// // Locks per the `x-account-id` request metadata of each call.
+    /// let layer = LockLayer::new(MemoryBackend::new(), Header::new("x-account-id"))
+    ///     .grpc_rejections();
+    /// ```
+    pub fn grpc_rejections(self) -> Self {
+        self.edit(|c| c.grpc = true)
     }
 
     /// Replaces the layer's responses to requests it could not lock.
@@ -293,7 +337,30 @@ impl LockLayer {
         self.edit(|c| c.reject = Some(Arc::new(f)))
     }
 
-    /// The handle on this layer's backend.
+    /// A handle on this layer's backend with the layer's namespace, wait and
+    /// lease: `layer.locker().lock(k)` locks the very key a request for `k`
+    /// locks, and waits as long. Hand it to handlers that take more locks.
+    ///
+    /// Call it after setting the namespace, wait and lease: the locker is a
+    /// snapshot of the layer as it is.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use std::time::Duration;
+    /// use tower_lock::{LockLayer, MemoryBackend, PathParam};
+    ///
+    /// let layer = LockLayer::new(MemoryBackend::new(), PathParam("sku"))
+    ///     .namespace("sku")
+    ///     .wait(Duration::from_secs(3));
+    /// let locker = layer.locker().clone();
+    /// let guard = locker.lock("A1").await?;
+    /// assert_eq!(guard.key().as_str(), "sku:A1");
+    /// assert_eq!(locker.default_wait(), Duration::from_secs(3).into());
+    /// // Add it for handlers: `.layer(axum::Extension(locker))`.
+    /// # Ok(()) }
+    /// ```
     pub fn locker(&self) -> &Locker {
         &self.config.locker
     }
@@ -313,9 +380,9 @@ impl fmt::Debug for LockLayer {
         f.debug_struct("LockLayer")
             .field("backend", &c.locker.backend().name())
             .field("source", &c.source.describe())
-            .field("namespace", &c.namespace)
-            .field("wait", &c.wait)
-            .field("lease", &c.lease)
+            .field("namespace", &c.locker.namespace_prefix())
+            .field("wait", &c.locker.default_wait())
+            .field("lease", &c.locker.default_lease())
             .field("on_missing", &c.on_missing)
             .field("on_lost", &c.on_lost)
             .field("hold_body", &c.hold_body)

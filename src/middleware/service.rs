@@ -2,17 +2,49 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
 use super::layer::{Config, OnMissingKey};
 use super::{LockableBody, ResponseFuture};
 use crate::guard::LockGuard;
+use crate::key::KeyError;
 use crate::locker::LockFuture;
 use crate::rejection::LockRejection;
+use crate::source::KeySource;
 
 /// The service [`LockLayer`](super::LockLayer) makes: locks each request's key
 /// around the inner service.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use http::{Request, Response};
+/// use http_body_util::Full;
+/// use bytes::Bytes;
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_lock::{HeldLock, LockBody, LockLayer, MemoryBackend, QueryParam};
+///
+/// // A plain tower service: no axum.
+/// let debit = tower::service_fn(|req: Request<()>| async move {
+///     let held = req.extensions().get::<HeldLock>().expect("under the layer");
+///     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(format!("debited {}", held.key())))))
+/// });
+/// let service = ServiceBuilder::new()
+///     .layer(LockLayer::new(MemoryBackend::new(), QueryParam("account")).namespace("acct"))
+///     // The layer answers rejections in the inner service's body type:
+///     // `LockBody` wraps any body so that it can.
+///     .map_response(|res: Response<Full<Bytes>>| res.map(LockBody::wrap))
+///     .service(debit);
+///
+/// let res = service.clone().oneshot(Request::post("/debit?account=7").body(()).unwrap()).await.unwrap();
+/// assert_eq!(res.status(), 200);
+/// let res = service.oneshot(Request::post("/debit").body(()).unwrap()).await.unwrap();
+/// assert_eq!(res.status(), 400, "no key");
+/// # }
+/// ```
 pub struct LockService<S> {
     inner: S,
     config: Arc<Config>,
@@ -61,29 +93,43 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let config = &self.config;
+        let locker = &config.locker;
         let (mut parts, body) = req.into_parts();
-        let key = match config.source.lock_key(&mut parts, &config.namespace) {
+        let key = match config
+            .source
+            .lock_key(&mut parts, locker.namespace_prefix())
+        {
             Ok(Some(key)) => key,
-            Ok(None) if config.on_missing == OnMissingKey::PassThrough => {
+            Ok(None) | Err(KeyError::Missing(_))
+                if config.on_missing == OnMissingKey::PassThrough =>
+            {
                 let future = self.inner.call(Request::from_parts(parts, body));
                 return ResponseFuture::running(future, None, config);
             }
             Ok(None) => {
                 let source = config.source.describe();
-                return ResponseFuture::rejected(LockRejection::MissingKey { source }, config);
+                let rejection = LockRejection::MissingKey {
+                    source,
+                    reason: None,
+                };
+                return ResponseFuture::rejected(rejection, config);
+            }
+            Err(KeyError::Missing(reason)) => {
+                let source = config.source.describe();
+                let reason = Some(reason);
+                let rejection = LockRejection::MissingKey { source, reason };
+                return ResponseFuture::rejected(rejection, config);
             }
             Err(error) => {
-                let source = config.source.describe();
-                return ResponseFuture::rejected(
-                    LockRejection::InvalidKey { source, error },
-                    config,
-                );
+                let rejection = invalid_key(&*config.source, &mut parts, error);
+                return ResponseFuture::rejected(rejection, config);
             }
         };
 
         let mode = config.mode_for(&parts);
-        let backend = &**config.locker.backend();
-        let mut lock = LockFuture::start(backend, key, mode, config.wait, None, config.lease);
+        let backend = &**locker.backend();
+        let (wait, lease) = (locker.default_wait(), locker.default_lease());
+        let mut lock = LockFuture::start(backend, key, mode, wait, None, lease);
         match lock.try_ready() {
             // Granted at once (uncontended memory backend): `self.inner` was
             // made ready by `poll_ready`, so call it now.
@@ -106,6 +152,30 @@ where
                 )
             }
         }
+    }
+}
+
+/// The rejection of an invalid key, quoting what the request gave (read
+/// again: only this error path pays for the copy).
+fn invalid_key(source: &dyn KeySource, parts: &mut Parts, error: KeyError) -> LockRejection {
+    const SHOWN: usize = 64;
+    let value = match &error {
+        KeyError::Empty
+        | KeyError::Misconfigured(_)
+        | KeyError::NotUtf8
+        | KeyError::Repeated { .. } => None,
+        _ => source.extract(parts).ok().flatten().map(|raw| {
+            let mut shown: String = raw.chars().take(SHOWN).collect();
+            if raw.chars().nth(SHOWN).is_some() {
+                shown.push('…');
+            }
+            shown
+        }),
+    };
+    LockRejection::InvalidKey {
+        source: source.describe(),
+        error,
+        value,
     }
 }
 

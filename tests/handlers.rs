@@ -1,0 +1,436 @@
+//! What a handler under the layer does with locks: the layer's locker, locks
+//! taken again within one request (re-entrancy), a `LockError` answered by
+//! the layer's policy, key functions, gRPC-style rejections. Over real HTTP.
+
+#[path = "../examples/common/mod.rs"]
+mod client;
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, StatusCode};
+use tokio::sync::Notify;
+use tower_lock::{
+    BackendExt, Header, HeldLock, KeyError, KeyFn, LockError, LockLayer, LockMode, Locker,
+    MemoryBackend, OnMissingKey, PathParam, QueryParam,
+};
+
+use client::Client;
+use common::{eventually, serve};
+
+#[tokio::test]
+async fn the_layers_locker_locks_the_layers_keys_with_its_wait_and_lease() {
+    let backend = MemoryBackend::new();
+    let layer = LockLayer::new(backend.clone(), PathParam("sku"))
+        .namespace("sku")
+        .wait(Duration::from_millis(300))
+        .lease(Duration::from_secs(7));
+    let locker = layer.locker().clone();
+    assert_eq!(locker.namespace_prefix(), "sku");
+    assert_eq!(locker.default_wait(), Duration::from_millis(300).into());
+    assert_eq!(locker.default_lease(), Duration::from_secs(7));
+
+    let entered = Arc::new(Notify::new());
+    let proceed = Arc::new(Notify::new());
+    let (e, p) = (entered.clone(), proceed.clone());
+    let app = Router::new()
+        .route(
+            "/orders/{sku}",
+            post(move |held: HeldLock| async move {
+                e.notify_one();
+                p.notified().await;
+                held.key().to_string()
+            }),
+        )
+        .route_layer(layer);
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let request = tokio::spawn(async move { c.post("/orders/A1").await.unwrap() });
+    entered.notified().await;
+
+    // The layer holds `sku:A1`: the locker must see it held.
+    let busy = locker.lock("A1").fail_fast().await;
+    assert!(matches!(busy, Err(LockError::Busy)), "{busy:?}");
+    // And waits the layer's 300 ms, not the 10 s default.
+    let waited = locker.lock("A1").await;
+    assert!(
+        matches!(waited, Err(LockError::Timeout { waited }) if waited < Duration::from_secs(5)),
+        "{waited:?}"
+    );
+    proceed.notify_one();
+    assert_eq!(request.await.unwrap().body, "sku:A1");
+    let guard = locker.lock("A1").fail_fast().await.unwrap();
+    assert_eq!(guard.key().as_str(), "sku:A1");
+    drop(guard);
+    assert_eq!(backend.active_keys(), 0);
+}
+
+/// A route locking `/orders/{sku}` under namespace `sku`, whose handler
+/// gets the layer's locker as an extension.
+fn reentrant_app(
+    backend: &MemoryBackend,
+    mode: LockMode,
+    handler: axum::routing::MethodRouter,
+) -> Router {
+    let layer = LockLayer::new(backend.clone(), PathParam("sku"))
+        .namespace("sku")
+        .mode(mode)
+        .wait(Duration::from_secs(5));
+    let locker = layer.locker().clone();
+    Router::new()
+        .route("/orders/{sku}", handler)
+        .route_layer(layer)
+        .layer(Extension(locker))
+}
+
+#[tokio::test]
+async fn a_handler_relocking_its_own_key_reenters_with_the_same_token() {
+    let backend = MemoryBackend::new();
+    let handler = post(
+        |locker: Locker, held: HeldLock, Path(sku): Path<String>| async move {
+            let again = locker.lock(&sku).fail_fast().await?;
+            assert_eq!(
+                again.token(),
+                held.token(),
+                "a nested guard shares the token"
+            );
+            // Several keys, one of them the request's own.
+            let set = locker
+                .lock_all(["Z9".to_owned(), sku.clone()])
+                .fail_fast()
+                .await?;
+            let own = set.get(held.key().as_str()).expect("own key in the set");
+            assert_eq!(own.token(), held.token());
+            // Releasing nested guards leaves the request's lock held.
+            again.release().await?;
+            drop(set);
+            // Seen from outside the request (a spawned task is not part
+            // of it), the key is still held.
+            let outside = locker.clone();
+            let key = sku.clone();
+            let probe = tokio::spawn(async move { outside.lock(key).fail_fast().await.err() });
+            assert!(
+                matches!(probe.await.unwrap(), Some(LockError::Busy)),
+                "the layer's lock was released by a nested guard"
+            );
+            Ok::<_, LockError>(format!("token {}", held.token()))
+        },
+    );
+    let app = reentrant_app(&backend, LockMode::Exclusive, handler);
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/orders/A1").await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body.starts_with("token "), "{}", reply.body);
+    assert_eq!(backend.active_keys(), 0, "a lock leaked");
+}
+
+#[tokio::test]
+async fn a_write_holder_may_read_but_a_reader_may_not_write() {
+    let backend = MemoryBackend::new();
+    let read_under_write = post(|locker: Locker, Path(sku): Path<String>| async move {
+        let _read = locker.lock(&sku).read().fail_fast().await?;
+        Ok::<_, LockError>("read under write")
+    });
+    let app = reentrant_app(&backend, LockMode::Write, read_under_write);
+    let mut c = Client::connect(serve(app).await).await.unwrap();
+    let reply = c.post("/orders/A1").await.unwrap();
+    assert_eq!(
+        (reply.status, reply.body.as_str()),
+        (StatusCode::OK, "read under write")
+    );
+
+    let write_under_read = post(|locker: Locker, Path(sku): Path<String>| async move {
+        let started = std::time::Instant::now();
+        let result = locker.lock(&sku).write().await;
+        // At once, not after the 5 s wait.
+        assert!(started.elapsed() < Duration::from_secs(2));
+        result.map(|_| "upgraded")
+    });
+    let app = reentrant_app(&backend, LockMode::Read, write_under_read);
+    let mut c = Client::connect(serve(app).await).await.unwrap();
+    let reply = c.post("/orders/A1").await.unwrap();
+    assert_eq!(
+        reply.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body.contains(
+            "this request already holds the lock on \"sku:A1\" in read mode; \
+             taking it in write mode would wait for itself"
+        ),
+        "{}",
+        reply.body
+    );
+    assert_eq!(backend.active_keys(), 0, "a lock leaked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_read_does_not_queue_behind_a_writer_waiting_for_the_first() {
+    let backend = MemoryBackend::new();
+    let entered = Arc::new(Notify::new());
+    let proceed = Arc::new(Notify::new());
+    let (e, p) = (entered.clone(), proceed.clone());
+    let handler = get(move |locker: Locker, held: HeldLock| async move {
+        e.notify_one();
+        p.notified().await;
+        // A writer is queued behind this request's read lock now: a fresh
+        // read would queue behind it, and it waits for this request.
+        let again = locker
+            .lock(held.key().as_str().strip_prefix("sku:").unwrap())
+            .read()
+            .await?;
+        Ok::<_, LockError>(format!("read again with token {}", again.token()))
+    });
+    let app = reentrant_app(&backend, LockMode::Read, handler);
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let request = tokio::spawn(async move { c.send("GET", "/orders/A1", &[]).await.unwrap() });
+    entered.notified().await;
+    let writer_backend = backend.clone();
+    let writer = tokio::spawn(async move {
+        let guard = writer_backend.lock("sku:A1").write().await.unwrap();
+        guard.token()
+    });
+    eventually("the writer is queued", || backend.queued("sku:A1") == 1).await;
+    proceed.notify_one();
+    let reply = request.await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    writer.await.unwrap();
+    assert_eq!(backend.active_keys(), 0, "a lock leaked");
+}
+
+#[tokio::test]
+async fn across_requests_the_same_key_still_excludes() {
+    // Re-entrancy is per request: another request's handler locking the key
+    // a running request holds waits (here: fails fast) as before.
+    let backend = MemoryBackend::new();
+    let entered = Arc::new(Notify::new());
+    let proceed = Arc::new(Notify::new());
+    let (e, p) = (entered.clone(), proceed.clone());
+    let layer = LockLayer::new(backend.clone(), PathParam("sku")).namespace("sku");
+    let locker = layer.locker().clone();
+    let app = Router::new()
+        .route(
+            "/orders/{sku}",
+            post(move || async move {
+                e.notify_one();
+                p.notified().await;
+                "done"
+            }),
+        )
+        .route_layer(layer)
+        .route(
+            "/peek/{sku}",
+            get(|locker: Locker, Path(sku): Path<String>| async move {
+                locker.lock(&sku).fail_fast().await.map(|_| "free")
+            }),
+        )
+        .layer(Extension(locker));
+    let addr = serve(app).await;
+    let mut c1 = Client::connect(addr).await.unwrap();
+    let request = tokio::spawn(async move { c1.post("/orders/A1").await.unwrap() });
+    entered.notified().await;
+    let mut c2 = Client::connect(addr).await.unwrap();
+    let peek = c2.send("GET", "/peek/A1", &[]).await.unwrap();
+    assert_eq!(peek.status, StatusCode::LOCKED, "{}", peek.body);
+    proceed.notify_one();
+    assert_eq!(request.await.unwrap().body, "done");
+    assert_eq!(backend.active_keys(), 0);
+}
+
+#[tokio::test]
+async fn a_lock_error_from_a_handler_gets_the_layers_rejection_policy() {
+    let backend = MemoryBackend::new();
+    let layer = LockLayer::new(backend.clone(), PathParam("sku"))
+        .namespace("sku")
+        .retry_after(Duration::from_secs(7));
+    let locker = layer.locker().clone();
+    let app = Router::new()
+        .route(
+            "/orders/{sku}",
+            post(|locker: Locker| async move {
+                // Another key, held elsewhere: `?` answers with the error.
+                locker.lock("other").fail_fast().await.map(|_| "free")
+            }),
+        )
+        .route_layer(layer)
+        .layer(Extension(locker.clone()));
+    let _other = locker.lock("other").await.unwrap();
+    let mut c = Client::connect(serve(app).await).await.unwrap();
+    let reply = c.post("/orders/A1").await.unwrap();
+    assert_eq!(reply.status, StatusCode::LOCKED);
+    assert_eq!(reply.headers["retry-after"], "7", "the layer's retry_after");
+
+    // And its `on_rejection`.
+    let layer = LockLayer::new(backend.clone(), PathParam("sku"))
+        .namespace("sku")
+        .on_rejection(|r| {
+            let mut res = Response::new(Bytes::from(format!("custom: {r}")));
+            *res.status_mut() = StatusCode::CONFLICT;
+            res
+        });
+    let app =
+        Router::new()
+            .route(
+                "/orders/{sku}",
+                post(|locker: Locker| async move {
+                    locker.lock("other").fail_fast().await.map(|_| "free")
+                }),
+            )
+            .route_layer(layer)
+            .layer(Extension(locker.clone()));
+    let mut c = Client::connect(serve(app).await).await.unwrap();
+    let reply = c.post("/orders/A1").await.unwrap();
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    assert_eq!(reply.body, "custom: lock is held by someone else");
+}
+
+#[tokio::test]
+async fn key_functions_say_why_and_headers_take_any_case() {
+    let backend = MemoryBackend::new();
+    let source = KeyFn::new("header `x-order`", |parts: &Parts| {
+        let order = parts
+            .headers
+            .get("x-order")
+            .ok_or(KeyError::missing("send the order id in x-order"))?;
+        let order = order.to_str().map_err(|_| KeyError::NotUtf8)?;
+        if !order.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(KeyError::refused(format!(
+                "order {order:?} is not a number"
+            )));
+        }
+        Ok(order.to_owned())
+    });
+    let app = Router::new()
+        .route(
+            "/strict",
+            post(|held: HeldLock| async move { held.key().to_string() })
+                .route_layer(LockLayer::new(backend.clone(), source).namespace("order")),
+        )
+        .route(
+            "/lenient",
+            post(|held: Option<HeldLock>| async move { format!("{:?}", held.map(|h| h.token())) })
+                .route_layer(
+                    LockLayer::new(
+                        backend.clone(),
+                        KeyFn::new("header `x-order`", |_: &Parts| {
+                            Err(KeyError::missing("no order"))
+                        }),
+                    )
+                    .on_missing_key(OnMissingKey::PassThrough),
+                ),
+        )
+        .route(
+            "/upper",
+            post(|held: HeldLock| async move { held.key().to_string() })
+                .route_layer(LockLayer::new(backend.clone(), Header::new("X-Account-ID"))),
+        )
+        .route(
+            "/query",
+            post(|held: HeldLock| async move { held.key().to_string() })
+                .route_layer(LockLayer::new(backend.clone(), QueryParam("cart"))),
+        );
+    let mut c = Client::connect(serve(app).await).await.unwrap();
+    let reply = c.send("POST", "/strict", &[]).await.unwrap();
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        reply.body.trim(),
+        "missing lock key (header `x-order`): send the order id in x-order"
+    );
+    let reply = c
+        .send("POST", "/strict", &[("x-order", b"12a")])
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert!(
+        reply.body.contains("order \"12a\" is not a number"),
+        "{}",
+        reply.body
+    );
+    let reply = c
+        .send("POST", "/strict", &[("x-order", b"12")])
+        .await
+        .unwrap();
+    assert_eq!(reply.body, "order:12");
+    let reply = c.send("POST", "/lenient", &[]).await.unwrap();
+    assert_eq!(
+        (reply.status, reply.body.as_str()),
+        (StatusCode::OK, "None")
+    );
+    let reply = c
+        .send("POST", "/upper", &[("x-account-id", b"7")])
+        .await
+        .unwrap();
+    assert_eq!(reply.body, "7");
+    // Harmless: `..` inside a key, the same value given twice.
+    let reply = c.send("POST", "/query?cart=a..b", &[]).await.unwrap();
+    assert_eq!(reply.body, "a..b");
+    let reply = c.send("POST", "/query?cart=c1&cart=c1", &[]).await.unwrap();
+    assert_eq!(reply.body, "c1");
+    assert_eq!(backend.active_keys(), 0);
+}
+
+#[test]
+fn an_invalid_header_name_panics_with_a_clear_message() {
+    let panic = std::panic::catch_unwind(|| Header::new("x account")).unwrap_err();
+    let message = panic.downcast_ref::<String>().unwrap();
+    assert!(
+        message.contains("invalid header name \"x account\" for a lock key"),
+        "{message}"
+    );
+    assert!(Header::try_new("x account").is_err());
+}
+
+#[tokio::test]
+async fn grpc_rejections_carry_grpc_status_and_message() {
+    let backend = MemoryBackend::new();
+    let app = Router::new().route(
+        "/svc/Method",
+        post(|| async { "ok" }).route_layer(
+            LockLayer::new(backend.clone(), Header::new("x-account-id"))
+                .fail_fast()
+                .grpc_rejections(),
+        ),
+    );
+    let mut c = Client::connect(serve(app).await).await.unwrap();
+    let reply = c.send("POST", "/svc/Method", &[]).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.headers["content-type"], "application/grpc");
+    assert_eq!(reply.headers["grpc-status"], "3");
+    assert_eq!(
+        reply.headers["grpc-message"],
+        "missing lock key: the request has no header `x-account-id`"
+    );
+    let _held = backend.lock("7").await.unwrap();
+    let reply = c
+        .send("POST", "/svc/Method", &[("x-account-id", b"7")])
+        .await
+        .unwrap();
+    assert_eq!(reply.headers["grpc-status"], "10");
+    assert_eq!(reply.headers["grpc-retry-pushback-ms"], "1000");
+    // The message is percent-encoded as the gRPC spec asks (`%` itself too).
+    let reply = c
+        .send(
+            "POST",
+            "/svc/Method",
+            &[("x-account-id", "50%\u{200b}".as_bytes())],
+        )
+        .await
+        .unwrap();
+    assert_eq!(reply.headers["grpc-status"], "3");
+    let message = reply.headers["grpc-message"].to_str().unwrap();
+    assert!(
+        message.starts_with("invalid lock key \"50%25\\u{200b}\""),
+        "{message}"
+    );
+    assert_eq!(backend.active_keys(), 1, "only the test's own lock");
+}
