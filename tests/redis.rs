@@ -1275,6 +1275,43 @@ async fn redlock_undoes_a_failed_round_on_every_instance() {
     assert!(undone, "the silent instance kept the failed round");
 }
 
+/// An acquisition whose wait runs out while its round is still in flight
+/// (two instances silent) must not leave the round behind: the silent
+/// instances grant it once they run again, and without an undo the key
+/// would be held by no one on a majority until the lease ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_undoes_a_round_cancelled_in_flight() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let url = redlock_url(&servers);
+    let backend = RedlockBackend::connect(&url).await.unwrap();
+    // Load the scripts on every instance, as in any running service: a
+    // script the server does not know yet would not grant after the cancel.
+    backend
+        .lock("warm-up")
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    servers[1].signal("-STOP");
+    servers[2].signal("-STOP");
+    // Shorter than the per-instance answer timeout: the round is in flight
+    // when the wait runs out.
+    let r = backend.lock("k").wait(Duration::from_millis(50)).await;
+    assert!(matches!(r, Err(LockError::Timeout { .. })), "{r:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    servers[1].signal("-CONT");
+    servers[2].signal("-CONT");
+    backend.flush().await;
+    let other = RedlockBackend::connect(&url).await.unwrap();
+    let r = other.lock("k").fail_fast().await;
+    assert!(
+        r.is_ok(),
+        "the cancelled round was left behind and holds the key: {r:?}"
+    );
+}
+
 /// The holder reaches two of the three servers through proxies, and loses
 /// both paths while every server stays up; a second client, connected
 /// directly, waits for the key. The holder must be told before its lease

@@ -46,9 +46,10 @@
 //! request goes away. Dropped while it waits in this process's queue or
 //! between two rounds, it leaves nothing behind. Dropped while a round is in
 //! flight (the acquire scripts on every instance, or the undo of a failed
-//! round), that round is not undone: the instances that granted it keep the
-//! key until its lease ends, and if they were a majority no one gets the key
-//! before then. A lock once granted is released as above when dropped.
+//! round), the round is undone in the background on every instance, retried
+//! until its lease would have ended, as a dropped lock's release is; await
+//! [`Backend::flush`](crate::Backend::flush) to see it done. A lock once
+//! granted is released as above when dropped.
 
 use std::fmt;
 use std::future::{poll_fn, Future};
@@ -341,13 +342,24 @@ impl RedlockInner {
         let mut tries = 0;
         let (fence, started) = loop {
             let started = tokio::time::Instant::now();
+            // Dropped from here until the round is kept or undone (the wait
+            // ran out, the request went away), the round is undone in the
+            // background: instances that granted it must not keep the key.
+            let in_flight = RoundInFlight {
+                inner: &self,
+                layout: &layout,
+                token: &token,
+                lease,
+            };
             let round = self.attempt(&layout, &token, lease).await;
             let elapsed = started.elapsed();
             if round.granted >= quorum && elapsed + drift < lease {
+                std::mem::forget(in_flight);
                 break (round.fence, started);
             }
             // Undo everywhere, also where no answer came: it may have landed.
             self.release_all(&layout, &token, None).await;
+            std::mem::forget(in_flight);
             if self.nodes.len() - round.failed.len() < quorum {
                 return Err(LockError::backend(
                     "redlock",
@@ -521,6 +533,31 @@ impl RedlockHold {
             ),
             None,
         ))
+    }
+}
+
+/// An acquisition round in flight: dropped (the acquisition was cancelled)
+/// before it is kept or undone, it undoes the round on every instance in
+/// the background, retrying until the round's lease would have ended, and
+/// [`Backend::flush`] waits for that.
+struct RoundInFlight<'a> {
+    inner: &'a Arc<RedlockInner>,
+    layout: &'a Arc<Layout>,
+    token: &'a Arc<str>,
+    lease: Duration,
+}
+
+impl Drop for RoundInFlight<'_> {
+    fn drop(&mut self) {
+        let inner = self.inner.clone();
+        let (layout, token) = (self.layout.clone(), self.token.clone());
+        let deadline = tokio::time::Instant::now() + self.lease;
+        let releases = inner.releases.clone();
+        let undo = async move {
+            inner.release_all(&layout, &token, Some(deadline)).await;
+            Ok(())
+        };
+        release_in_background(undo, None, &releases);
     }
 }
 
