@@ -83,6 +83,10 @@ if cargo run -q --example order_service -- --backend nonsense:// 2>/dev/null; th
     die "order_service accepted an unknown backend"
 fi
 
+step "plain tower and gRPC examples, end to end"
+cargo run -q --example plain_tower -- --self-test || die "plain_tower self-test failed"
+cargo run -q --example grpc | tail -n 1 | grep -qx "every lock released" || die "grpc example failed"
+
 step "bench example, short runs"
 for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16" "http --secs 1 --conns 4"; do
     # shellcheck disable=SC2086

@@ -258,7 +258,8 @@ impl LockLayer {
         self.edit(|c| c.locker = c.locker.clone().wait(wait))
     }
 
-    /// Answer 423 at once when the key is held.
+    /// Answer 423 at once when the key is held (`ABORTED` with
+    /// [`grpc_rejections`](Self::grpc_rejections)).
     pub fn fail_fast(self) -> Self {
         self.wait(Wait::FailFast)
     }
