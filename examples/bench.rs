@@ -7,6 +7,7 @@
 //! cargo run --release --example bench -- --backend memory --workload contended --secs 5 --no-lock
 //! cargo run --release --example bench -- --backend memory --workload keys --secs 5 --workers 8 --keys 100
 //! cargo run --release --example bench -- --backend memory --workload http --secs 5 --conns 32
+//! cargo run --release --example bench -- --backend memory --workload http --secs 5 --conns 32 --calibrate
 //! cargo run --release --example bench -- --backend zk://127.0.0.1:2181 --workload floor --n 2000
 //! ```
 //!
@@ -21,7 +22,15 @@
 //! as the layer and the extractors do: remote backends then send the release
 //! and await its answer in the background, and the next acquire follows it
 //! on the same connection. `--release await` calls `guard.release().await`,
-//! which waits for the answer: one more round trip per cycle.
+//! which waits for the answer: one more round trip per cycle. Its lines carry
+//! `release=await` after the workload.
+//!
+//! `http` on the memory backend also measures, in the same run and phases,
+//! the handler a user would write instead of the library: the route's SKU
+//! locked through a shared `DashMap` of per-key `tokio::sync::Mutex`es that
+//! forgets a key when its last user leaves. It gets a line of its own,
+//! `impl=hand-mutex-map`, in the library's format (`rps_locked` is the rate
+//! of its route, `ratio` that rate over the bare route's).
 //!
 //! The critical section of `contended` and `keys` counts its holders and
 //! yields (or sleeps `--hold-us`) while inside, so a lock that lets two
@@ -39,9 +48,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::Path;
+use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::Router;
+use dashmap::DashMap;
 use tower_lock::{Backend, BackendExt, LockGuard, LockLayer, Locker, PathParam, Wait};
 
 struct Args {
@@ -204,6 +214,7 @@ async fn run(args: Args) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let name = backend.name();
+    let mut peer_line = None;
     let line = match args.workload.as_str() {
         "uncontended" => uncontended(&backend, args.n, &how).await,
         "contended" if args.processes > 1 => match contended_processes(&args).await {
@@ -215,7 +226,37 @@ async fn run(args: Args) -> ExitCode {
         },
         "contended" => contended(&backend, args.workers, args.secs, &how).await,
         "keys" => keys(&backend, args.workers, args.keys, args.secs, &how).await,
-        "http" => http(backend.clone(), args.conns, args.secs, args.calibrate).await,
+        "http" => {
+            let rates = http(backend.clone(), args.conns, args.secs, args.calibrate).await;
+            let line = |rps_locked: f64| {
+                format!(
+                    "conns={} secs={} rps_bare={:.0} rps_locked={rps_locked:.0} ratio={:.3}",
+                    args.conns,
+                    args.secs,
+                    rates.bare,
+                    rps_locked / rates.bare
+                )
+            };
+            match rates.peer {
+                // The peer's route is bare too: its slot's rate goes on the
+                // calibration line.
+                Some(peer) if args.calibrate => format!(
+                    "{} rps_peer={peer:.0} ratio_peer={:.3}",
+                    line(rates.locked),
+                    peer / rates.bare
+                ),
+                // The hand-written peer's own line, in the library's format:
+                // its `rps_locked` is the rate of its route.
+                Some(peer) => {
+                    peer_line = Some(format!(
+                        "impl={HAND_MUTEX_MAP} backend={name} workload=http {}",
+                        line(peer)
+                    ));
+                    line(rates.locked)
+                }
+                None => line(rates.locked),
+            }
+        }
         other => {
             eprintln!("bench: unknown workload {other:?}\n{USAGE}");
             return ExitCode::from(2);
@@ -232,10 +273,19 @@ async fn run(args: Args) -> ExitCode {
     } else {
         "tower-lock"
     };
+    // A line measured with `--release await` says so; `drop` is the default.
+    let release = if args.await_release && args.workload != "http" {
+        " release=await"
+    } else {
+        ""
+    };
     println!(
-        "impl={implementation} backend={name} workload={} {line}",
+        "impl={implementation} backend={name} workload={}{release} {line}",
         args.workload
     );
+    if let Some(peer_line) = peer_line {
+        println!("{peer_line}");
+    }
     ExitCode::SUCCESS
 }
 
@@ -305,7 +355,7 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
         .strip_prefix("zk://")
         .map(|r| r.split('/').next().unwrap_or(r))
     else {
-        eprintln!("bench: the floor workload is measured for zk:// backends only");
+        eprintln!("bench: the floor workload is measured for redis:// and zk:// backends only");
         return ExitCode::from(2);
     };
     let zk = match zookeeper_client::Client::connect(hosts).await {
@@ -753,15 +803,87 @@ impl Clients {
     }
 }
 
-/// Two servers in this process, one per route, each with its own `conns`
-/// connections from the same client code: the bare route and the route under
-/// `LockLayer` (both bare under `--calibrate`, which shows how far apart two
-/// identical routes measure). The phases alternate A-B-B-A; a rate is the
+/// The handler a user would write instead of the library: a shared map of
+/// per-key `tokio::sync::Mutex`es, the entry removed when its last user
+/// leaves so that the map does not grow with every key ever seen.
+type MutexMap = Arc<DashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// One user's share of a key's mutex in a [`MutexMap`]. Every clone and
+/// every drop of the `Arc` in the map happens under the map's shard lock,
+/// so the strong count seen there is exact: the user that leaves last
+/// (count back to 1, the map's own) removes the entry. A request cancelled
+/// while it waits leaves through the same `Drop`.
+struct MapEntry<'a> {
+    map: &'a DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    key: String,
+    mutex: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl<'a> MapEntry<'a> {
+    fn enter(map: &'a DashMap<String, Arc<tokio::sync::Mutex<()>>>, key: &str) -> Self {
+        let mutex = map.entry(key.to_owned()).or_default().value().clone();
+        MapEntry {
+            map,
+            key: key.to_owned(),
+            mutex: Some(mutex),
+        }
+    }
+
+    fn mutex(&self) -> &tokio::sync::Mutex<()> {
+        self.mutex.as_deref().expect("entered")
+    }
+}
+
+impl Drop for MapEntry<'_> {
+    fn drop(&mut self) {
+        let ours = self.mutex.take();
+        if let dashmap::Entry::Occupied(e) = self.map.entry(std::mem::take(&mut self.key)) {
+            // Under the shard lock: no one can clone the entry meanwhile.
+            drop(ours);
+            if Arc::strong_count(e.get()) == 1 {
+                e.remove();
+            }
+        }
+    }
+}
+
+/// `POST /orders/{sku}` under the hand-written lock: the same handler as the
+/// bare route, called while the SKU's mutex is held.
+async fn order_mutex_map(State(map): State<MutexMap>, Path(sku): Path<String>) -> String {
+    let entry = MapEntry::enter(&map, &sku);
+    let _held = entry.mutex().lock().await;
+    order(Path(sku)).await
+    // `_held` unlocks, then `entry` leaves the map (reverse declaration order).
+}
+
+/// Requests per second of the `http` routes.
+struct Rates {
+    bare: f64,
+    /// Under `LockLayer` (bare under `--calibrate`).
+    locked: f64,
+    /// Under the hand-written mutex map (bare under `--calibrate`), on the
+    /// memory backend.
+    peer: Option<f64>,
+}
+
+/// The `impl=` of the `http` workload's hand-written peer.
+const HAND_MUTEX_MAP: &str = "hand-mutex-map";
+
+/// Servers in this process, one per route, each with its own `conns`
+/// connections from the same client code: the bare route, the route under
+/// `LockLayer` and, on the memory backend, the route under the hand-written
+/// mutex map (`impl=hand-mutex-map`). Under `--calibrate` every route is the
+/// bare one, which shows how far apart identical routes measure. The phases
+/// alternate in order and in reverse (A-B-B-A with two routes, A-B-C-C-B-A
+/// with three), so that drift falls on every route alike; a rate is the
 /// requests a route answered over the time its phases actually took.
-async fn http(backend: Arc<dyn Backend>, conns: usize, secs: u64, calibrate: bool) -> String {
+async fn http(backend: Arc<dyn Backend>, conns: usize, secs: u64, calibrate: bool) -> Rates {
     let route = || Router::new().route("/orders/{sku}", post(order));
-    let bare = serve(route()).await;
-    let locked = if calibrate {
+    // The hand-written map is a peer of the memory backend only: it locks
+    // within one process.
+    let with_peer = backend.name() == "memory";
+    let mut addrs = vec![serve(route()).await];
+    addrs.push(if calibrate {
         serve(route()).await
     } else {
         serve(route().route_layer(LockLayer::with_locker(
@@ -769,35 +891,53 @@ async fn http(backend: Arc<dyn Backend>, conns: usize, secs: u64, calibrate: boo
             PathParam("sku"),
         )))
         .await
-    };
-    let mut bare = Clients::connect(bare, conns).await;
-    let mut locked = Clients::connect(locked, conns).await;
-    // Warm up, then alternate short phases in an A-B-B-A pattern, so that
-    // drift (CPU frequency, other load on the machine) falls on both alike.
-    bare.drive(Duration::from_millis(250)).await;
-    locked.drive(Duration::from_millis(250)).await;
+    });
+    let map: MutexMap = Arc::default();
+    if with_peer {
+        addrs.push(if calibrate {
+            serve(route()).await
+        } else {
+            serve(
+                Router::new()
+                    .route("/orders/{sku}", post(order_mutex_map))
+                    .with_state(map.clone()),
+            )
+            .await
+        });
+    }
+    let mut routes = Vec::new();
+    for addr in addrs {
+        routes.push(Clients::connect(addr, conns).await);
+    }
+    // Warm up, then alternate short phases.
+    for clients in &mut routes {
+        clients.drive(Duration::from_millis(250)).await;
+    }
     let phases = (secs * 10).max(2) as u32;
     let phase = Duration::from_secs(secs) / phases;
     // Requests answered and the time they took, per route.
-    let (mut on_bare, mut on_locked) = ((0u64, Duration::ZERO), (0u64, Duration::ZERO));
-    async fn measure(clients: &mut Clients, phase: Duration, sum: &mut (u64, Duration)) {
-        let (n, t) = clients.drive(phase).await;
-        sum.0 += n;
-        sum.1 += t;
-    }
+    let mut sums = vec![(0u64, Duration::ZERO); routes.len()];
     for i in 0..phases {
-        if i % 2 == 0 {
-            measure(&mut bare, phase, &mut on_bare).await;
-            measure(&mut locked, phase, &mut on_locked).await;
-        } else {
-            measure(&mut locked, phase, &mut on_locked).await;
-            measure(&mut bare, phase, &mut on_bare).await;
+        let mut turns: Vec<usize> = (0..routes.len()).collect();
+        if i % 2 == 1 {
+            turns.reverse();
+        }
+        for r in turns {
+            let (n, t) = routes[r].drive(phase).await;
+            sums[r].0 += n;
+            sums[r].1 += t;
         }
     }
-    let rps_bare = on_bare.0 as f64 / on_bare.1.as_secs_f64();
-    let rps_locked = on_locked.0 as f64 / on_locked.1.as_secs_f64();
-    format!(
-        "conns={conns} secs={secs} rps_bare={rps_bare:.0} rps_locked={rps_locked:.0} ratio={:.3}",
-        rps_locked / rps_bare
-    )
+    // Every request has been answered: a map that forgets idle keys is
+    // empty again, although every request used a SKU of its own.
+    assert!(map.is_empty(), "the mutex map kept {} idle keys", map.len());
+    let rps: Vec<f64> = sums
+        .iter()
+        .map(|(n, t)| *n as f64 / t.as_secs_f64())
+        .collect();
+    Rates {
+        bare: rps[0],
+        locked: rps[1],
+        peer: rps.get(2).copied(),
+    }
 }

@@ -3,7 +3,9 @@
 # machine: this library on every backend, the floor through the same client,
 # the peers with the same workloads, and the negative controls. Starts its
 # own servers (as scripts/test-all.sh does) and prints one line per result,
-# in the format bench/README.md describes.
+# in the format bench/README.md describes. A complete run also saves its
+# output as bench/last-run.txt and draws it into bench/figures.svg with
+# scripts/bench-plot.py.
 #
 # Usage: scripts/bench-all.sh [SECS]     (SECS per timed workload, default 5)
 # Build first: cargo build --release --examples, and for the rslock peer
@@ -25,6 +27,12 @@ zk="zk://$TOWER_LOCK_ZK_ADDR"
 contended=(--workload contended --secs "$secs" --workers 8)
 
 run() { "$@" || die "failed: $*"; }
+
+# From here on, stdout goes to the terminal and to a file, which replaces
+# bench/last-run.txt only once the whole run has succeeded.
+run_file=bench/last-run.txt
+exec 3>&1 > >(tee "$run_file.partial")
+tee_pid=$!
 
 # Redis: redis-benchmark's PING (p50 is the fifth column, in ms) and the
 # same two PINGs through the Rust client, then three interleaved rounds.
@@ -88,3 +96,12 @@ run "$bench" --backend memory "${contended[@]}" --no-lock
 run "$bench" --backend memory --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend memory --workload http --secs "$secs" --conns 32
 run "$bench" --backend memory --workload http --secs "$secs" --conns 32 --calibrate
+
+# Close tee's input and let it finish writing, then draw the figures.
+exec >&3 3>&-
+wait "$tee_pid"
+mv "$run_file.partial" "$run_file"
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- src examples Cargo.toml 2>/dev/null || commit+=" with local changes"
+note="scripts/bench-all.sh, commit $commit, $(nproc) cores, ${secs} s per timed workload"
+/usr/bin/python3 scripts/bench-plot.py "$run_file" -o bench/figures.svg --note "$note"
