@@ -57,7 +57,7 @@ impl LockKey {
     ///
     /// [`KeyError`] says which rule the text broke.
     pub fn new(key: &str) -> Result<Self, KeyError> {
-        validate(key, 0)?;
+        validate(key)?;
         Ok(LockKey(Arc::from(key)))
     }
 
@@ -77,11 +77,22 @@ impl LockKey {
         if key.is_empty() {
             return Err(KeyError::Empty);
         }
-        let mut joined = String::with_capacity(namespace.len() + 1 + key.len());
-        joined.push_str(namespace);
-        joined.push(':');
-        joined.push_str(key);
-        validate(&joined, namespace.len() + 1)?;
+        let prefix = namespace.len() + 1;
+        let len = prefix + key.len();
+        if len > MAX_KEY_LEN {
+            return Err(KeyError::TooLong {
+                len,
+                namespace: prefix,
+            });
+        }
+        validate(key)?;
+        // Joined on the stack, so that the key costs one allocation (the
+        // `Arc`), not two: this runs for every request.
+        let mut joined = [0u8; MAX_KEY_LEN];
+        joined[..namespace.len()].copy_from_slice(namespace.as_bytes());
+        joined[namespace.len()] = b':';
+        joined[prefix..len].copy_from_slice(key.as_bytes());
+        let joined = std::str::from_utf8(&joined[..len]).expect("two strs and a ':'");
         Ok(LockKey(Arc::from(joined)))
     }
 
@@ -102,7 +113,7 @@ pub(crate) fn check_namespace(namespace: &str) -> Result<(), KeyError> {
     if namespace.is_empty() {
         return Ok(());
     }
-    validate(namespace, 0)?;
+    validate(namespace)?;
     if namespace.len() + 2 > MAX_KEY_LEN {
         return Err(KeyError::TooLong {
             len: namespace.len() + 2,
@@ -121,19 +132,18 @@ pub(crate) fn assert_namespace(namespace: &str) {
     }
 }
 
-/// Checks the whole key; its first `prefix` bytes are a namespace and `:`,
-/// already checked when the namespace was set.
-fn validate(key: &str, prefix: usize) -> Result<(), KeyError> {
-    if key.len() <= prefix {
+/// Checks a key, or the part of one after its namespace (whose length the
+/// caller checks).
+fn validate(own: &str) -> Result<(), KeyError> {
+    if own.is_empty() {
         return Err(KeyError::Empty);
     }
-    if key.len() > MAX_KEY_LEN {
+    if own.len() > MAX_KEY_LEN {
         return Err(KeyError::TooLong {
-            len: key.len(),
-            namespace: prefix,
+            len: own.len(),
+            namespace: 0,
         });
     }
-    let own = &key[prefix..];
     if own == "." || own == ".." {
         return Err(KeyError::DotSegment);
     }
@@ -259,7 +269,7 @@ impl TryFrom<&str> for LockKey {
 impl TryFrom<String> for LockKey {
     type Error = KeyError;
     fn try_from(key: String) -> Result<Self, KeyError> {
-        validate(&key, 0)?;
+        validate(&key)?;
         Ok(LockKey(Arc::from(key)))
     }
 }
@@ -505,7 +515,7 @@ mod tests {
                 } else {
                     Ok(())
                 };
-                assert_eq!(validate(&text, 0), by_chars, "{text:?}");
+                assert_eq!(validate(&text), by_chars, "{text:?}");
             }
         }
     }
