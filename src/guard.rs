@@ -115,54 +115,92 @@ impl HeldLock {
 /// ```
 #[must_use = "if unused the lock is released at once"]
 pub struct LockGuard {
-    /// Shared with the nested guards of a re-entered lock; `None` once
-    /// released. The last guard to let go releases the lock.
-    share: Option<Arc<Share>>,
+    held: HeldLock,
+    lease: Lease,
     /// Read only when the span or metrics record it: a clock read per lock
     /// is a measurable share of the uncontended path.
     acquired_at: Option<Instant>,
     span: tracing::Span,
 }
 
-/// What the guards of one acquisition share: the description, the backend's
-/// handle, and which backend instance took it (for re-entrancy).
-pub(crate) struct Share {
+/// How a guard holds its lock.
+enum Lease {
+    /// This guard alone: the common case, with no shared state to allocate.
+    Own(Arc<dyn LeaseHandle>),
+    /// Shared with nested guards: a lock a handler took inside a request,
+    /// which a later acquisition of the request may re-enter. The last
+    /// guard to let go releases it.
+    Shared(Arc<SharedLease>),
+    /// A nested guard on the layer's own lock, which the layer releases
+    /// when the response is ready.
+    Borrowed,
+    Released,
+}
+
+/// A lock shared by the guards of one request (see [`Lease::Shared`]).
+pub(crate) struct SharedLease {
     pub(crate) held: HeldLock,
-    pub(crate) handle: Arc<dyn LeaseHandle>,
     pub(crate) backend_id: usize,
+    handle: Arc<dyn LeaseHandle>,
 }
 
 impl LockGuard {
-    pub(crate) fn new(
-        held: HeldLock,
-        handle: Arc<dyn LeaseHandle>,
-        backend_id: usize,
-        span: tracing::Span,
-    ) -> Self {
+    pub(crate) fn new(held: HeldLock, handle: Arc<dyn LeaseHandle>, span: tracing::Span) -> Self {
         let timed = !span.is_disabled() || cfg!(feature = "metrics");
         LockGuard {
-            share: Some(Arc::new(Share {
-                held,
-                handle,
-                backend_id,
-            })),
+            held,
+            lease: Lease::Own(handle),
             acquired_at: timed.then(Instant::now),
             span,
         }
     }
 
-    /// A second guard on a lock this task already holds (re-entry): same
-    /// key and token; the lock is released when the last guard lets go.
-    pub(crate) fn nested(share: Arc<Share>) -> Self {
+    /// A nested guard on a lock the request holds through `shared`.
+    pub(crate) fn nested(shared: Arc<SharedLease>) -> Self {
         LockGuard {
-            share: Some(share),
+            held: shared.held.clone(),
+            lease: Lease::Shared(shared),
             acquired_at: None,
             span: tracing::Span::none(),
         }
     }
 
-    pub(crate) fn share(&self) -> &Arc<Share> {
-        self.share.as_ref().expect("share present until released")
+    /// A nested guard on the layer's lock, described by `held`.
+    pub(crate) fn borrowed(held: HeldLock) -> Self {
+        LockGuard {
+            held,
+            lease: Lease::Borrowed,
+            acquired_at: None,
+            span: tracing::Span::none(),
+        }
+    }
+
+    /// Makes this guard's lock shareable with nested guards, and returns the
+    /// shared part for the request's list.
+    pub(crate) fn share(&mut self, backend_id: usize) -> Option<&Arc<SharedLease>> {
+        if let Lease::Own(_) = self.lease {
+            let Lease::Own(handle) = std::mem::replace(&mut self.lease, Lease::Released) else {
+                unreachable!("matched above");
+            };
+            self.lease = Lease::Shared(Arc::new(SharedLease {
+                held: self.held.clone(),
+                backend_id,
+                handle,
+            }));
+        }
+        match &self.lease {
+            Lease::Shared(shared) => Some(shared),
+            _ => None,
+        }
+    }
+
+    /// The backend's handle, if this guard is the one to release the lock.
+    fn take_handle(&mut self) -> Option<Arc<dyn LeaseHandle>> {
+        match std::mem::replace(&mut self.lease, Lease::Released) {
+            Lease::Own(handle) => Some(handle),
+            Lease::Shared(shared) => Arc::into_inner(shared).map(|s| s.handle),
+            Lease::Borrowed | Lease::Released => None,
+        }
     }
 
     /// The locked key.
@@ -198,7 +236,7 @@ impl LockGuard {
 
     /// The cloneable description of this lock.
     pub fn held(&self) -> &HeldLock {
-        &self.share().held
+        &self.held
     }
 
     /// Releases the lock and waits until the backend confirms (on Redis, a
@@ -229,22 +267,21 @@ impl LockGuard {
     /// (a broken connection), it is sent again in the background; at worst
     /// the lock ends with its lease or session.
     pub async fn release(mut self) -> Result<(), LockError> {
-        let share = self.share.take().expect("share present until released");
         // A re-entered lock stays held until its last guard lets go.
-        let Some(share) = Arc::into_inner(share) else {
+        let Some(handle) = self.take_handle() else {
             return Ok(());
         };
-        let result = share.handle.release().await;
-        self.record_release(&share.held, &result);
+        let result = handle.release().await;
+        self.record_release(&result);
         result
     }
 
-    fn record_release(&self, held: &HeldLock, result: &Result<(), LockError>) {
+    fn record_release(&self, result: &Result<(), LockError>) {
         let hold = self.acquired_at.map(|at| at.elapsed());
         if let Some(hold) = hold {
             self.span.record("hold_us", hold.as_micros() as u64);
         }
-        crate::metrics::released(held, hold);
+        crate::metrics::released(&self.held, hold);
         match result {
             Ok(()) => tracing::debug!(parent: &self.span, "lock released"),
             Err(e) => tracing::warn!(parent: &self.span, error = %e, "lock release failed"),
@@ -254,12 +291,9 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        let Some(share) = self.share.take() else {
-            return;
-        };
-        if let Some(share) = Arc::into_inner(share) {
-            self.record_release(&share.held, &Ok(()));
-            share.handle.release_on_drop();
+        if let Some(handle) = self.take_handle() {
+            self.record_release(&Ok(()));
+            handle.release_on_drop();
         }
     }
 }
@@ -267,10 +301,11 @@ impl Drop for LockGuard {
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("key", &self.share.as_ref().map(|s| &s.held.key))
-            .field("mode", &self.share.as_ref().map(|s| s.held.mode))
-            .field("token", &self.share.as_ref().map(|s| s.held.token))
-            .finish_non_exhaustive()
+            .field("key", &self.held.key)
+            .field("mode", &self.held.mode)
+            .field("token", &self.held.token)
+            .field("lost", &self.held.lost.is_lost())
+            .finish()
     }
 }
 
@@ -336,7 +371,7 @@ impl LockSet {
     pub async fn lost(&self) {
         poll_fn(|cx| {
             for g in &self.guards {
-                if g.held().lost.poll_lost(cx).is_ready() {
+                if g.held.lost.poll_lost(cx).is_ready() {
                     return Poll::Ready(());
                 }
             }

@@ -128,9 +128,10 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 ///
 /// - in the same mode, or a read lock under a write lock: the acquisition
 ///   succeeds at once with a nested guard on the same lock, with the same
-///   fencing token. The lock is released when the last of its guards is;
-///   the layer's guard lasts until the response is ready, so a nested guard
-///   never outlives it unless it is moved out of the request.
+///   fencing token. A lock the handler took is released when the last of
+///   its guards is. The layer's own lock is released by the layer when the
+///   response is ready, whatever nested guards remain: do not move one out
+///   of the request.
 /// - in a mode that cannot share (a write lock under a read lock, a mutex
 ///   under a read/write lock, another permit count): it fails at once with
 ///   [`LockError::Reentry`] (a 500 from a handler), rather than wait for
@@ -582,8 +583,8 @@ fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockG
                 backend: state.backend,
                 lost,
             };
-            let guard = LockGuard::new(held, handle, state.backend_id, state.span);
-            crate::reentry::record(&guard);
+            let mut guard = LockGuard::new(held, handle, state.span);
+            crate::reentry::record(&mut guard, state.backend_id);
             Ok(guard)
         }
         Err(e) => {

@@ -14,7 +14,7 @@ use std::sync::{Arc, Weak};
 use tokio::task::futures::TaskLocalFuture;
 
 use crate::error::LockError;
-use crate::guard::{LockGuard, Share};
+use crate::guard::{HeldLock, LockGuard, SharedLease};
 use crate::key::LockKey;
 use crate::mode::LockMode;
 
@@ -22,23 +22,26 @@ tokio::task_local! {
     static REQUEST: RefCell<RequestLocks>;
 }
 
-/// The locks one request holds. Weak, so that a lock released early by the
-/// handler is not kept alive here.
+/// The locks one request holds: the layer's, described (the layer releases
+/// it when the response is ready, so nested guards only borrow it), and
+/// those its handler took, weakly, so that one released early is not kept
+/// alive here.
 #[derive(Default)]
 pub(crate) struct RequestLocks {
-    // The layer's lock; the `Vec` only allocates when a handler takes more.
-    first: Option<Weak<Share>>,
-    more: Vec<Weak<Share>>,
+    // The `Vec` only allocates when a handler takes locks.
+    layer: Option<(usize, HeldLock)>,
+    taken: Vec<Weak<SharedLease>>,
 }
 
-/// `future`, run with `guard` (the layer's lock) as the request's first lock.
+/// `future`, run with the layer's lock `held` (through the backend
+/// `backend_id`) as the request's first lock.
 pub(crate) fn scope<F: Future>(
-    guard: Option<&LockGuard>,
+    layer: Option<(usize, HeldLock)>,
     future: F,
 ) -> TaskLocalFuture<RefCell<RequestLocks>, F> {
     let locks = RequestLocks {
-        first: guard.map(|g| Arc::downgrade(g.share())),
-        more: Vec::new(),
+        layer,
+        taken: Vec::new(),
     };
     REQUEST.scope(RefCell::new(locks), future)
 }
@@ -55,36 +58,56 @@ pub(crate) fn reenter(
     REQUEST
         .try_with(|locks| {
             let locks = locks.borrow();
-            let share = locks
-                .first
+            let held_by_layer = locks
+                .layer
+                .as_ref()
+                .filter(|(id, held)| *id == backend_id && held.key == *key);
+            if let Some((_, held)) = held_by_layer {
+                return Some(nest(held, mode, || LockGuard::borrowed(held.clone())));
+            }
+            let shared = locks
+                .taken
                 .iter()
-                .chain(&locks.more)
                 .filter_map(Weak::upgrade)
                 .find(|s| s.backend_id == backend_id && s.held.key == *key)?;
-            let held = share.held.mode;
-            Some(if covers(held, mode) {
-                Ok(LockGuard::nested(share))
-            } else {
-                Err(LockError::Reentry {
-                    key: key.clone(),
-                    held,
-                    wanted: mode,
-                })
-            })
+            Some(nest(&shared.held, mode, || {
+                LockGuard::nested(shared.clone())
+            }))
         })
         .ok()
         .flatten()
 }
 
-/// Records a lock the request's handler took, so that a later acquisition
-/// of the same key in the same request re-enters it.
-pub(crate) fn record(guard: &LockGuard) {
+/// A nested guard if `held` can be re-entered in `wanted` mode.
+fn nest(
+    held: &HeldLock,
+    wanted: LockMode,
+    guard: impl FnOnce() -> LockGuard,
+) -> Result<LockGuard, LockError> {
+    if covers(held.mode, wanted) {
+        Ok(guard())
+    } else {
+        Err(LockError::Reentry {
+            key: held.key.clone(),
+            held: held.mode,
+            wanted,
+        })
+    }
+}
+
+/// Records a lock the request's handler took through the backend
+/// `backend_id`, so that a later acquisition of the same key in the same
+/// request re-enters it. Outside a request it costs one thread-local look.
+pub(crate) fn record(guard: &mut LockGuard, backend_id: usize) {
     let _ = REQUEST.try_with(|locks| {
+        let Some(shared) = guard.share(backend_id) else {
+            return;
+        };
         let mut locks = locks.borrow_mut();
         // Forget released locks, so a handler taking many in turn does not
         // grow the list.
-        locks.more.retain(|w| w.strong_count() > 0);
-        locks.more.push(Arc::downgrade(guard.share()));
+        locks.taken.retain(|w| w.strong_count() > 0);
+        locks.taken.push(Arc::downgrade(shared));
     });
 }
 

@@ -119,6 +119,25 @@ async fn a_handler_relocking_its_own_key_reenters_with_the_same_token() {
                 matches!(probe.await.unwrap(), Some(LockError::Busy)),
                 "the layer's lock was released by a nested guard"
             );
+            // A lock the handler took itself is shared the same way: it
+            // stays held until its last guard goes.
+            let first = locker.lock("B2").await?;
+            let second = locker.lock("B2").await?;
+            assert_eq!(first.token(), second.token());
+            drop(first);
+            let outside = locker.clone();
+            let probe = tokio::spawn(async move { outside.lock("B2").fail_fast().await.err() });
+            assert!(
+                matches!(probe.await.unwrap(), Some(LockError::Busy)),
+                "released while a nested guard still held it"
+            );
+            drop(second);
+            let outside = locker.clone();
+            let probe = tokio::spawn(async move { outside.lock("B2").fail_fast().await.err() });
+            assert!(
+                probe.await.unwrap().is_none(),
+                "not released by its last guard"
+            );
             Ok::<_, LockError>(format!("token {}", held.token()))
         },
     );

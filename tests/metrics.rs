@@ -1,5 +1,7 @@
 //! The `metrics` feature: what a recorder sees for acquisitions, waits,
-//! holds, busy keys, timeouts and lost locks.
+//! holds, busy keys, timeouts and lost locks. Built with `--features metrics`
+//! (the test command builds every feature).
+#![cfg(feature = "metrics")]
 
 use std::time::Duration;
 

@@ -108,9 +108,12 @@ where
         let lost = guard
             .as_ref()
             .map_or_else(LostSignal::never, |g| g.held().lost_signal().clone());
+        let layer_lock = guard
+            .as_ref()
+            .map(|g| (config.locker.backend().instance_id(), g.held().clone()));
         ResponseFuture {
             state: State::Running {
-                future: reentry::scope(guard.as_ref(), future),
+                future: reentry::scope(layer_lock, future),
                 guard,
                 lost,
             },
@@ -162,8 +165,10 @@ where
                             let mut service = pending.service.take().expect("service present");
                             let lost = guard.held().lost_signal().clone();
                             let future = service.call(with_lock(request, &guard));
+                            let backend_id = pending.config.locker.backend().instance_id();
+                            let layer_lock = Some((backend_id, guard.held().clone()));
                             this.state.set(State::Running {
-                                future: reentry::scope(Some(&guard), future),
+                                future: reentry::scope(layer_lock, future),
                                 guard: Some(guard),
                                 lost,
                             });
