@@ -34,13 +34,16 @@
 //! The handler finds the lock (key, fencing token) in the request
 //! extensions: `request.extensions().get::<HeldLock>()`.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::error::Error;
+mod common;
+
+pub use common::bank::{Bank, OPENING_BALANCE};
+
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::uri::PathAndQuery;
@@ -58,8 +61,6 @@ use tower_lock::{Header, HeldLock, LockBody, LockLayer, MemoryBackend};
 pub const ACCOUNT: &str = "x-account-id";
 /// The method's path: `/{package}.{Service}/{Method}`.
 pub const DEBIT: &str = "/bank.Accounts/Debit";
-/// What a new account holds.
-pub const OPENING_BALANCE: i64 = 100;
 
 /// The request message, as `prost-build` would write it.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -76,37 +77,6 @@ pub struct DebitReply {
     /// The fencing token of the lock the call ran under.
     #[prost(uint64, tag = "2")]
     pub token: u64,
-}
-
-/// The accounts, and a gauge of the debits in progress (to show they never
-/// overlap).
-#[derive(Default)]
-pub struct Bank {
-    balances: Mutex<HashMap<String, i64>>,
-    in_flight: AtomicUsize,
-    /// The most debits ever in progress at once.
-    pub max_in_flight: AtomicUsize,
-}
-
-impl Bank {
-    /// Debits `account` in two steps, a read and a write: safe only while the
-    /// account's lock is held.
-    async fn debit(&self, account: &str, amount: i64) -> i64 {
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
-        let balance = self.balance(account);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let mut balances = self.balances.lock().unwrap();
-        balances.insert(account.to_owned(), balance - amount);
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        balance - amount
-    }
-
-    /// The balance of `account`.
-    pub fn balance(&self, account: &str) -> i64 {
-        let balances = self.balances.lock().unwrap();
-        balances.get(account).copied().unwrap_or(OPENING_BALANCE)
-    }
 }
 
 /// The `Debit` method: what you would write in the generated `Accounts`

@@ -89,6 +89,16 @@ fn reentrant_app(
         .layer(Extension(locker))
 }
 
+/// Tries `key` once, fail-fast, from a spawned task: outside the request
+/// (a task the handler spawns is not part of it), so it sees the key as any
+/// other request would. The error, if it could not be had.
+async fn try_outside(locker: &Locker, key: &str) -> Option<LockError> {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move { locker.lock(key).fail_fast().await.err() })
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_handler_relocking_its_own_key_reenters_with_the_same_token() {
     let backend = MemoryBackend::new();
@@ -112,11 +122,8 @@ async fn a_handler_relocking_its_own_key_reenters_with_the_same_token() {
             drop(set);
             // Seen from outside the request (a spawned task is not part
             // of it), the key is still held.
-            let outside = locker.clone();
-            let key = sku.clone();
-            let probe = tokio::spawn(async move { outside.lock(key).fail_fast().await.err() });
             assert!(
-                matches!(probe.await.unwrap(), Some(LockError::Busy)),
+                matches!(try_outside(&locker, &sku).await, Some(LockError::Busy)),
                 "the layer's lock was released by a nested guard"
             );
             // A lock the handler took itself is shared the same way: it
@@ -125,17 +132,13 @@ async fn a_handler_relocking_its_own_key_reenters_with_the_same_token() {
             let second = locker.lock("B2").await?;
             assert_eq!(first.token(), second.token());
             drop(first);
-            let outside = locker.clone();
-            let probe = tokio::spawn(async move { outside.lock("B2").fail_fast().await.err() });
             assert!(
-                matches!(probe.await.unwrap(), Some(LockError::Busy)),
+                matches!(try_outside(&locker, "B2").await, Some(LockError::Busy)),
                 "released while a nested guard still held it"
             );
             drop(second);
-            let outside = locker.clone();
-            let probe = tokio::spawn(async move { outside.lock("B2").fail_fast().await.err() });
             assert!(
-                probe.await.unwrap().is_none(),
+                try_outside(&locker, "B2").await.is_none(),
                 "not released by its last guard"
             );
             Ok::<_, LockError>(format!("token {}", held.token()))

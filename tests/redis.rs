@@ -1111,31 +1111,7 @@ async fn redlock_excludes_and_cleans_up() {
     let url = redlock_url(&servers);
     let a = RedlockBackend::connect(&url).await.unwrap();
     let b = RedlockBackend::connect(&url).await.unwrap();
-    let inside = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for backend in [a.clone(), b.clone(), a.clone(), b.clone()] {
-        let inside = inside.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tokens = Vec::new();
-            for _ in 0..10 {
-                let g = backend
-                    .lock("k")
-                    .wait(Duration::from_secs(30))
-                    .await
-                    .unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                tokens.push(g.token());
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.unwrap();
-            }
-            tokens
-        }));
-    }
-    for t in tasks {
-        let tokens = t.await.unwrap();
-        assert!(tokens.windows(2).all(|w| w[0] < w[1]));
-    }
+    contend_from_two(&a, &b).await;
     assert!(matches!(
         a.lock("k").read().await,
         Err(LockError::InvalidMode(_))
@@ -1481,6 +1457,36 @@ impl Drop for TestCa {
 /// Takes `k` with `a`, checks `b` is refused it meanwhile, releases it and
 /// takes it with `b`.
 #[cfg(feature = "redis-tls")]
+/// Four tasks, two on each backend, take key `k` ten times each: one holder
+/// at a time, and each task's tokens rising.
+async fn contend_from_two<B: Backend + Clone>(a: &B, b: &B) {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for backend in [a.clone(), b.clone(), a.clone(), b.clone()] {
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut tokens = Vec::new();
+            for _ in 0..10 {
+                let g = backend
+                    .lock("k")
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokens.push(g.token());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+            tokens
+        }));
+    }
+    for t in tasks {
+        let tokens = t.await.unwrap();
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]));
+    }
+}
+
 async fn excludes_and_releases(a: &impl Backend, b: &impl Backend) {
     let g = a.lock("k").await.unwrap();
     assert!(
@@ -1512,31 +1518,7 @@ async fn over_rediss_trusting_a_private_ca_locks_exclude_and_release() {
     let b = RedisBackend::connect_with(&url, options()).await.unwrap();
     excludes_and_releases(&a, &b).await;
     // Contended from two backends: one holder at a time, tokens rising.
-    let inside = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for backend in [a.clone(), b.clone(), a.clone(), b.clone()] {
-        let inside = inside.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut tokens = Vec::new();
-            for _ in 0..10 {
-                let g = backend
-                    .lock("k")
-                    .wait(Duration::from_secs(30))
-                    .await
-                    .unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                tokens.push(g.token());
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.unwrap();
-            }
-            tokens
-        }));
-    }
-    for t in tasks {
-        let tokens = t.await.unwrap();
-        assert!(tokens.windows(2).all(|w| w[0] < w[1]));
-    }
+    contend_from_two(&a, &b).await;
     // Released in Redis: only the fencing counter is left.
     let keys = keys_under(&format!("{url}#insecure"), "tls:").await;
     assert_eq!(keys, ["tls:{k}:fence"]);

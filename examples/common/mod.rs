@@ -3,6 +3,8 @@
 //! requests really are concurrent at the server).
 #![allow(dead_code)]
 
+pub mod bank;
+
 use std::net::SocketAddr;
 
 use bytes::Bytes;
