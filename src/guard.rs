@@ -178,14 +178,11 @@ impl LockGuard {
     /// Makes this guard's lock shareable with nested guards, and returns the
     /// shared part for the request's list.
     pub(crate) fn share(&mut self, backend_id: usize) -> Option<&Arc<SharedLease>> {
-        if let Lease::Own(_) = self.lease {
-            let Lease::Own(handle) = std::mem::replace(&mut self.lease, Lease::Released) else {
-                unreachable!("matched above");
-            };
+        if let Lease::Own(handle) = &self.lease {
             self.lease = Lease::Shared(Arc::new(SharedLease {
                 held: self.held.clone(),
                 backend_id,
-                handle,
+                handle: handle.clone(),
             }));
         }
         match &self.lease {

@@ -85,6 +85,12 @@ impl LockRejection {
         }
     }
 
+    /// Whether trying again later may help (the key was busy, the backend
+    /// down, the lock lost), so that the answer says when.
+    fn is_retryable(&self) -> bool {
+        matches!(self, LockRejection::Lock(e) if e.is_retryable())
+    }
+
     /// The gRPC status code that stands for this rejection, as
     /// [`LockLayer::grpc_rejections`](crate::LockLayer::grpc_rejections)
     /// answers it:
@@ -146,7 +152,7 @@ impl LockRejection {
         if let Ok(message) = HeaderValue::from_str(&message) {
             headers.insert("grpc-message", message);
         }
-        if matches!(self, LockRejection::Lock(e) if e.is_retryable()) {
+        if self.is_retryable() {
             let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
             headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
         }
@@ -163,8 +169,7 @@ impl LockRejection {
             CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
-        let retryable = matches!(self, LockRejection::Lock(e) if e.is_retryable());
-        if retryable {
+        if self.is_retryable() {
             let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));

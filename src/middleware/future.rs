@@ -16,7 +16,7 @@ use super::service::with_lock;
 use super::LockableBody;
 use crate::error::LockError;
 use crate::guard::LockGuard;
-use crate::locker::LockFuture;
+use crate::lock_future::LockFuture;
 use crate::lost::LostSignal;
 use crate::reentry::{self, RequestLocks};
 use crate::rejection::{FromLockError, LockRejection};
@@ -84,6 +84,27 @@ pin_project! {
     }
 }
 
+impl<S, ReqBody> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    /// The inner service's `future` running under `guard` (none when the
+    /// request passed through unlocked), in the request's re-entrancy scope.
+    fn running(future: S::Future, guard: Option<LockGuard>, config: &Config) -> Self {
+        let lost = guard
+            .as_ref()
+            .map_or_else(LostSignal::never, |g| g.held().lost_signal().clone());
+        let layer_lock = guard
+            .as_ref()
+            .map(|g| (config.locker.backend().instance_id(), g.held().clone()));
+        State::Running {
+            future: reentry::scope(layer_lock, future),
+            guard,
+            lost,
+        }
+    }
+}
+
 struct Pending<S, ReqBody> {
     config: Arc<Config>,
     lock: LockFuture,
@@ -105,18 +126,8 @@ where
     }
 
     pub(crate) fn running(future: S::Future, guard: Option<LockGuard>, config: &Config) -> Self {
-        let lost = guard
-            .as_ref()
-            .map_or_else(LostSignal::never, |g| g.held().lost_signal().clone());
-        let layer_lock = guard
-            .as_ref()
-            .map(|g| (config.locker.backend().instance_id(), g.held().clone()));
         ResponseFuture {
-            state: State::Running {
-                future: reentry::scope(layer_lock, future),
-                guard,
-                lost,
-            },
+            state: State::running(future, guard, config),
             policy: config.policy(),
         }
     }
@@ -163,15 +174,9 @@ where
                         Ok(guard) => {
                             let request = pending.request.take().expect("request present");
                             let mut service = pending.service.take().expect("service present");
-                            let lost = guard.held().lost_signal().clone();
                             let future = service.call(with_lock(request, &guard));
-                            let backend_id = pending.config.locker.backend().instance_id();
-                            let layer_lock = Some((backend_id, guard.held().clone()));
-                            this.state.set(State::Running {
-                                future: reentry::scope(layer_lock, future),
-                                guard: Some(guard),
-                                lost,
-                            });
+                            let running = State::running(future, Some(guard), &pending.config);
+                            this.state.set(running);
                         }
                         Err(e) => {
                             let response = pending.config.reject(&LockRejection::Lock(e));

@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,7 +11,7 @@ use super::layer::{Config, OnMissingKey};
 use super::{LockableBody, ResponseFuture};
 use crate::guard::LockGuard;
 use crate::key::KeyError;
-use crate::locker::LockFuture;
+use crate::lock_future::LockFuture;
 use crate::rejection::LockRejection;
 use crate::source::KeySource;
 
@@ -78,6 +79,26 @@ impl<S: fmt::Debug> fmt::Debug for LockService<S> {
     }
 }
 
+impl<S> LockService<S> {
+    /// A request that carries no key (`reason`, when the key source gave
+    /// one): served unlocked or rejected, as the layer says.
+    fn without_key<ReqBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        reason: Option<Cow<'static, str>>,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        let config = &self.config;
+        if config.on_missing == OnMissingKey::PassThrough {
+            return ResponseFuture::running(self.inner.call(request), None, config);
+        }
+        let source = config.source.describe();
+        ResponseFuture::rejected(LockRejection::MissingKey { source, reason }, config)
+    }
+}
+
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for LockService<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
@@ -100,25 +121,9 @@ where
             .lock_key(&mut parts, locker.namespace_prefix())
         {
             Ok(Some(key)) => key,
-            Ok(None) | Err(KeyError::Missing(_))
-                if config.on_missing == OnMissingKey::PassThrough =>
-            {
-                let future = self.inner.call(Request::from_parts(parts, body));
-                return ResponseFuture::running(future, None, config);
-            }
-            Ok(None) => {
-                let source = config.source.describe();
-                let rejection = LockRejection::MissingKey {
-                    source,
-                    reason: None,
-                };
-                return ResponseFuture::rejected(rejection, config);
-            }
+            Ok(None) => return self.without_key(Request::from_parts(parts, body), None),
             Err(KeyError::Missing(reason)) => {
-                let source = config.source.describe();
-                let reason = Some(reason);
-                let rejection = LockRejection::MissingKey { source, reason };
-                return ResponseFuture::rejected(rejection, config);
+                return self.without_key(Request::from_parts(parts, body), Some(reason));
             }
             Err(error) => {
                 let rejection = invalid_key(&*config.source, &mut parts, error);

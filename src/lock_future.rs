@@ -1,0 +1,290 @@
+//! [`LockFuture`]: one acquisition under way, from the backend's future to
+//! a [`LockGuard`], with its wait, re-entrancy, tracing and metrics.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+use tracing::field::Empty;
+
+use crate::backend::{Acquired, Backend, BackendFuture, LockRequest};
+use crate::error::LockError;
+use crate::guard::{HeldLock, LockGuard};
+use crate::key::LockKey;
+use crate::mode::{LockMode, Wait};
+
+/// Future of one acquisition: waits at most until its deadline, and leaves
+/// the backend's queue if dropped.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::future::IntoFuture;
+/// use std::time::Duration;
+/// use tower_lock::{BackendExt, LockFuture, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let _held = backend.lock("k").await?;
+/// // A nameable future, e.g. to race against shutdown.
+/// let waiting: LockFuture = backend.lock("k").into_future();
+/// tokio::select! {
+///     guard = waiting => println!("got it: {:?}", guard.map(|g| g.token())),
+///     _ = tokio::time::sleep(Duration::from_millis(10)) => println!("gave up; the request is withdrawn"),
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Cancel safety
+///
+/// Cancel safe: dropping it before it completes withdraws the request, and a
+/// lock granted in the meantime is released.
+#[must_use = "futures do nothing unless polled"]
+pub struct LockFuture {
+    state: Option<Acquiring>,
+    // Boxed: only a waiting acquisition with a timeout needs a timer, and an
+    // unboxed `Sleep` would make every `LockFuture` large and `!Unpin`.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// A nested guard on a lock the request already holds.
+    reentered: Option<LockGuard>,
+}
+
+struct Acquiring {
+    acquire: Result<BackendFuture<Result<Acquired, LockError>>, LockError>,
+    key: Option<LockKey>,
+    mode: LockMode,
+    backend: &'static str,
+    /// [`Backend::instance_id`], for re-entrancy.
+    backend_id: usize,
+    wait: Wait,
+    /// A deadline shared with other acquisitions (`lock_all`); otherwise one
+    /// is set from `wait` when the acquisition first has to wait, so that an
+    /// uncontended lock reads no clock.
+    deadline: Option<Instant>,
+    /// When the acquisition first had to wait; `None` while it never did.
+    waiting_since: Option<Instant>,
+    span: tracing::Span,
+}
+
+impl LockFuture {
+    /// Starts acquiring `key`. `deadline` overrides the one `wait` implies
+    /// (a multi-key acquisition shares one).
+    pub(crate) fn start<B: Backend + ?Sized>(
+        backend: &B,
+        key: LockKey,
+        mode: LockMode,
+        wait: Wait,
+        deadline: Option<Instant>,
+        lease: Duration,
+    ) -> Self {
+        if let LockMode::Semaphore { permits: 0 } = mode {
+            return Self::failed(LockError::InvalidMode(
+                "a semaphore needs at least one permit".into(),
+            ));
+        }
+        let backend_id = backend.instance_id();
+        // A request that already holds the key must not wait for itself.
+        match crate::reentry::reenter(backend_id, &key, mode) {
+            None => {}
+            Some(Ok(guard)) => return Self::reentered(guard),
+            Some(Err(e)) => return Self::failed(e),
+        }
+        // The backend counts a shared deadline's remainder as its wait.
+        let backend_wait = match (deadline, wait) {
+            (Some(d), Wait::Timeout(_)) => {
+                Wait::Timeout(d.saturating_duration_since(Instant::now()))
+            }
+            _ => wait,
+        };
+        let name = backend.name();
+        let span = tracing::debug_span!(
+            "lock",
+            key = %key,
+            backend = name,
+            mode = mode.as_str(),
+            wait_us = Empty,
+            hold_us = Empty,
+            outcome = Empty,
+        );
+        let request = LockRequest {
+            key: key.clone(),
+            mode,
+            wait: backend_wait,
+            lease,
+        };
+        let acquire = span.in_scope(|| backend.acquire(request));
+        // Queued from now, whenever the future is first polled.
+        let waiting_since = (!acquire.is_ready()).then(Instant::now);
+        LockFuture {
+            state: Some(Acquiring {
+                acquire: Ok(acquire),
+                key: Some(key),
+                mode,
+                backend: name,
+                backend_id,
+                wait,
+                deadline,
+                waiting_since,
+                span,
+            }),
+            sleep: None,
+            reentered: None,
+        }
+    }
+
+    pub(crate) fn failed(error: LockError) -> Self {
+        LockFuture {
+            state: Some(Acquiring {
+                acquire: Err(error),
+                key: None,
+                mode: LockMode::Exclusive,
+                backend: "",
+                backend_id: 0,
+                wait: Wait::FailFast,
+                deadline: None,
+                waiting_since: None,
+                span: tracing::Span::none(),
+            }),
+            sleep: None,
+            reentered: None,
+        }
+    }
+
+    fn reentered(guard: LockGuard) -> Self {
+        LockFuture {
+            state: None,
+            sleep: None,
+            reentered: Some(guard),
+        }
+    }
+
+    /// The result, if the backend decided without waiting (the memory
+    /// backend's uncontended path, an invalid key). The layer uses it to call
+    /// the inner service at once instead of through a second state.
+    pub(crate) fn try_ready(&mut self) -> Option<Result<LockGuard, LockError>> {
+        if let Some(guard) = self.reentered.take() {
+            return Some(Ok(guard));
+        }
+        let state = self.state.as_mut()?;
+        let result = match &mut state.acquire {
+            Ok(f) => f.take_ready()?,
+            Err(_) => match self.state.take()?.acquire {
+                Err(e) => return Some(Err(e)),
+                Ok(_) => unreachable!("matched Err above"),
+            },
+        };
+        Some(finish(self.state.take()?, result))
+    }
+}
+
+/// Turns the backend's answer into a guard or an error, and traces it.
+fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockGuard, LockError> {
+    let waited = state.waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
+    state.span.record("wait_us", waited.as_micros() as u64);
+    // A grant that was revoked before anyone saw it is no grant.
+    let result = match result {
+        Ok(acquired) if acquired.lost().is_lost() => {
+            let reason = acquired.lost().reason().unwrap_or("lock lost").to_owned();
+            drop(acquired);
+            Err(LockError::Lost(reason))
+        }
+        other => other,
+    };
+    let outcome = match &result {
+        Ok(_) => "acquired",
+        Err(LockError::Busy) => "busy",
+        Err(LockError::Timeout { .. }) => "timeout",
+        Err(LockError::Lost(_)) => "lost",
+        Err(_) => "error",
+    };
+    state.span.record("outcome", outcome);
+    crate::metrics::acquisition(state.backend, outcome, waited);
+    match result {
+        Ok(acquired) => {
+            let (token, lost, handle) = acquired.into_parts();
+            tracing::debug!(parent: &state.span, token = token.get(), "lock acquired");
+            let held = HeldLock {
+                key: state.key.expect("key present when acquiring"),
+                mode: state.mode,
+                token,
+                waited,
+                backend: state.backend,
+                lost,
+            };
+            let mut guard = LockGuard::new(held, handle, state.span);
+            crate::reentry::record(&mut guard, state.backend_id);
+            Ok(guard)
+        }
+        Err(e) => {
+            tracing::debug!(parent: &state.span, error = %e, "lock not acquired");
+            Err(e)
+        }
+    }
+}
+
+impl Future for LockFuture {
+    type Output = Result<LockGuard, LockError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let Some(ready) = this.try_ready() {
+            return Poll::Ready(ready);
+        }
+        let state = this
+            .state
+            .as_mut()
+            .expect("LockFuture polled after completion");
+        let Ok(acquire) = &mut state.acquire else {
+            unreachable!("an error is ready");
+        };
+        let result = match Pin::new(&mut *acquire).poll(cx) {
+            Poll::Ready(r) => r,
+            Poll::Pending => {
+                let since = *state.waiting_since.get_or_insert_with(Instant::now);
+                let deadline = match (state.deadline, state.wait) {
+                    (Some(d), _) => d,
+                    (None, Wait::Timeout(d)) => match since.checked_add(d) {
+                        Some(deadline) => *state.deadline.insert(deadline),
+                        // Too far to represent: as good as forever.
+                        None => return Poll::Pending,
+                    },
+                    (None, Wait::FailFast | Wait::Forever) => return Poll::Pending,
+                };
+                if this.sleep.is_none() {
+                    if tokio::runtime::Handle::try_current().is_err() {
+                        let e = LockError::Config(
+                            "waiting for a lock with a timeout needs a Tokio runtime with timers"
+                                .into(),
+                        );
+                        return Poll::Ready(finish(this.state.take().expect("state"), Err(e)));
+                    }
+                    this.sleep = Some(Box::pin(tokio::time::sleep_until(deadline)));
+                }
+                let sleep = this.sleep.as_mut().expect("set above");
+                ready!(sleep.as_mut().poll(cx));
+                // A grant may have landed between the two polls: take it
+                // rather than report a timeout and release it.
+                match Pin::new(acquire).poll(cx) {
+                    Poll::Ready(r) => r,
+                    Poll::Pending => Err(LockError::Timeout {
+                        waited: since.elapsed(),
+                    }),
+                }
+            }
+        };
+        // Dropping the state drops a pending backend future: that withdraws
+        // the request (the backend contract).
+        Poll::Ready(finish(this.state.take().expect("state present"), result))
+    }
+}
+
+impl fmt::Debug for LockFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockFuture")
+            .field("key", &self.state.as_ref().and_then(|s| s.key.as_ref()))
+            .finish_non_exhaustive()
+    }
+}
