@@ -30,6 +30,8 @@ cargo clippy --all-targets --all-features -- -D warnings
 step "cargo clippy --lib -- -D warnings (default features, then none)"
 cargo clippy --lib -- -D warnings
 cargo clippy --lib --no-default-features -- -D warnings
+step "cargo doc (no broken links in the docs.rs pages)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
 
 step "cargo test --all-features"
 cargo test --all-features

@@ -48,7 +48,7 @@
 //! flight (the acquire scripts on every instance, or the undo of a failed
 //! round), the round is undone in the background on every instance, retried
 //! until its lease would have ended, as a dropped lock's release is; await
-//! [`Backend::flush`](crate::Backend::flush) to see it done. A lock once
+//! [`Backend::flush`] to see it done. A lock once
 //! granted is released as above when dropped.
 
 use std::fmt;
