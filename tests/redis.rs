@@ -1251,6 +1251,21 @@ async fn redlock_undoes_a_failed_round_on_every_instance() {
     assert!(undone, "the silent instance kept the failed round");
 }
 
+#[tokio::test]
+async fn a_request_reenters_its_own_lock() {
+    common::reenters_under_the_layer(backend("reentry").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_a_request_reenters_its_own_lock() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let backend = RedlockBackend::connect(&redlock_url(&servers))
+        .await
+        .unwrap();
+    common::reenters_under_the_layer(backend).await;
+}
+
 /// An acquisition whose wait runs out while its round is still in flight
 /// (two instances silent) must not leave the round behind: the silent
 /// instances grant it once they run again, and without an undo the key

@@ -185,6 +185,11 @@ async fn excludes_under_contention_with_increasing_tokens() {
 }
 
 #[tokio::test]
+async fn a_request_reenters_its_own_lock() {
+    common::reenters_under_the_layer(backend("reentry").await).await;
+}
+
+#[tokio::test]
 async fn nodes_are_named_as_curator_names_them() {
     let zk = backend("layout").await;
     let client = raw(&zk_addr()).await;

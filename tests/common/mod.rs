@@ -70,3 +70,54 @@ pub fn check_two_process_log(log: &[String], sections_each: usize) {
         .count();
     eprintln!("the lock went from one process to the other {switches} times");
 }
+
+/// Re-entrancy through `backend` under the layer: a handler re-locking its
+/// own request's key, through the layer's locker and through a clone of the
+/// backend, gets the request's token at once (fail-fast: waiting for itself
+/// would be `Busy`); a key the handler took itself is re-entered too; and
+/// once the response is ready the key is free again.
+pub async fn reenters_under_the_layer<B: tower_lock::Backend + Clone>(backend: B) {
+    use axum::{body::Body, extract::Path, routing::post, Extension, Router};
+    use tower::ServiceExt;
+    use tower_lock::{BackendExt, HeldLock, LockError, LockLayer, Locker, PathParam};
+
+    let layer = LockLayer::new(backend.clone(), PathParam("sku")).namespace("reentry");
+    let locker = layer.locker().clone();
+    let clone = backend.clone();
+    let app = Router::new()
+        .route(
+            "/orders/{sku}",
+            post(
+                move |locker: Locker, held: HeldLock, Path(sku): Path<String>| async move {
+                    let again = locker.lock(&sku).fail_fast().await?;
+                    assert_eq!(again.token(), held.token());
+                    let through_clone = clone.lock(held.key()).fail_fast().await?;
+                    assert_eq!(through_clone.token(), held.token());
+                    let first = locker.lock("other").fail_fast().await?;
+                    let second = locker.lock("other").fail_fast().await?;
+                    assert_eq!(first.token(), second.token());
+                    Ok::<_, LockError>("re-entered")
+                },
+            ),
+        )
+        .route_layer(layer)
+        .layer(Extension(locker.clone()));
+    let request = http::Request::post("/orders/A1")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(body, "re-entered");
+    backend.flush().await;
+    for key in ["A1", "other"] {
+        let free = locker.lock(key).fail_fast().await;
+        assert!(
+            free.is_ok(),
+            "{key} still held after the response: {free:?}"
+        );
+    }
+}
