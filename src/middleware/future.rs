@@ -11,8 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::task::futures::TaskLocalFuture;
 use tower_service::Service;
 
-use super::layer::{Config, OnLost, Policy};
-use super::service::with_lock;
+use super::config::{Config, OnLost, Policy};
 use super::LockableBody;
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -249,4 +248,11 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
+}
+
+/// Puts the held lock in the request extensions, for the `HeldLock`
+/// extractor.
+pub(super) fn with_lock<B>(mut request: Request<B>, guard: &LockGuard) -> Request<B> {
+    request.extensions_mut().insert(guard.held().clone());
+    request
 }

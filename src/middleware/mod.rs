@@ -4,11 +4,13 @@
 //! its body sent, with [`LockLayer::hold_until_body_sent`]).
 
 mod body;
+mod config;
 mod future;
 mod layer;
 mod service;
 
 pub use body::{LockBody, LockableBody};
+pub use config::{OnLost, OnMissingKey};
 pub use future::ResponseFuture;
-pub use layer::{LockLayer, OnLost, OnMissingKey};
+pub use layer::LockLayer;
 pub use service::LockService;

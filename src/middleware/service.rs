@@ -7,9 +7,9 @@ use http::request::Parts;
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::layer::{Config, OnMissingKey};
+use super::config::{Config, OnMissingKey};
+use super::future::with_lock;
 use super::{LockableBody, ResponseFuture};
-use crate::guard::LockGuard;
 use crate::key::KeyError;
 use crate::lock_future::LockFuture;
 use crate::rejection::LockRejection;
@@ -182,11 +182,4 @@ fn invalid_key(source: &dyn KeySource, parts: &mut Parts, error: KeyError) -> Lo
         error,
         value,
     }
-}
-
-/// Puts the held lock in the request extensions, for the `HeldLock`
-/// extractor.
-pub(crate) fn with_lock<B>(mut request: Request<B>, guard: &LockGuard) -> Request<B> {
-    request.extensions_mut().insert(guard.held().clone());
-    request
 }
