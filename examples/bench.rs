@@ -516,6 +516,8 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
     let mut per_worker_min = u64::MAX;
     let mut per_worker_max = 0;
     let mut waits = Vec::new();
+    // Each process's cycles: cohorting must not starve one of them.
+    let mut per_process = Vec::new();
     for child in children {
         let out = child.wait_with_output().await.map_err(|e| e.to_string())?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -531,6 +533,7 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
         };
         let num = |name: &str| field(name).parse::<u64>().unwrap_or(0);
         cycles += num("cycles");
+        per_process.push(num("cycles").to_string());
         elapsed = elapsed.max(Duration::from_nanos(num("elapsed_ns")));
         overlaps += num("overlaps");
         per_worker_min = per_worker_min.min(num("per_worker_min"));
@@ -581,9 +584,10 @@ async fn contended_processes(args: &Args) -> Result<String, String> {
         overlaps,
     };
     Ok(format!(
-        "processes={} {}",
+        "processes={} {} per_process={}",
         args.processes,
-        contended_line(args.workers, args.secs, &run)
+        contended_line(args.workers, args.secs, &run),
+        per_process.join(",")
     ))
 }
 

@@ -85,6 +85,12 @@ impl LockFuture {
                 "a semaphore needs at least one permit".into(),
             ));
         }
+        if !backend.capabilities().supports(mode) {
+            return Self::failed(LockError::InvalidMode(format!(
+                "the {} backend has no {mode} locks",
+                backend.name()
+            )));
+        }
         let backend_id = backend.instance_id();
         // A request that already holds the key must not wait for itself.
         match crate::reentry::reenter(backend_id, &key, mode) {
@@ -114,6 +120,7 @@ impl LockFuture {
             mode,
             wait: backend_wait,
             lease,
+            tokens: 1,
         };
         let acquire = span.in_scope(|| backend.acquire(request));
         // Queued from now, whenever the future is first polled.

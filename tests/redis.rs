@@ -28,7 +28,7 @@ use common::check_two_process_log;
 use common::fault_proxy::{Fault as ProxyFault, FaultProxy};
 
 use redis::AsyncCommands;
-use tower_lock::backend::{RedisBackend, RedisOptions};
+use tower_lock::backend::{CohortOptions, RedisBackend, RedisOptions};
 use tower_lock::{Backend, BackendExt, LockError, LockKey};
 
 fn redis_url() -> String {
@@ -109,8 +109,16 @@ async fn excludes_under_contention_with_increasing_tokens() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_lock_passes_to_local_waiters_with_one_redis_acquire_per_eight_grants() {
-    let b = backend("baton").await;
+async fn a_held_lock_passes_to_local_waiters_with_one_redis_acquire_per_bound() {
+    let cohort = CohortOptions::default()
+        .max_grants(8)
+        .max_hold(Duration::from_secs(60));
+    let options = RedisOptions::default()
+        .prefix(prefix("baton"))
+        .cohort(cohort);
+    let b = RedisBackend::connect_with(&redis_url(), options)
+        .await
+        .unwrap();
     let url = redis_url();
     let fence = format!("{}{{k}}:fence", prefix("baton"));
     let mut conn = raw(&url).await;
@@ -141,6 +149,17 @@ async fn a_held_lock_passes_to_local_waiters_with_one_redis_acquire_per_eight_gr
     let after: u64 = conn.get(&fence).await.unwrap();
     assert_eq!(after, counter + 16);
     assert_eq!(keys_under(&url, &prefix("baton")).await, [fence]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_connections_with_queues_of_their_own_take_turns() {
+    let (a, b) = (backend("turns").await, backend("turns").await);
+    let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
+    common::assert_neither_starved(counts);
+    a.flush().await;
+    b.flush().await;
+    let fence = format!("{}{{k}}:fence", prefix("turns"));
+    assert_eq!(keys_under(&redis_url(), &prefix("turns")).await, [fence]);
 }
 
 #[tokio::test]

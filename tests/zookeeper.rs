@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::fault_proxy::{Fault as ProxyFault, FaultProxy};
-use tower_lock::backend::{ZookeeperBackend, ZookeeperOptions};
+use tower_lock::backend::{CohortOptions, ZookeeperBackend, ZookeeperOptions};
 use tower_lock::{Backend, BackendExt, LockError, LockKey, LockMode, Wait};
 use zookeeper_client as zk;
 
@@ -45,6 +45,21 @@ fn root(test: &str) -> String {
 
 async fn backend(test: &str) -> ZookeeperBackend {
     backend_at(&zk_addr(), test, Duration::from_secs(4)).await
+}
+
+/// A backend whose every acquisition makes a node, as Curator's do: for
+/// tests of what the server sees of waiters.
+async fn plain_backend(test: &str) -> ZookeeperBackend {
+    let addr = zk_addr();
+    ZookeeperBackend::connect_with(
+        &format!("zk://{addr}"),
+        ZookeeperOptions::default()
+            .root(root(test))
+            .session_timeout(Duration::from_secs(4))
+            .cohort(CohortOptions::off()),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("cannot reach ZooKeeper at {addr}: {e}"))
 }
 
 async fn backend_at(addr: &str, test: &str, session: Duration) -> ZookeeperBackend {
@@ -184,6 +199,71 @@ async fn excludes_under_contention_with_increasing_tokens() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_passes_to_local_waiters_with_one_node_per_bound() {
+    let addr = zk_addr();
+    let b = ZookeeperBackend::connect_with(
+        &format!("zk://{addr}"),
+        ZookeeperOptions::default().root(root("cohort")).cohort(
+            CohortOptions::default()
+                .max_grants(8)
+                .max_hold(Duration::from_secs(60)),
+        ),
+    )
+    .await
+    .unwrap();
+    let first = b.lock("k").await.unwrap();
+    let tokens = Arc::new(Mutex::new(vec![first.token().get()]));
+    let waiters: Vec<_> = (0..16)
+        .map(|_| {
+            let (b, tokens) = (b.clone(), tokens.clone());
+            tokio::spawn(async move {
+                let g = b.lock("k").wait(Duration::from_secs(10)).await.unwrap();
+                tokens.lock().unwrap().push(g.token().get());
+                g.release().await.unwrap();
+            })
+        })
+        .collect();
+    // Every waiter queues in this process, behind the holder, not on the
+    // server.
+    let client = raw(&addr).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(lock_nodes(&client, &root("cohort")).await.len(), 1);
+    first.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    // 17 grants from three nodes: each node's token is its zxid times the
+    // spacing, and the holders it served took the next ones.
+    let spacing = u64::from(tower_lock::backend::zookeeper::TOKEN_SPACING);
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let mut nodes: Vec<u64> = tokens.iter().map(|t| t / spacing).collect();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3, "{tokens:?}");
+    for node in nodes {
+        let served: Vec<u64> = tokens
+            .iter()
+            .filter(|t| *t / spacing == node)
+            .copied()
+            .collect();
+        let first = node * spacing;
+        assert_eq!(
+            served,
+            (first..first + served.len() as u64).collect::<Vec<_>>()
+        );
+    }
+    settle(&client, &root("cohort"), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sessions_with_queues_of_their_own_take_turns() {
+    let (a, b) = (backend("turns").await, backend("turns").await);
+    let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
+    common::assert_neither_starved(counts);
+    settle(&raw(&zk_addr()).await, &root("turns"), 0).await;
+}
+
 #[tokio::test]
 async fn a_request_reenters_its_own_lock() {
     common::reenters_under_the_layer(backend("reentry").await).await;
@@ -207,9 +287,11 @@ async fn nodes_are_named_as_curator_names_them() {
         seq.strip_prefix("-lock-").is_some_and(|s| s.len() == 10),
         "{name}"
     );
-    // The fencing token is the node's creation zxid.
+    // The fencing token is the node's creation zxid, spaced for the
+    // holders a cohort may pass the lock to.
     let (_, stat) = client.get_data(&format!("{dir}/{name}")).await.unwrap();
-    assert_eq!(g.token().get(), stat.czxid as u64);
+    let spacing = u64::from(tower_lock::backend::zookeeper::TOKEN_SPACING);
+    assert_eq!(g.token().get(), stat.czxid as u64 * spacing);
     assert_ne!(stat.ephemeral_owner, 0);
     // The parent is a container node, reaped by the server once empty.
     // The release is sent, not awaited: another session sees it shortly.
@@ -249,8 +331,8 @@ async fn nodes_are_named_as_curator_names_them() {
 #[tokio::test]
 async fn waiters_are_served_in_arrival_order_each_watching_one_node() {
     let addr = zk_addr();
-    let holder_side = backend("fifo").await;
-    let waiter_side = backend("fifo").await;
+    let holder_side = plain_backend("fifo").await;
+    let waiter_side = plain_backend("fifo").await;
     let client = raw(&addr).await;
     let dir = format!("{}/k", root("fifo"));
     let holder = holder_side.lock("k").await.unwrap();
@@ -289,7 +371,7 @@ async fn waiters_are_served_in_arrival_order_each_watching_one_node() {
 #[tokio::test]
 async fn cancelled_and_failed_fast_acquires_leave_no_node_or_watch() {
     let addr = zk_addr();
-    let zk = backend("cancel").await;
+    let zk = plain_backend("cancel").await;
     let client = raw(&addr).await;
     let dir = format!("{}/k", root("cancel"));
     let holder = zk.lock("k").await.unwrap();
@@ -347,8 +429,8 @@ async fn cancelled_and_failed_fast_acquires_leave_no_node_or_watch() {
 
 #[tokio::test]
 async fn readers_share_writers_exclude_and_semaphores_count() {
-    let zk = backend("rw").await;
-    let other = backend("rw").await;
+    let zk = plain_backend("rw").await;
+    let other = plain_backend("rw").await;
     let r1 = zk.lock("doc").mode(LockMode::Read).await.unwrap();
     let r2 = other
         .lock("doc")
@@ -1022,7 +1104,7 @@ async fn a_server_paused_past_the_session_timeout_aborts_the_holder_before_anyon
         .get_data(&format!("/paused/42/{}", children[0]))
         .await
         .unwrap();
-    let first_token = stat.czxid as u64;
+    let first_token = stat.czxid as u64 * u64::from(tower_lock::backend::zookeeper::TOKEN_SPACING);
 
     // The next holder, on a session of its own, already waits.
     let other = backend_rooted(&server.addr, "/paused", Duration::from_secs(10)).await;

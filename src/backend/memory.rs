@@ -435,7 +435,6 @@ impl MemoryBackend {
     }
 
     /// The mode of the first acquisition of `key` queued behind its holders.
-    #[cfg(feature = "redis")]
     pub(crate) fn next_in_line(&self, key: &LockKey) -> Option<LockMode> {
         let key = self.inner.map_key(key.clone());
         let shard = lock(&self.inner.shard(&key).state);
@@ -443,7 +442,6 @@ impl MemoryBackend {
     }
 
     /// Whether `key` has neither a holder nor a waiter.
-    #[cfg(feature = "redis")]
     pub(crate) fn is_idle(&self, key: &LockKey) -> bool {
         let key = self.inner.map_key(key.clone());
         let shard = lock(&self.inner.shard(&key).state);

@@ -26,31 +26,59 @@
 //!   core enforces [`LockRequest::wait`] by dropping the future, and a backend
 //!   may use it to bound its own re-checks.
 //! - Every grant gets a [`FencingToken`] strictly greater than the previous
-//!   grant's of the same key.
+//!   grant's of the same key. A grant asked for [`LockRequest::tokens`] may
+//!   reserve that many consecutive tokens (say how many with
+//!   [`Acquired::with_tokens`]): all of them greater than any earlier grant's
+//!   and smaller than any later grant's.
 //! - A lease that the backend cannot keep fires the [`LostTrigger`](crate::LostTrigger)
 //!   behind [`Acquired::with_lost`], promptly and before the lease would let
 //!   anyone else in, where the store allows it.
+//! - Only the modes [`Backend::capabilities`] lists are asked for: the core
+//!   refuses the others with [`LockError::InvalidMode`] before calling the
+//!   backend.
 //!
 //! # How remote backends and cohorting plug in
 //!
-//! A remote backend (Redis, ZooKeeper, PostgreSQL) implements `acquire` with its
-//! protocol, returns a [`LeaseHandle`] that stops the renewal task and deletes
-//! the remote state, and fires the lost trigger from its renewal task. Because
-//! release is asynchronous there, the default
+//! A remote backend (Redis, ZooKeeper) implements `acquire` with its
+//! protocol, returns a [`LeaseHandle`] that stops the renewal and deletes the
+//! remote state, and fires the lost trigger when the lease cannot be kept.
+//! Because release is asynchronous there, the default
 //! [`LeaseHandle::release_on_drop`] hands the release to the Tokio runtime.
 //!
 //! Lock cohorting (one process's waiters queue locally, only the head contends
-//! remotely, the remote lock passes between local waiters up to a bound) is a
-//! `Backend` that wraps another `Backend`: its `acquire` queues locally, exactly
-//! as the memory backend does, and its lease handle decides on release whether
-//! to hand the inner [`Acquired`] to the next local waiter or release it. The
-//! core and the layer do not change.
+//! remotely, the remote lock passes between local waiters up to a bound) is
+//! [`Cohort`], a `Backend` that wraps another. What it needs from the backend
+//! it wraps, and why, is all in this module:
+//!
+//! - [`LockRequest::tokens`] and [`Acquired::tokens`]: one remote grant
+//!   serves several local holders, each with a fencing token of its own, so
+//!   the grant reserves a block of them.
+//! - [`LeaseHandle::valid_until`]: a lock is handed to the next local holder
+//!   only while its lease is surely fresh, never one that may have expired on
+//!   the server while the process was paused.
+//! - [`Capabilities::ordered_release`]: a release sent is ordered before the
+//!   backend's later requests, so the next local waiter may send its acquire
+//!   as soon as the release is on the wire instead of a round trip later.
+//! - [`Capabilities::fifo`]: whether the server queues waiters from every
+//!   process in order. Where it does not, a process that gives a lock back
+//!   with waiters of its own lets them ask again only once the release is
+//!   answered, when waiters elsewhere hear of it too.
+//! - [`Capabilities::supports`]: the modes the backend has.
+//!
+//! The core and the layer do not change.
 
+mod capabilities;
+mod cohort;
+mod future;
+mod in_flight;
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
+mod lease;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
+mod registry;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
@@ -58,96 +86,24 @@ pub mod zookeeper;
 pub use self::redis::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]
 pub use self::zookeeper::{ZookeeperBackend, ZookeeperOptions};
+pub use capabilities::Capabilities;
+pub use cohort::{Cohort, CohortOptions};
+pub use future::BackendFuture;
+pub(crate) use in_flight::InFlight;
 pub use memory::MemoryBackend;
 #[cfg(feature = "redis")]
 pub use redlock::RedlockBackend;
+pub use registry::connect;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::LostSignal;
 use crate::mode::{LockMode, Wait};
 use crate::token::FencingToken;
-
-/// Opens the backend a URL names, for services that take it from their
-/// configuration.
-///
-/// | URL | backend |
-/// |---|---|
-/// | `memory` | [`MemoryBackend`] |
-/// | `redis://host:port` | [`RedisBackend`], one instance (feature `redis`) |
-/// | `rediss://host:port[/#insecure]` | [`RedisBackend`] over TLS (feature `redis-tls`) |
-/// | `redlock://h1:p1,h2:p2,h3:p3` | [`RedlockBackend`] (feature `redis`) |
-/// | `redlocks://h1:p1,h2:p2,h3:p3[#insecure]` | [`RedlockBackend`] over TLS (feature `redis-tls`) |
-/// | `zk://host:port[,host:port...][/root]` | ZooKeeper (feature `zookeeper`) |
-///
-/// # Errors
-///
-/// [`LockError::Config`] for a URL this build cannot open, saying why.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let backend = tower_lock::backend::connect("memory").await.unwrap();
-/// assert_eq!(backend.name(), "memory");
-/// assert!(tower_lock::backend::connect("carrier-pigeon://").await.is_err());
-/// # }
-/// ```
-///
-/// The backend goes wherever one is taken, the layer included:
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
-/// use tower_lock::{LockLayer, Locker, PathParam};
-///
-/// let url = "memory"; // or "redis://127.0.0.1:6379", "zk://127.0.0.1:2181/locks", ...
-/// let backend = tower_lock::backend::connect(url).await?;
-/// let layer = LockLayer::new(backend.clone(), PathParam("sku"));
-/// let locker = Locker::from_arc(backend);
-/// # Ok(()) }
-/// ```
-// Without the feature, the backends' links go to docs.rs.
-#[cfg_attr(
-    not(feature = "redis"),
-    doc = "",
-    doc = "[`RedisBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/struct.RedisBackend.html",
-    doc = "[`RedlockBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/struct.RedlockBackend.html"
-)]
-pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
-    let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
-    match scheme {
-        "memory" => Ok(Arc::new(MemoryBackend::new())),
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" => Ok(Arc::new(RedisBackend::connect(url).await?)),
-        #[cfg(feature = "redis")]
-        "redlock" | "redlocks" => Ok(Arc::new(RedlockBackend::connect(url).await?)),
-        #[cfg(not(feature = "redis"))]
-        "redis" | "redlock" => Err(LockError::Config(format!(
-            "the `{scheme}` backend needs tower-lock's `redis` feature"
-        ))),
-        #[cfg(not(feature = "redis"))]
-        "rediss" | "redlocks" => Err(LockError::Config(format!(
-            "the `{scheme}` backend (over TLS) needs tower-lock's `redis-tls` feature"
-        ))),
-        #[cfg(feature = "zookeeper")]
-        "zk" => Ok(Arc::new(ZookeeperBackend::connect(url).await?)),
-        #[cfg(not(feature = "zookeeper"))]
-        "zk" => Err(LockError::Config(
-            "the `zk` backend needs tower-lock's `zookeeper` feature".into(),
-        )),
-        _ => Err(LockError::Config(format!(
-            "unknown backend URL {url:?}: expected `memory`, `redis://host:port`, \
-                 `redlock://h1:p1,h2:p2,...` or `zk://host:port`"
-        ))),
-    }
-}
 
 /// A lock store.
 ///
@@ -318,11 +274,22 @@ pub trait Backend: Send + Sync + 'static {
     fn instance_id(&self) -> usize {
         (self as *const Self).cast::<()>() as usize
     }
+
+    /// What this backend can do: its modes, and what [`Cohort`] may rely
+    /// on. The default is every mode, one token per grant, releases not
+    /// ordered, waiters not served in order across processes.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
     }
 
     fn instance_id(&self) -> usize {
@@ -340,6 +307,10 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 impl<B: Backend + ?Sized> Backend for Box<B> {
     fn name(&self) -> &'static str {
         (**self).name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
     }
 
     fn instance_id(&self) -> usize {
@@ -388,6 +359,12 @@ pub struct LockRequest {
     /// How long a remote lock lives without renewal. Backends renew it while
     /// held; the memory backend has no use for it.
     pub lease: Duration,
+    /// How many consecutive fencing tokens to reserve (at least 1, at most
+    /// the backend's [`Capabilities::max_tokens`]): [`Cohort`] hands one
+    /// grant to that many local holders in turn, each with its own token. A
+    /// backend may reserve fewer, and says how many in
+    /// [`Acquired::with_tokens`].
+    pub tokens: u32,
 }
 
 impl LockRequest {
@@ -399,6 +376,7 @@ impl LockRequest {
             mode,
             wait: Wait::DEFAULT,
             lease: DEFAULT_LEASE,
+            tokens: 1,
         }
     }
 
@@ -411,6 +389,12 @@ impl LockRequest {
     /// Sets the lease.
     pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
+        self
+    }
+
+    /// Sets how many fencing tokens to reserve (at least 1).
+    pub fn with_tokens(mut self, tokens: u32) -> Self {
+        self.tokens = tokens.max(1);
         self
     }
 }
@@ -475,6 +459,7 @@ pub struct Acquired {
     token: FencingToken,
     lost: LostSignal,
     handle: Option<Arc<dyn LeaseHandle>>,
+    tokens: u32,
 }
 
 impl Acquired {
@@ -488,6 +473,7 @@ impl Acquired {
             token,
             lost: LostSignal::never(),
             handle: Some(handle),
+            tokens: 1,
         }
     }
 
@@ -505,6 +491,26 @@ impl Acquired {
     /// The lost signal.
     pub fn lost(&self) -> &LostSignal {
         &self.lost
+    }
+
+    /// Says that the grant reserved `tokens` consecutive fencing tokens,
+    /// [`token`](Self::token) the first (for a [`LockRequest::tokens`] above
+    /// 1).
+    pub fn with_tokens(mut self, tokens: u32) -> Self {
+        self.tokens = tokens.max(1);
+        self
+    }
+
+    /// How many consecutive fencing tokens the grant reserved, from
+    /// [`token`](Self::token) on.
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
+    /// Until when the lock is surely still held, if the backend knows
+    /// ([`LeaseHandle::valid_until`]).
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.handle.as_ref()?.valid_until()
     }
 
     pub(crate) fn into_parts(mut self) -> (FencingToken, LostSignal, Arc<dyn LeaseHandle>) {
@@ -527,57 +533,6 @@ impl fmt::Debug for Acquired {
             .field("token", &self.token)
             .field("lost", &self.lost)
             .finish_non_exhaustive()
-    }
-}
-
-/// Releases sent and not yet answered, for [`Backend::flush`].
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
-#[derive(Default)]
-pub(crate) struct InFlight {
-    count: std::sync::atomic::AtomicUsize,
-    idle: tokio::sync::Notify,
-}
-
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
-impl InFlight {
-    /// Runs `release` to its end on `rt`, counted until then.
-    pub(crate) fn spawn(
-        self: &Arc<Self>,
-        rt: &tokio::runtime::Handle,
-        release: impl Future<Output = ()> + Send + 'static,
-    ) {
-        use std::sync::atomic::Ordering;
-
-        /// Uncounts the release also when its task is dropped unfinished.
-        struct Done(Arc<InFlight>);
-        impl Drop for Done {
-            fn drop(&mut self) {
-                if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-                    self.0.idle.notify_waiters();
-                }
-            }
-        }
-
-        self.count.fetch_add(1, Ordering::AcqRel);
-        let done = Done(self.clone());
-        rt.spawn(async move {
-            let _done = done;
-            release.await;
-        });
-    }
-
-    /// Completes once no release is in flight.
-    pub(crate) async fn idle(&self) {
-        loop {
-            let idle = self.idle.notified();
-            tokio::pin!(idle);
-            // Armed before the check, so a release ending in between is seen.
-            idle.as_mut().enable();
-            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
-                return;
-            }
-            idle.await;
-        }
     }
 }
 
@@ -631,6 +586,16 @@ pub trait LeaseHandle: Send + Sync + 'static {
     /// ZooKeeper backends do once their future has been polled.
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>>;
 
+    /// Until when the lock surely stays held if nothing more is heard from
+    /// the server: the send time of the last acquire or renewal the server
+    /// answered, plus the lease, less clock drift (for ZooKeeper, the
+    /// session's). `None` for a lock that cannot expire (the memory backend).
+    /// [`Cohort`] hands a lock to the next local holder only while this is
+    /// comfortably ahead.
+    fn valid_until(&self) -> Option<Instant> {
+        None
+    }
+
     /// Releases the lock from a destructor, where nothing can be awaited.
     ///
     /// The default runs [`release`](Self::release) and, if it did not finish at
@@ -659,140 +624,5 @@ pub trait LeaseHandle: Send + Sync + 'static {
                 "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
             ),
         }
-    }
-}
-
-/// The future a backend returns: a result known at once, or a boxed future.
-///
-/// The ready form lets a backend that can decide synchronously (the memory
-/// backend, uncontended) skip a heap allocation per call.
-///
-/// # Examples
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use tower_lock::backend::BackendFuture;
-///
-/// let mut now = BackendFuture::ready(1);
-/// assert!(now.is_ready());
-/// assert_eq!(now.take_ready(), Some(1));
-///
-/// let later = BackendFuture::new(async { 2 });
-/// assert!(!later.is_ready());
-/// assert_eq!(later.await, 2);
-/// # }
-/// ```
-///
-/// A backend that wraps another keeps the inner one's ready results ready.
-/// This one counts grants; it forwards [`flush`](Backend::flush) and
-/// [`instance_id`](Backend::instance_id) too, since its locks are the inner
-/// backend's:
-///
-/// ```
-/// use std::sync::atomic::{AtomicU64, Ordering};
-/// use std::sync::Arc;
-/// use tower_lock::backend::{Acquired, BackendFuture, LockRequest};
-/// use tower_lock::{Backend, BackendExt, LockError, MemoryBackend};
-///
-/// struct Counted<B> {
-///     inner: B,
-///     grants: Arc<AtomicU64>,
-/// }
-///
-/// impl<B: Backend> Backend for Counted<B> {
-///     fn name(&self) -> &'static str {
-///         self.inner.name()
-///     }
-///
-///     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
-///         let grants = self.grants.clone();
-///         let count = move |result: &Result<Acquired, LockError>| {
-///             if result.is_ok() {
-///                 grants.fetch_add(1, Ordering::Relaxed);
-///             }
-///         };
-///         let mut fut = self.inner.acquire(request);
-///         if let Some(result) = fut.take_ready() {
-///             count(&result);
-///             return BackendFuture::ready(result);
-///         }
-///         BackendFuture::new(async move {
-///             let result = fut.await;
-///             count(&result);
-///             result
-///         })
-///     }
-///
-///     fn flush(&self) -> BackendFuture<()> {
-///         self.inner.flush()
-///     }
-///
-///     fn instance_id(&self) -> usize {
-///         self.inner.instance_id()
-///     }
-/// }
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
-/// let grants = Arc::new(AtomicU64::new(0));
-/// let backend = Counted { inner: MemoryBackend::new(), grants: grants.clone() };
-/// backend.lock("a").await?.release().await?;
-/// backend.lock("b").await?.release().await?;
-/// assert_eq!(grants.load(Ordering::Relaxed), 2);
-/// # Ok(()) }
-/// ```
-#[must_use = "futures do nothing unless polled"]
-pub struct BackendFuture<T>(Repr<T>);
-
-enum Repr<T> {
-    Ready(Option<T>),
-    Boxed(Pin<Box<dyn Future<Output = T> + Send>>),
-}
-
-impl<T> BackendFuture<T> {
-    /// A future that is already finished.
-    pub fn ready(value: T) -> Self {
-        BackendFuture(Repr::Ready(Some(value)))
-    }
-
-    /// Boxes `fut`.
-    pub fn new(fut: impl Future<Output = T> + Send + 'static) -> Self {
-        BackendFuture(Repr::Boxed(Box::pin(fut)))
-    }
-
-    /// Whether the future was made finished (and not yet taken).
-    pub fn is_ready(&self) -> bool {
-        matches!(self.0, Repr::Ready(Some(_)))
-    }
-
-    /// The value, if the future was made finished.
-    pub fn take_ready(&mut self) -> Option<T> {
-        match &mut self.0 {
-            Repr::Ready(v) => v.take(),
-            Repr::Boxed(_) => None,
-        }
-    }
-}
-
-// Never pins `T`: the ready value is moved out, the boxed future is pinned by
-// its box.
-impl<T> Unpin for BackendFuture<T> {}
-
-impl<T> Future for BackendFuture<T> {
-    type Output = T;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        match &mut self.0 {
-            Repr::Ready(v) => Poll::Ready(v.take().expect("BackendFuture polled after completion")),
-            Repr::Boxed(f) => f.as_mut().poll(cx),
-        }
-    }
-}
-
-impl<T> fmt::Debug for BackendFuture<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.0 {
-            Repr::Ready(_) => "BackendFuture::Ready",
-            Repr::Boxed(_) => "BackendFuture::Boxed",
-        })
     }
 }

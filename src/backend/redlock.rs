@@ -55,25 +55,26 @@ use std::fmt;
 use std::future::{poll_fn, Future};
 use std::hash::BuildHasher;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::task::JoinHandle;
 
-use super::redis::{
-    check_lease, drift, lock, queue_locally, redis_error, release_in_background, release_then_open,
-    Attempt, Layout, Tokens,
+use super::lease::{check_lease, drift, release_in_background, Lease, Protocol, Released};
+use super::redis::{redis_error, Attempt, Layout, Tokens};
+use super::{
+    Acquired, Backend, BackendFuture, Capabilities, Cohort, CohortOptions, InFlight, LockRequest,
 };
-use super::{Acquired, Backend, BackendFuture, InFlight, LeaseHandle, LockRequest, MemoryBackend};
 use crate::error::LockError;
-use crate::lost::{Deadline, HasLostState, LostSignal, LostState};
-use crate::mode::{LockMode, Wait};
+use crate::lost::Deadline;
+use crate::mode::Wait;
 use crate::token::FencingToken;
 
 /// The longest pause between two attempts.
 const MAX_RETRY_DELAY: Duration = Duration::from_millis(50);
+/// The most fencing tokens one acquisition reserves.
+const MAX_TOKENS: u32 = 1 << 16;
 
 /// Exclusive locks over several independent Redis servers, by Redlock.
 ///
@@ -94,13 +95,18 @@ const MAX_RETRY_DELAY: Duration = Duration::from_millis(50);
 /// ```
 #[derive(Clone)]
 pub struct RedlockBackend {
+    cohort: Cohort<Redlock>,
+}
+
+/// The Redlock algorithm over the instances, without the local queue.
+#[derive(Clone)]
+struct Redlock {
     inner: Arc<RedlockInner>,
 }
 
 struct RedlockInner {
     nodes: Vec<Node>,
     prefix: String,
-    local: MemoryBackend,
     tokens: Tokens,
     jitter: std::collections::hash_map::RandomState,
     releases: Arc<InFlight>,
@@ -198,22 +204,46 @@ impl RedlockBackend {
                 conn,
             });
         }
-        Ok(RedlockBackend {
+        let redlock = Redlock {
             inner: Arc::new(RedlockInner {
                 nodes,
                 prefix: "lock:".into(),
-                local: MemoryBackend::new(),
                 tokens: Tokens::new(),
                 jitter: Default::default(),
                 releases: Arc::default(),
             }),
+        };
+        Ok(RedlockBackend {
+            cohort: Cohort::new(redlock, CohortOptions::default()),
         })
+    }
+
+    /// The same backend with another [`Cohort`] bound, or
+    /// [`CohortOptions::off`] to send every acquisition to the instances.
+    /// On by default, as for the [single-instance backend](super::redis#passing-a-lock-on).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use tower_lock::backend::{CohortOptions, RedlockBackend};
+    ///
+    /// let redlock = RedlockBackend::connect("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379")
+    ///     .await?
+    ///     .with_cohort(CohortOptions::off());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_cohort(self, options: CohortOptions) -> Self {
+        RedlockBackend {
+            cohort: Cohort::new(self.cohort.inner().clone(), options),
+        }
     }
 }
 
 impl fmt::Debug for RedlockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let addrs: Vec<&str> = self.inner.nodes.iter().map(|n| n.addr.as_str()).collect();
+        let nodes = &self.cohort.inner().inner.nodes;
+        let addrs: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
         f.debug_struct("RedlockBackend")
             .field("instances", &addrs)
             .finish_non_exhaustive()
@@ -271,11 +301,17 @@ impl RedlockInner {
             .collect()
     }
 
-    async fn attempt(&self, layout: &Arc<Layout>, token: &Arc<str>, lease: Duration) -> Round {
+    async fn attempt(
+        &self,
+        layout: &Arc<Layout>,
+        token: &Arc<str>,
+        lease: Duration,
+        tokens: u32,
+    ) -> Round {
         let results = self
             .on_all(|mut conn| {
                 let (layout, token) = (layout.clone(), token.clone());
-                async move { layout.try_acquire(&mut conn, &token, lease).await }
+                async move { layout.try_acquire(&mut conn, &token, lease, tokens).await }
             })
             .await;
         let mut round = Round {
@@ -303,7 +339,7 @@ impl RedlockInner {
         &self,
         layout: &Arc<Layout>,
         token: &Arc<str>,
-        deadline: Option<tokio::time::Instant>,
+        deadline: Option<Instant>,
     ) -> usize {
         self.on_all(|conn| {
             let (layout, token) = (layout.clone(), token.clone());
@@ -326,14 +362,8 @@ impl RedlockInner {
     }
 
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
-        if request.mode != LockMode::Exclusive {
-            return Err(LockError::InvalidMode(format!(
-                "the redlock backend takes exclusive locks only, not {}",
-                request.mode
-            )));
-        }
         check_lease(request.lease, "Redlock")?;
-        let local = queue_locally(&self.local, &request).await?;
+        let tokens = request.tokens.clamp(1, MAX_TOKENS);
         let layout = Arc::new(Layout::new(&self.prefix, &request.key, request.mode));
         let token: Arc<str> = self.tokens.next().into();
         let lease = request.lease;
@@ -351,7 +381,7 @@ impl RedlockInner {
                 token: &token,
                 lease,
             };
-            let round = self.attempt(&layout, &token, lease).await;
+            let round = self.attempt(&layout, &token, lease, tokens).await;
             let elapsed = started.elapsed();
             if round.granted >= quorum && elapsed + drift < lease {
                 std::mem::forget(in_flight);
@@ -378,29 +408,23 @@ impl RedlockInner {
             tries += 1;
             tokio::time::sleep(self.retry_delay(&token, tries)).await;
         };
-        let hold = Arc::new(RedlockHold {
-            inner: self.clone(),
+        let valid = Arc::new(Deadline::new((started + lease - drift).into_std()));
+        let releases = self.releases.clone();
+        let lock = RedlockLock {
+            inner: self,
             layout,
             token,
-            lease,
-            lost: LostState::new(),
-            valid_until: Deadline::new((started + lease - drift).into_std()),
-            local: Mutex::new(Some(local)),
-            renewal: Mutex::new(None),
-        });
-        let renewal = tokio::spawn(renew(Arc::downgrade(&hold)));
-        *lock(&hold.renewal) = Some(renewal);
-        let lost = LostSignal::new(hold.clone());
-        Ok(Acquired::new(FencingToken::new(fence), hold).with_lost(lost))
+        };
+        let lease = Lease::new(lock, lease, valid, releases);
+        lease.keep_renewed();
+        // Each instance reserved a block of tokens up to its counter.
+        Ok(lease.acquired(FencingToken::new(fence + 1 - u64::from(tokens)), tokens))
     }
 }
 
-impl Backend for RedlockBackend {
-    fn instance_id(&self) -> usize {
-        // Clones share `inner`, and so their locks.
-        Arc::as_ptr(&self.inner).cast::<()>() as usize
-    }
+super::cohort::cohort_backend!(RedlockBackend, "redlock");
 
+impl Backend for Redlock {
     fn name(&self) -> &'static str {
         "redlock"
     }
@@ -410,117 +434,30 @@ impl Backend for RedlockBackend {
     }
 
     fn flush(&self) -> BackendFuture<()> {
-        let inner = self.inner.clone();
-        BackendFuture::new(async move { inner.releases.idle().await })
+        self.inner.releases.flushed()
+    }
+
+    fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Every instance's connection keeps its commands in order.
+        Capabilities::new()
+            .exclusive_only()
+            .max_tokens(MAX_TOKENS)
+            .ordered_release(true)
     }
 }
 
-struct RedlockHold {
+/// A lock held by a majority: its keys and owner token.
+struct RedlockLock {
     inner: Arc<RedlockInner>,
     layout: Arc<Layout>,
     token: Arc<str>,
-    lease: Duration,
-    lost: LostState,
-    /// Until when a majority surely keeps the key for us: the last acquire
-    /// or renewal a majority granted, counted from when it was sent, less
-    /// drift.
-    valid_until: Deadline,
-    local: Mutex<Option<Acquired>>,
-    renewal: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl HasLostState for RedlockHold {
-    fn lost_state(&self) -> &LostState {
-        &self.lost
-    }
-
-    /// A holder that runs again after a pause past its validity is told at
-    /// once, before the renewal task gets to run.
-    fn expired(&self) -> Option<String> {
-        self.valid_until
-            .passed()
-            .then(|| "the lease ran out before a majority renewed it".to_owned())
-    }
-}
-
-/// Renews on every instance each third of the lease; fewer than a majority
-/// renewed in time means the lock is lost.
-async fn renew(hold: Weak<RedlockHold>) {
-    let Some(period) = hold.upgrade().map(|h| h.lease / 3) else {
-        return;
-    };
-    loop {
-        tokio::time::sleep(period).await;
-        let Some(h) = hold.upgrade() else {
-            return;
-        };
-        let (layout, token, lease) = (h.layout.clone(), h.token.clone(), h.lease);
-        let sent = std::time::Instant::now();
-        let renewed = tokio::time::timeout(
-            period,
-            h.inner.on_all(|mut conn| {
-                let (layout, token) = (layout.clone(), token.clone());
-                async move { layout.extend(&mut conn, &token, lease).await }
-            }),
-        )
-        .await;
-        let quorum = h.inner.quorum();
-        let reason = match renewed {
-            Ok(results) => {
-                let ok = results.iter().filter(|r| matches!(r, Ok(true))).count();
-                if ok >= quorum {
-                    h.valid_until.extend(sent + lease - drift(lease));
-                    continue;
-                }
-                format!(
-                    "only {ok} of {} instances renewed the lease, a majority needs {quorum}",
-                    results.len()
-                )
-            }
-            Err(_) => "renewing the lease timed out".to_owned(),
-        };
-        tracing::warn!(key = %h.layout_key(), reason, "redlock lock lost");
-        h.lost.fire(reason);
-        return;
-    }
-}
-
-impl RedlockHold {
-    fn layout_key(&self) -> &str {
-        self.layout.main_key()
-    }
-}
-
-impl RedlockHold {
-    fn stop_renewal(&self) {
-        if let Some(renewal) = lock(&self.renewal).take() {
-            renewal.abort();
-        }
-    }
-
-    /// Releases on every instance, again where the answer is lost, until
-    /// the lease would have ended.
-    async fn release_retrying(&self) -> Result<(), LockError> {
-        let deadline = tokio::time::Instant::now() + self.lease;
-        let released = self
-            .inner
-            .release_all(&self.layout, &self.token, Some(deadline))
-            .await;
-        self.released_on(released)
-    }
-
-    /// Stops the renewal and releases in the background, giving up `local`
-    /// (a queue position) once the release is sent.
-    fn release_later(self: Arc<Self>, local: Option<&Mutex<Option<Acquired>>>) {
-        self.stop_renewal();
-        let releases = self.inner.releases.clone();
-        release_in_background(
-            async move { self.release_retrying().await },
-            local,
-            &releases,
-        );
-    }
-
+impl RedlockLock {
     fn released_on(&self, released: usize) -> Result<(), LockError> {
         if released >= self.inner.quorum() {
             return Ok(());
@@ -533,6 +470,57 @@ impl RedlockHold {
             ),
             None,
         ))
+    }
+}
+
+impl Protocol for RedlockLock {
+    const BACKEND: &'static str = "redlock";
+    const EXPIRED: &'static str = "the lease ran out before a majority renewed it";
+
+    fn describe(&self) -> &str {
+        self.layout.main_key()
+    }
+
+    /// Renews on every instance; fewer than a majority means the lock is
+    /// lost.
+    async fn renew(&self, lease: Duration) -> Result<(), String> {
+        let (layout, token) = (&self.layout, &self.token);
+        let results = self
+            .inner
+            .on_all(|mut conn| {
+                let (layout, token) = (layout.clone(), token.clone());
+                async move { layout.extend(&mut conn, &token, lease).await }
+            })
+            .await;
+        let ok = results.iter().filter(|r| matches!(r, Ok(true))).count();
+        let quorum = self.inner.quorum();
+        if ok >= quorum {
+            return Ok(());
+        }
+        Err(format!(
+            "only {ok} of {} instances renewed the lease, a majority needs {quorum}",
+            results.len()
+        ))
+    }
+
+    async fn release(&self) -> Released {
+        let released = self
+            .inner
+            .release_all(&self.layout, &self.token, None)
+            .await;
+        Released {
+            result: self.released_on(released),
+            // Some did not answer: go on trying in the background.
+            again: released < self.inner.nodes.len(),
+        }
+    }
+
+    async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {
+        let released = self
+            .inner
+            .release_all(&self.layout, &self.token, Some(deadline))
+            .await;
+        self.released_on(released)
     }
 }
 
@@ -551,47 +539,12 @@ impl Drop for RoundInFlight<'_> {
     fn drop(&mut self) {
         let inner = self.inner.clone();
         let (layout, token) = (self.layout.clone(), self.token.clone());
-        let deadline = tokio::time::Instant::now() + self.lease;
+        let deadline = Instant::now() + self.lease;
         let releases = inner.releases.clone();
         let undo = async move {
             inner.release_all(&layout, &token, Some(deadline)).await;
             Ok(())
         };
-        release_in_background(undo, None, &releases);
-    }
-}
-
-/// An awaited release whose answers have not all come yet.
-struct Unanswered(Option<Arc<RedlockHold>>);
-
-impl Drop for Unanswered {
-    fn drop(&mut self) {
-        if let Some(hold) = self.0.take() {
-            hold.release_later(None);
-        }
-    }
-}
-
-impl LeaseHandle for RedlockHold {
-    /// Waits for every instance's answer.
-    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
-        self.stop_renewal();
-        BackendFuture::new(async move {
-            // Dropped before every answer came (the caller gave up waiting):
-            // the release is finished in the background.
-            let mut unanswered = Unanswered(Some(self.clone()));
-            let release = self.inner.release_all(&self.layout, &self.token, None);
-            let released = release_then_open(release, &self.local).await;
-            unanswered.0 = None;
-            if released < self.inner.nodes.len() {
-                // Some did not answer: go on trying in the background.
-                self.clone().release_later(None);
-            }
-            self.released_on(released)
-        })
-    }
-
-    fn release_on_drop(self: Arc<Self>) {
-        self.clone().release_later(Some(&self.local));
+        release_in_background(undo, &releases, "redlock");
     }
 }

@@ -121,3 +121,65 @@ pub async fn reenters_under_the_layer<B: tower_lock::Backend + Clone>(backend: B
         );
     }
 }
+
+/// Four workers on each of two backends (two processes, as far as the
+/// server can tell) lock one key in a loop for `run`; returns how many
+/// times each side held it. Checks that no two held it at once and that
+/// tokens rose with every holder: cohorting passes a lock within a side,
+/// and must neither break exclusion nor keep the other side out.
+pub async fn take_turns<B: tower_lock::Backend + Clone>(
+    a: &B,
+    b: &B,
+    key: &str,
+    run: std::time::Duration,
+) -> (u64, u64) {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use tower_lock::BackendExt;
+
+    let inside = Arc::new(AtomicUsize::new(0));
+    let last_token = Arc::new(Mutex::new(0u64));
+    let counts = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    let stop = tokio::time::Instant::now() + run;
+    let mut workers = Vec::new();
+    for (backend, count) in [a, b].into_iter().zip(&counts) {
+        for _ in 0..4 {
+            let backend = backend.clone();
+            let (inside, last_token) = (inside.clone(), last_token.clone());
+            let (count, key) = (count.clone(), key.to_owned());
+            workers.push(tokio::spawn(async move {
+                while tokio::time::Instant::now() < stop {
+                    let wait = std::time::Duration::from_secs(30);
+                    let guard = backend.lock(key.as_str()).wait(wait).await.unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    {
+                        let mut last = last_token.lock().unwrap();
+                        assert!(guard.token().get() > *last, "token did not rise");
+                        *last = guard.token().get();
+                    }
+                    tokio::task::yield_now().await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    count.fetch_add(1, Ordering::Relaxed);
+                    drop(guard);
+                }
+            }));
+        }
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    (
+        counts[0].load(Ordering::Relaxed),
+        counts[1].load(Ordering::Relaxed),
+    )
+}
+
+/// Asserts that neither side of [`take_turns`] was kept out: each held the
+/// lock at least a tenth as often as the other.
+pub fn assert_neither_starved((a, b): (u64, u64)) {
+    assert!(a > 0 && b > 0, "a side never held the lock: {a} and {b}");
+    assert!(
+        a.min(b) * 10 >= a.max(b),
+        "one side was starved: {a} against {b} holds"
+    );
+}

@@ -1,0 +1,599 @@
+//! Lock cohorting: one process's waiters queue locally, only the head asks
+//! the server, and a held lock passes between local waiters up to a bound.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use super::{
+    Acquired, Backend, BackendFuture, Capabilities, InFlight, LeaseHandle, LockRequest,
+    MemoryBackend,
+};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lost::LostSignal;
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// How far a [`Cohort`] passes a lock between local waiters before it gives
+/// the lock back to the server.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_lock::backend::CohortOptions;
+///
+/// // Fairer to other processes: at most 8 local holders or 10 ms per round.
+/// let fairer = CohortOptions::default().max_grants(8).max_hold(Duration::from_millis(10));
+/// assert_eq!(fairer.grants(), 8);
+/// // Every acquisition asks the server, as a plain client does.
+/// assert!(!CohortOptions::off().is_enabled());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CohortOptions {
+    enabled: bool,
+    max_grants: u32,
+    max_hold: Duration,
+}
+
+impl CohortOptions {
+    /// Local holders one server grant may serve by default.
+    pub const DEFAULT_MAX_GRANTS: u32 = 32;
+    /// How long, from the server's grant, a lock may keep passing between
+    /// local holders by default.
+    pub const DEFAULT_MAX_HOLD: Duration = Duration::from_millis(50);
+
+    /// No local queue and no passing on: each acquisition goes to the server.
+    pub fn off() -> Self {
+        CohortOptions {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+
+    /// At most `grants` local holders per server grant (at least 1; 1 means
+    /// waiters still queue locally, but every holder asks the server). The
+    /// backend may allow fewer: see [`Capabilities::max_tokens`].
+    pub fn max_grants(mut self, grants: u32) -> Self {
+        self.max_grants = grants.max(1);
+        self
+    }
+
+    /// No new local holder once `hold` has passed since the server granted
+    /// the lock: other processes get their turn at least this often.
+    pub fn max_hold(mut self, hold: Duration) -> Self {
+        self.max_hold = hold;
+        self
+    }
+
+    /// Whether cohorting is on.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// The grant bound.
+    pub fn grants(&self) -> u32 {
+        self.max_grants
+    }
+}
+
+impl Default for CohortOptions {
+    fn default() -> Self {
+        CohortOptions {
+            enabled: true,
+            max_grants: Self::DEFAULT_MAX_GRANTS,
+            max_hold: Self::DEFAULT_MAX_HOLD,
+        }
+    }
+}
+
+/// Lock cohorting in front of any [`Backend`] (Dice, Marathe and Shavit,
+/// *Lock Cohorting*, PPoPP 2012).
+///
+/// Within the process, acquisitions of a key queue in arrival order, in
+/// their [mode](LockMode) (readers share, a semaphore admits its permits),
+/// and only the head of the queue asks the wrapped backend. When a holder of
+/// an exclusive or write lock releases it while the next local waiter wants
+/// the same, the lock is handed over without a round trip: the key never
+/// free on the server in between, its lease and renewal carried on. Each
+/// local holder still gets a fencing token of its own, the next of a block
+/// the server grant reserved ([`LockRequest::tokens`]), so tokens keep
+/// rising across holders here and elsewhere.
+///
+/// The lock goes back to the server when the local queue runs dry, when the
+/// bound is reached ([`CohortOptions`]: so many holders, or so long since the
+/// server granted it), or when its lease is no longer surely fresh: a lock
+/// that may have expired on the server (a renewal late, the process paused)
+/// is never handed on, nor one reported lost. Where the server does not
+/// queue waiters ([`Capabilities::fifo`] false: Redis), the next local
+/// waiter then waits for the release's answer before it asks for the lock
+/// again, which is when a waiter in another process, woken by the release,
+/// asks too: neither is ahead by construction. ZooKeeper's queue is fair on
+/// its own.
+///
+/// The remote backends use it unless told not to (`cohort(CohortOptions::off())`
+/// in their options).
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::backend::{Cohort, CohortOptions};
+/// use tower_lock::{Backend, BackendExt, MemoryBackend};
+///
+/// // Any backend can be wrapped; the remote ones are, already.
+/// let backend = Cohort::new(MemoryBackend::new(), CohortOptions::default());
+/// let first = backend.lock("sku-1").await?;
+/// let t = first.token();
+/// drop(first);
+/// assert!(backend.lock("sku-1").await?.token() > t);
+/// # Ok(()) }
+/// ```
+pub struct Cohort<B> {
+    shared: Arc<Shared<B>>,
+}
+
+impl<B> Clone for Cohort<B> {
+    fn clone(&self) -> Self {
+        Cohort {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for Cohort<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cohort")
+            .field("backend", &self.shared.backend)
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared<B> {
+    backend: B,
+    options: CohortOptions,
+    capabilities: Capabilities,
+    /// The local queue: only its head asks the backend.
+    local: MemoryBackend,
+    /// Server grants a local holder left for the next one, by key.
+    batons: Mutex<HashMap<LockKey, Arc<Remote>>>,
+    /// Releases this layer awaits itself (handing a lock back fairly).
+    in_flight: Arc<InFlight>,
+}
+
+impl<B: Backend> Cohort<B> {
+    /// Wraps `backend`.
+    pub fn new(backend: B, options: CohortOptions) -> Self {
+        let capabilities = backend.capabilities();
+        Cohort {
+            shared: Arc::new(Shared {
+                backend,
+                options,
+                capabilities,
+                local: MemoryBackend::new(),
+                batons: Mutex::default(),
+                in_flight: Arc::default(),
+            }),
+        }
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.shared.backend
+    }
+
+    /// The bound it was made with.
+    pub fn options(&self) -> CohortOptions {
+        self.shared.options
+    }
+}
+
+impl<B: Backend> Backend for Cohort<B> {
+    fn name(&self) -> &'static str {
+        self.shared.backend.name()
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        if !self.shared.options.enabled {
+            return self.shared.backend.acquire(request);
+        }
+        BackendFuture::new(self.shared.clone().acquire(request))
+    }
+
+    /// Releases the locks left for local waiters that have not taken them
+    /// yet (they acquire anew), then waits for this layer's releases and the
+    /// wrapped backend's.
+    fn flush(&self) -> BackendFuture<()> {
+        let parked: Vec<_> = lock(&self.shared.batons).drain().collect();
+        for (_, remote) in parked {
+            remote.release_on_drop();
+        }
+        let shared = self.shared.clone();
+        BackendFuture::new(async move {
+            shared.in_flight.idle().await;
+            shared.backend.flush().await;
+        })
+    }
+
+    fn instance_id(&self) -> usize {
+        self.shared.backend.instance_id()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // Local grants take one token each.
+        self.shared.capabilities.max_tokens(1)
+    }
+}
+
+impl<B: Backend> Shared<B> {
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        // The core enforces a timed wait by dropping this future.
+        let wait = match request.wait {
+            Wait::FailFast => Wait::FailFast,
+            _ => Wait::Forever,
+        };
+        let local = LocalWait {
+            wait: self
+                .local
+                .acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(wait)),
+            unclaimed: Some(Unclaimed {
+                shared: &self,
+                key: &request.key,
+            }),
+        }
+        .await?;
+        // No await from the local grant to here: a lock left for this key's
+        // next local holder is ours to take.
+        let baton = lock(&self.batons).remove(&request.key);
+        if let Some(remote) = baton {
+            if remote.mode == request.mode
+                && remote.lease == request.lease
+                && remote.may_pass_on(&self.options)
+            {
+                return Ok(self.grant(remote, local));
+            }
+            remote.release_on_drop();
+        }
+        let tokens = match request.mode {
+            LockMode::Exclusive | LockMode::Write => {
+                self.options.max_grants.min(self.capabilities.max_tokens)
+            }
+            _ => 1,
+        };
+        let (key, mode, lease) = (request.key.clone(), request.mode, request.lease);
+        let acquired = self.backend.acquire(request.with_tokens(tokens)).await?;
+        Ok(self.grant(Arc::new(Remote::new(acquired, key, mode, lease)), local))
+    }
+
+    /// The next local holder of `remote`.
+    fn grant(self: &Arc<Self>, remote: Arc<Remote>, local: Acquired) -> Acquired {
+        let n = remote.given.fetch_add(1, Ordering::Relaxed);
+        let token = FencingToken::new(remote.first + u64::from(n));
+        let lost = remote.lost.clone();
+        let hold = Arc::new(CohortHold {
+            shared: self.clone(),
+            remote,
+            local: Mutex::new(Some(local)),
+        });
+        Acquired::new(token, hold).with_lost(lost)
+    }
+
+    /// Takes `remote` back from the baton slot, if it is still there.
+    fn take_back(&self, remote: &Arc<Remote>) -> bool {
+        let mut batons = lock(&self.batons);
+        match batons.get(&remote.key) {
+            Some(parked) if Arc::ptr_eq(parked, remote) => {
+                batons.remove(&remote.key);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// One grant from the wrapped backend, served to local holders in turn.
+struct Remote {
+    /// The backend's hold; taken when the lock goes back to the server.
+    handle: Mutex<Option<Arc<dyn LeaseHandle>>>,
+    lost: LostSignal,
+    key: LockKey,
+    mode: LockMode,
+    lease: Duration,
+    /// The first reserved fencing token, and how many there are.
+    first: u64,
+    tokens: u32,
+    /// Local holders served so far.
+    given: AtomicU32,
+    /// When the server granted it: the time bound counts from here.
+    granted_at: Instant,
+    /// How long the lease was known valid when granted: a renewal on time
+    /// keeps well over half of that ahead.
+    validity: Option<Duration>,
+}
+
+impl Remote {
+    fn new(acquired: Acquired, key: LockKey, mode: LockMode, lease: Duration) -> Remote {
+        let granted_at = Instant::now();
+        let validity = acquired
+            .valid_until()
+            .map(|v| v.saturating_duration_since(granted_at));
+        let tokens = acquired.tokens();
+        let (token, lost, handle) = acquired.into_parts();
+        Remote {
+            handle: Mutex::new(Some(handle)),
+            lost,
+            key,
+            mode,
+            lease,
+            first: token.get(),
+            tokens,
+            given: AtomicU32::new(0),
+            granted_at,
+            validity,
+        }
+    }
+
+    /// Whether another local holder may have it without asking the server:
+    /// tokens and time left, not lost, and the lease surely fresh.
+    fn may_pass_on(&self, options: &CohortOptions) -> bool {
+        if self.given.load(Ordering::Relaxed) >= self.tokens
+            || self.granted_at.elapsed() >= options.max_hold
+            || self.lost.is_lost()
+        {
+            return false;
+        }
+        let handle = lock(&self.handle);
+        let Some(handle) = handle.as_ref() else {
+            return false;
+        };
+        match (handle.valid_until(), self.validity) {
+            (Some(until), Some(validity)) => {
+                until.saturating_duration_since(Instant::now()) > validity / 2
+            }
+            (None, _) => true,
+            (Some(_), None) => false,
+        }
+    }
+
+    fn take_handle(&self) -> Option<Arc<dyn LeaseHandle>> {
+        lock(&self.handle).take()
+    }
+
+    /// Gives the lock back to the server from a destructor.
+    fn release_on_drop(&self) {
+        if let Some(handle) = self.take_handle() {
+            handle.release_on_drop();
+        }
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        // Every path takes the handle first; this is the net under them.
+        self.release_on_drop();
+    }
+}
+
+/// One local holder of a [`Remote`] grant.
+struct CohortHold<B> {
+    shared: Arc<Shared<B>>,
+    remote: Arc<Remote>,
+    /// This holder's place in the local queue, given up after the release.
+    local: Mutex<Option<Acquired>>,
+}
+
+/// How a local holder lets go.
+enum LetGo {
+    /// Handed to the next local waiter.
+    Passed,
+    /// Back to the server; the next local waiter may go once the release is
+    /// on the wire or once it is answered.
+    Release(Arc<dyn LeaseHandle>, After),
+    /// Nothing left to release.
+    Done,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum After {
+    Sent,
+    Answered,
+}
+
+impl<B: Backend> CohortHold<B> {
+    fn let_go(&self) -> LetGo {
+        let (shared, r) = (&self.shared, &self.remote);
+        let next = shared.local.next_in_line(&r.key);
+        let passes = matches!(r.mode, LockMode::Exclusive | LockMode::Write);
+        if passes && next == Some(r.mode) && r.may_pass_on(&shared.options) {
+            lock(&shared.batons).insert(r.key.clone(), r.clone());
+            // Grants the next waiter, which takes the baton.
+            lock(&self.local).take();
+            // It left meanwhile, or the lock was lost: nobody takes it back.
+            if (shared.local.is_idle(&r.key) || r.lost.is_lost()) && shared.take_back(r) {
+                r.release_on_drop();
+            }
+            return LetGo::Passed;
+        }
+        let Some(handle) = r.take_handle() else {
+            return LetGo::Done;
+        };
+        // Without a server queue, this process's next acquire, sent as soon
+        // as the release is, would land before anyone woken by the release
+        // elsewhere: it waits for the answer instead, which is when those
+        // others hear of the release too.
+        let after = if next.is_some() && !shared.capabilities.fifo {
+            After::Answered
+        } else if shared.capabilities.ordered_release {
+            After::Sent
+        } else {
+            After::Answered
+        };
+        LetGo::Release(handle, after)
+    }
+
+    /// Holds `local` (a queue position) until `release` is answered, in a
+    /// task [`Backend::flush`] waits for.
+    fn release_in_background(
+        &self,
+        release: BackendFuture<Result<(), LockError>>,
+        local: Option<Acquired>,
+    ) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            drop(release);
+            return;
+        };
+        self.shared.in_flight.spawn(&rt, async move {
+            if let Err(e) = release.await {
+                tracing::warn!(error = %e, "lock release failed");
+            }
+            drop(local);
+        });
+    }
+}
+
+impl<B: Backend> LeaseHandle for CohortHold<B> {
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        let (handle, after) = match self.let_go() {
+            LetGo::Passed | LetGo::Done => {
+                lock(&self.local).take();
+                return BackendFuture::ready(Ok(()));
+            }
+            LetGo::Release(handle, after) => (handle, after),
+        };
+        let mut release = handle.release();
+        if let Some(result) = release.take_ready() {
+            lock(&self.local).take();
+            return BackendFuture::ready(result);
+        }
+        BackendFuture::new(async move {
+            match after {
+                After::Sent => {
+                    // On the wire after one poll: the next local acquire,
+                    // sent now, lands after it.
+                    let first = poll_once(&mut release);
+                    lock(&self.local).take();
+                    match first {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => release.await,
+                    }
+                }
+                After::Answered => {
+                    let result = release.await;
+                    lock(&self.local).take();
+                    result
+                }
+            }
+        })
+    }
+
+    fn release_on_drop(self: Arc<Self>) {
+        let (handle, after) = match self.let_go() {
+            LetGo::Passed | LetGo::Done => {
+                lock(&self.local).take();
+                return;
+            }
+            LetGo::Release(handle, after) => (handle, after),
+        };
+        if after == After::Sent {
+            // Returns once the release is on the wire.
+            handle.release_on_drop();
+            lock(&self.local).take();
+            return;
+        }
+        let local = lock(&self.local).take();
+        self.release_in_background(handle.release(), local);
+    }
+
+    fn valid_until(&self) -> Option<Instant> {
+        lock(&self.remote.handle).as_ref()?.valid_until()
+    }
+}
+
+/// One poll, which puts a release on the wire.
+fn poll_once<F: Future + Unpin>(fut: &mut F) -> Poll<F::Output> {
+    Pin::new(fut).poll(&mut Context::from_waker(std::task::Waker::noop()))
+}
+
+/// The wait for this process's queue of a key. Its fields drop in order: a
+/// waiter that goes away after it was granted gives the grant back first,
+/// and then a lock handed to it, with nobody left to take it, goes back to
+/// the server.
+struct LocalWait<'a, B: Backend> {
+    wait: BackendFuture<Result<Acquired, LockError>>,
+    unclaimed: Option<Unclaimed<'a, B>>,
+}
+
+struct Unclaimed<'a, B: Backend> {
+    shared: &'a Shared<B>,
+    key: &'a LockKey,
+}
+
+impl<B: Backend> Future for LocalWait<'_, B> {
+    type Output = Result<Acquired, LockError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let result = std::task::ready!(Pin::new(&mut self.wait).poll(cx));
+        self.unclaimed = None;
+        Poll::Ready(result)
+    }
+}
+
+impl<B: Backend> Drop for Unclaimed<'_, B> {
+    fn drop(&mut self) {
+        if self.shared.local.is_idle(self.key) {
+            let baton = lock(&self.shared.batons).remove(self.key);
+            if let Some(remote) = baton {
+                remote.release_on_drop();
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Implements [`Backend`] for a public backend that is a [`Cohort`] (in its
+/// field `cohort`) in front of its protocol.
+macro_rules! cohort_backend {
+    ($backend:ty, $name:literal) => {
+        impl $crate::backend::Backend for $backend {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn acquire(
+                &self,
+                request: $crate::backend::LockRequest,
+            ) -> $crate::backend::BackendFuture<
+                Result<$crate::backend::Acquired, $crate::LockError>,
+            > {
+                self.cohort.acquire(request)
+            }
+
+            /// Also releases the locks passed on to local waiters that have
+            /// not taken them yet (they acquire anew).
+            fn flush(&self) -> $crate::backend::BackendFuture<()> {
+                self.cohort.flush()
+            }
+
+            fn instance_id(&self) -> usize {
+                // Clones share the cohort and the connection, and so their
+                // locks.
+                self.cohort.instance_id()
+            }
+
+            fn capabilities(&self) -> $crate::backend::Capabilities {
+                self.cohort.capabilities()
+            }
+        }
+    };
+}
+pub(crate) use cohort_backend;

@@ -1,0 +1,62 @@
+//! Releases in flight, for [`Backend::flush`](super::Backend::flush).
+
+use std::future::Future;
+use std::sync::Arc;
+
+/// Releases sent and not yet answered, for [`Backend::flush`].
+#[derive(Default)]
+pub(crate) struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+impl InFlight {
+    /// Runs `release` to its end on `rt`, counted until then.
+    pub(crate) fn spawn(
+        self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
+        release: impl Future<Output = ()> + Send + 'static,
+    ) {
+        use std::sync::atomic::Ordering;
+
+        /// Uncounts the release also when its task is dropped unfinished.
+        struct Done(Arc<InFlight>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    self.0.idle.notify_waiters();
+                }
+            }
+        }
+
+        self.count.fetch_add(1, Ordering::AcqRel);
+        let done = Done(self.clone());
+        rt.spawn(async move {
+            let _done = done;
+            release.await;
+        });
+    }
+
+    /// Completes once no release is in flight.
+    pub(crate) async fn idle(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            // Armed before the check, so a release ending in between is seen.
+            idle.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+}
+
+impl InFlight {
+    /// A backend's [`flush`](super::Backend::flush): completes once no
+    /// release is in flight.
+    pub(crate) fn flushed(self: &Arc<Self>) -> super::BackendFuture<()> {
+        let this = self.clone();
+        super::BackendFuture::new(async move { this.idle().await })
+    }
+}

@@ -1,0 +1,288 @@
+//! The lease lifecycle every remote backend shares: renewal, freshness,
+//! loss, and release (awaited, or in the background with retries, counted
+//! for `flush`). A backend supplies only its [`Protocol`]: how to renew and
+//! how to release one lock.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::{Acquired, BackendFuture, InFlight, LeaseHandle};
+use crate::error::LockError;
+use crate::lost::{Deadline, HasLostState, LostSignal, LostState};
+use crate::token::FencingToken;
+
+/// The shortest lease accepted: renewal runs every third of it.
+const MIN_LEASE: Duration = Duration::from_millis(30);
+
+/// Refuses a lease too short to renew in time.
+pub(crate) fn check_lease(lease: Duration, backend: &str) -> Result<(), LockError> {
+    if lease < MIN_LEASE {
+        return Err(LockError::Config(format!(
+            "a {backend} lease must be at least {} ms",
+            MIN_LEASE.as_millis()
+        )));
+    }
+    Ok(())
+}
+
+/// What is taken off a lease for clock drift before counting on it.
+pub(crate) fn drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// How long a lease granted or renewed by a request sent at `sent` is known
+/// to last: never counted from the answer, which may come late.
+pub(crate) fn known_until(sent: Instant, lease: Duration) -> Instant {
+    sent + lease - drift(lease)
+}
+
+/// What one remote backend does for one held lock.
+pub(crate) trait Protocol: Send + Sync + Sized + 'static {
+    /// The backend's name, for logs.
+    const BACKEND: &'static str;
+    /// Why a lock whose validity has passed is no longer known held.
+    const EXPIRED: &'static str;
+
+    /// The lock, for logs.
+    fn describe(&self) -> &str;
+
+    /// Extends the lease by `lease`, once. `Err` says why the lock is lost.
+    fn renew(&self, lease: Duration) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// Woken when the renewal should run at once (the connection was lost).
+    fn renew_now(&self) -> Option<Arc<Notify>> {
+        None
+    }
+
+    /// One release. Its first poll puts it on the wire.
+    fn release(&self) -> impl Future<Output = Released> + Send;
+
+    /// Releases, again after failures without an answer, until done, the
+    /// lock surely gone, or `deadline` (when the lease would end anyway).
+    fn release_until(
+        &self,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<(), LockError>> + Send;
+}
+
+/// The outcome of one release.
+pub(crate) struct Released {
+    pub(crate) result: Result<(), LockError>,
+    /// It may not have been applied everywhere: go on in the background.
+    pub(crate) again: bool,
+}
+
+/// A held remote lock: its protocol state, validity, renewal and loss.
+pub(crate) struct Lease<P: Protocol> {
+    pub(crate) protocol: P,
+    lease: Duration,
+    lost: LostState,
+    /// Until when the server surely keeps the lock (for ZooKeeper, the
+    /// session's deadline, shared by its locks).
+    valid: Arc<Deadline>,
+    renewal: Mutex<Option<JoinHandle<()>>>,
+    releases: Arc<InFlight>,
+    /// Set when the release starts: later calls do nothing.
+    released: AtomicBool,
+}
+
+impl<P: Protocol> Lease<P> {
+    /// A lock granted until `valid`; `releases` counts its background
+    /// releases for the backend's `flush`.
+    pub(crate) fn new(
+        protocol: P,
+        lease: Duration,
+        valid: Arc<Deadline>,
+        releases: Arc<InFlight>,
+    ) -> Arc<Self> {
+        Arc::new(Lease {
+            protocol,
+            lease,
+            lost: LostState::new(),
+            valid,
+            renewal: Mutex::new(None),
+            releases,
+            released: AtomicBool::new(false),
+        })
+    }
+
+    /// Renews the lease every third of it until released or lost.
+    pub(crate) fn keep_renewed(self: &Arc<Self>) {
+        let task = tokio::spawn(renew(Arc::downgrade(self)));
+        *lock(&self.renewal) = Some(task);
+    }
+
+    /// The lock as the backend hands it out, with `tokens` reserved from
+    /// `token` on.
+    pub(crate) fn acquired(self: Arc<Self>, token: FencingToken, tokens: u32) -> Acquired {
+        let lost = LostSignal::new(self.clone());
+        Acquired::new(token, self)
+            .with_lost(lost)
+            .with_tokens(tokens)
+    }
+
+    pub(crate) fn lost(&self) -> &LostState {
+        &self.lost
+    }
+
+    fn stop_renewal(&self) {
+        if let Some(renewal) = lock(&self.renewal).take() {
+            renewal.abort();
+        }
+    }
+
+    /// Releases in the background, retrying until the lease would end.
+    fn release_later(self: Arc<Self>) {
+        let deadline = Instant::now() + self.lease;
+        let releases = self.releases.clone();
+        let what = P::BACKEND;
+        release_in_background(
+            async move { self.protocol.release_until(deadline).await },
+            &releases,
+            what,
+        );
+    }
+}
+
+impl<P: Protocol> HasLostState for Lease<P> {
+    fn lost_state(&self) -> &LostState {
+        &self.lost
+    }
+
+    /// A holder that runs again after a pause past its lease is told at
+    /// once, before the renewal task gets to run.
+    fn expired(&self) -> Option<String> {
+        self.valid.passed().then(|| P::EXPIRED.to_owned())
+    }
+}
+
+impl<P: Protocol> LeaseHandle for Lease<P> {
+    /// Waits for the answer. Dropped before it (the caller gave up
+    /// waiting), even unpolled, the release is finished in the background.
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return BackendFuture::ready(Ok(()));
+        }
+        self.stop_renewal();
+        let unanswered = Unanswered(Some(self.clone()));
+        BackendFuture::new(async move {
+            let mut unanswered = unanswered;
+            let Released { result, again } = self.protocol.release().await;
+            unanswered.disarm();
+            if again {
+                self.release_later();
+            }
+            result
+        })
+    }
+
+    /// Puts the release on the wire and leaves its answer (and any retry)
+    /// to a task that the backend's `flush` waits for.
+    fn release_on_drop(self: Arc<Self>) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stop_renewal();
+        self.release_later();
+    }
+
+    fn valid_until(&self) -> Option<Instant> {
+        Some(self.valid.get())
+    }
+}
+
+/// An awaited release whose answer has not come yet.
+struct Unanswered<P: Protocol>(Option<Arc<Lease<P>>>);
+
+impl<P: Protocol> Unanswered<P> {
+    /// The answer came.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<P: Protocol> Drop for Unanswered<P> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.take() {
+            lease.release_later();
+        }
+    }
+}
+
+/// Renews a lease every third of it until released or lost; a renewal that
+/// fails, times out (after a third of the lease) or finds the lock gone
+/// fires the lost signal, before the lease ends.
+async fn renew<P: Protocol>(lease: Weak<Lease<P>>) {
+    let Some(period) = lease.upgrade().map(|l| l.lease / 3) else {
+        return;
+    };
+    loop {
+        let Some(now) = lease.upgrade().map(|l| l.protocol.renew_now()) else {
+            return;
+        };
+        match now {
+            Some(now) => tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = now.notified() => {}
+            },
+            None => tokio::time::sleep(period).await,
+        }
+        let Some(l) = lease.upgrade() else {
+            return;
+        };
+        let sent = Instant::now();
+        let reason = match tokio::time::timeout(period, l.protocol.renew(l.lease)).await {
+            Ok(Ok(())) => {
+                l.valid.extend(known_until(sent, l.lease));
+                continue;
+            }
+            Ok(Err(reason)) => reason,
+            Err(_) => "renewing the lease timed out".to_owned(),
+        };
+        tracing::warn!(
+            backend = P::BACKEND,
+            key = l.protocol.describe(),
+            reason,
+            "lock lost"
+        );
+        l.lost.fire(reason);
+        return;
+    }
+}
+
+/// Releases from a destructor: puts `release` (which retries on its own) on
+/// the wire and leaves the answer to a task that the backend's `flush`
+/// waits for. A failure is logged.
+pub(crate) fn release_in_background(
+    release: impl Future<Output = Result<(), LockError>> + Send + 'static,
+    in_flight: &Arc<InFlight>,
+    backend: &'static str,
+) {
+    let mut release = Box::pin(release);
+    let first = release
+        .as_mut()
+        .poll(&mut Context::from_waker(std::task::Waker::noop()));
+    let failed = move |e: LockError| {
+        tracing::warn!(backend, error = %e, "releasing a lock failed; it ends with its lease");
+    };
+    match (first, tokio::runtime::Handle::try_current()) {
+        (Poll::Ready(result), _) => result.unwrap_or_else(failed),
+        (Poll::Pending, Ok(rt)) => {
+            in_flight.spawn(&rt, async move { release.await.unwrap_or_else(failed) })
+        }
+        (Poll::Pending, Err(_)) => tracing::warn!(
+            backend,
+            "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
+        ),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,247 @@
+//! The Redis keys of one lock and the commands on them.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+
+use super::scripts::{scripts, FENCE_TTL};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::mode::LockMode;
+
+/// Pause between tries of a release that got no answer.
+const RELEASE_RETRY: Duration = Duration::from_millis(100);
+
+/// Whether a failed release may not have run (the connection dropped, the
+/// answer timed out): then it is worth sending again.
+pub(crate) fn uncertain(e: &redis::RedisError) -> bool {
+    !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
+}
+
+/// Random owner tokens: a per-backend random prefix and a counter.
+pub(crate) struct Tokens {
+    seed: u64,
+    next: AtomicU64,
+}
+
+impl Tokens {
+    pub(crate) fn new() -> Self {
+        // `RandomState` is seeded from the OS's randomness.
+        let seed = std::collections::hash_map::RandomState::new()
+            .hash_one((std::process::id(), std::time::SystemTime::now()));
+        Tokens {
+            seed,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:016x}{n:016x}", self.seed)
+    }
+}
+
+/// The Redis keys of one lock.
+#[derive(Clone)]
+pub(crate) struct Layout {
+    kind: Kind,
+    /// The string (exclusive, writer) or sorted set (reader, semaphore).
+    main: String,
+    /// The readers' set of a writer, the writer of a reader.
+    other: Option<String>,
+    fence: String,
+    channel: String,
+    /// Restart quarantine: the marker key, the quarantine key, its length.
+    quarantine: Option<(String, String, u64)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Exclusive,
+    Read,
+    Write,
+    Semaphore(u32),
+}
+
+impl Layout {
+    pub(crate) fn new(prefix: &str, key: &LockKey, mode: LockMode) -> Self {
+        let base = format!("{prefix}{{{key}}}");
+        let (kind, main, other) = match mode {
+            LockMode::Exclusive => (Kind::Exclusive, base.clone(), None),
+            LockMode::Read => (Kind::Read, format!("{base}:r"), Some(format!("{base}:w"))),
+            LockMode::Write => (Kind::Write, format!("{base}:w"), Some(format!("{base}:r"))),
+            LockMode::Semaphore { permits } => {
+                (Kind::Semaphore(permits), format!("{base}:s"), None)
+            }
+        };
+        Layout {
+            kind,
+            main,
+            other,
+            fence: format!("{base}:fence"),
+            channel: format!("{base}:rel"),
+            quarantine: None,
+        }
+    }
+
+    /// Checks for a restarted server before granting: see
+    /// [`RedisOptions::restart_quarantine`].
+    pub(crate) fn with_quarantine(mut self, prefix: &str, longest: Option<Duration>) -> Self {
+        self.quarantine = longest.map(|d| {
+            (
+                format!("{prefix}~alive"),
+                format!("{prefix}~quarantine"),
+                d.as_millis().max(1) as u64,
+            )
+        });
+        self
+    }
+
+    /// The channel its releases are published on.
+    pub(crate) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Whether the acquire script reserves a block of fencing tokens
+    /// (exclusive and write locks, which a cohort passes on).
+    pub(crate) fn reserves_block(&self) -> bool {
+        self.is_string()
+    }
+
+    /// The Redis key holding the lock (for logs).
+    pub(crate) fn main_key(&self) -> &str {
+        &self.main
+    }
+
+    /// Whether the lock is a string (else a member of a sorted set).
+    fn is_string(&self) -> bool {
+        matches!(self.kind, Kind::Exclusive | Kind::Write)
+    }
+
+    /// One attempt to take the lock for `token` on `conn`.
+    pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        token: &str,
+        lease: Duration,
+        tokens: u32,
+    ) -> Result<Attempt, LockError> {
+        let s = scripts();
+        let mut call = match self.kind {
+            Kind::Exclusive => s.acquire_exclusive.key(&self.main),
+            Kind::Read => s.acquire_read.key(&self.main),
+            Kind::Write => s.acquire_write.key(&self.main),
+            Kind::Semaphore(_) => s.acquire_semaphore.key(&self.main),
+        };
+        if let Some(other) = &self.other {
+            call.key(other);
+        }
+        call.key(&self.fence)
+            .arg(token)
+            .arg(lease.as_millis() as u64)
+            .arg(FENCE_TTL.as_millis() as u64);
+        match self.kind {
+            Kind::Semaphore(permits) => call.arg(permits),
+            Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),
+            Kind::Read => &mut call,
+        };
+        // Last, so that every script finds them past its own.
+        if let Some((alive, quarantine, ms)) = &self.quarantine {
+            call.key(alive).key(quarantine).arg(*ms);
+        }
+        let (granted, value): (i64, i64) = call
+            .invoke_async(conn)
+            .await
+            .map_err(|e| redis_error("acquiring a lock", e))?;
+        Ok(if granted == 1 {
+            Attempt::Granted(value as u64)
+        } else {
+            Attempt::Busy(value)
+        })
+    }
+
+    /// Extends `token`'s lease; false if the lock is no longer its.
+    pub(crate) async fn extend<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        token: &str,
+        lease: Duration,
+    ) -> Result<bool, LockError> {
+        let s = scripts();
+        let script = if self.is_string() {
+            &s.extend_string
+        } else {
+            &s.extend_member
+        };
+        let extended: i64 = script
+            .key(&self.main)
+            .key(&self.fence)
+            .arg(token)
+            .arg(lease.as_millis() as u64)
+            .arg(FENCE_TTL.as_millis() as u64)
+            .invoke_async(conn)
+            .await
+            .map_err(|e| redis_error("renewing a lease", e))?;
+        Ok(extended == 1)
+    }
+
+    /// Releases `token`'s hold (if it still has one) and publishes it.
+    pub(crate) async fn release<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        token: &str,
+    ) -> redis::RedisResult<()> {
+        let s = scripts();
+        let script = if self.is_string() {
+            &s.release_string
+        } else {
+            &s.release_member
+        };
+        let _released: i64 = script
+            .key(&self.main)
+            .arg(token)
+            .arg(&self.channel)
+            .invoke_async(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// [Releases](Self::release) through `conn`. With a `deadline` (when the
+    /// lease would have ended anyway), again on a reconnected connection
+    /// while the release fails without an answer from the server (a dropped
+    /// connection, a timeout): compare-and-delete by a unique token is safe
+    /// to repeat.
+    pub(crate) async fn release_until(
+        &self,
+        conn: &ConnectionManager,
+        token: &str,
+        deadline: Option<std::time::Instant>,
+    ) -> redis::RedisResult<()> {
+        loop {
+            match self.release(&mut conn.clone(), token).await {
+                Err(e)
+                    if uncertain(&e)
+                        && deadline
+                            .is_some_and(|d| std::time::Instant::now() + RELEASE_RETRY < d) =>
+                {
+                    tracing::debug!(error = %e, "retrying a redis release");
+                    tokio::time::sleep(RELEASE_RETRY).await;
+                }
+                result => return result,
+            }
+        }
+    }
+}
+
+pub(crate) fn redis_error(doing: &str, e: redis::RedisError) -> LockError {
+    LockError::backend("redis", doing.to_owned(), Some(Box::new(e) as _))
+}
+
+/// The answer of an acquire script.
+pub(crate) enum Attempt {
+    Granted(u64),
+    /// Held; the holder's remaining lease in ms (negative: none known).
+    Busy(i64),
+}

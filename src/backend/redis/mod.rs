@@ -1,0 +1,268 @@
+//! Redis, one instance (feature `redis`).
+//!
+//! # Layout
+//!
+//! For a key `K` and the prefix `lock:` (the default), every Redis key shares
+//! the hash tag `{K}`, so that each script touches one Cluster slot:
+//!
+//! | mode | Redis keys |
+//! |---|---|
+//! | exclusive | `lock:{K}`, a string holding the owner's random token |
+//! | read/write | `lock:{K}:w`, the writer's token; `lock:{K}:r`, a sorted set of reader tokens scored by their expiry (ms) |
+//! | semaphore | `lock:{K}:s`, a sorted set of holder tokens scored by their expiry (ms) |
+//! | all | `lock:{K}:fence`, the fencing counter; releases publish on the channel `lock:{K}:rel` |
+//!
+//! The exclusive lock is redis-py's `Lock` on the same name: `SET name token
+//! NX PX lease` to take it, compare-and-delete to release, compare-and-`PEXPIRE`
+//! to extend. A Python service using `r.lock("lock:{K}")` and a Rust service
+//! using this backend exclude each other.
+//!
+//! # Fencing tokens
+//!
+//! The acquire script increments `lock:{K}:fence`: for an exclusive or write
+//! lock by the number of tokens the acquisition reserves for the holders it
+//! may serve within this process (see [Passing a lock on](#passing-a-lock-on);
+//! [`CohortOptions::DEFAULT_MAX_GRANTS`] by default), by 1 otherwise. A
+//! counter that does not exist yet starts at the server's clock in
+//! microseconds, not at 1, and the counter expires a day after the key was
+//! last locked. So counters do not pile up as keys come and go, and a token
+//! never goes backwards when a counter is lost (expired, or a restart without
+//! persistence): the new start is above any value the old counter reached,
+//! unless the key's tokens were used up faster than one per microsecond on
+//! average, or the server clock stepped back.
+//!
+//! # Waiting
+//!
+//! Within a process, acquisitions of a key queue in arrival order and only the
+//! head talks to Redis (see [Passing a lock on](#passing-a-lock-on)). The head tries once; if the key is held it subscribes to
+//! the key's release channel and tries again when a release is published, or
+//! when the holder's lease would have run out (at most a second later, for
+//! holders such as redis-py that do not publish). Releases, subscriptions and
+//! commands share one RESP3 connection per backend, managed by the `redis`
+//! crate's `ConnectionManager`, which reconnects and resubscribes.
+//!
+//! # Passing a lock on
+//!
+//! The backend is a [`Cohort`] in front of the Redis protocol: when a holder
+//! of an exclusive or write lock releases it while another acquisition of the
+//! same key in the same mode waits in this process, the Redis lock is handed
+//! to that waiter instead of being released and taken again. No round trip,
+//! the key never free in Redis in between, the lease and its renewal carried
+//! on; each holder still gets its own fencing token, the next of the block the
+//! Redis acquisition reserved. The lock goes back to Redis when the block is
+//! used up, when [`CohortOptions::DEFAULT_MAX_HOLD`] has passed since Redis
+//! granted it, when the renewal is late (a key that may have expired in
+//! Redis, say while the process was paused, is never handed on), or when no
+//! local waiter wants it. [`RedisOptions::cohort`] changes the bound or turns
+//! it off.
+//!
+//! Redis has no queue, only the release message, so a process that gives the
+//! lock back with waiters of its own still queued lets them ask again only
+//! once Redis has answered the release, which is when a waiter elsewhere
+//! hears the message: neither is ahead by construction (measured: two
+//! processes of four workers each get within 25% of each other's share).
+//! Within a process waiters are served in order; between processes, turn by
+//! turn of at most one bound each, but not in arrival order (use ZooKeeper
+//! for that).
+//!
+//! # Leases and loss
+//!
+//! A held lock's lease is renewed every third of the lease. A renewal that
+//! fails, times out (after a third of the lease), or finds the key gone or owned
+//! by another token fires the lock's lost signal: within one renewal period,
+//! and before the lease ends. A lost connection triggers a renewal at once.
+//!
+//! # Release
+//!
+//! A release is the compare-and-delete script, which also publishes on the
+//! release channel; a lock [passed on](#passing-a-lock-on) runs no script
+//! and stays taken in Redis for its next holder. [`LockGuard::release`](crate::LockGuard::release) waits
+//! for its answer; dropping the guard (as the layer does) sends it and goes
+//! on, the answer awaited in the background. Either way this process's next
+//! waiter for the key may send its acquire at once: Redis runs a
+//! connection's commands in order, so the acquire lands after the release and
+//! finds the lock free, and the two round trips overlap. Other clients see
+//! the key released once the script has run. When the connection breaks
+//! before the answer, the script is sent again in the background on the new
+//! connection until it is answered or the lease would have ended anyway (it
+//! is safe to repeat: the token is unique); an awaited release then reports
+//! the error. [`Backend::flush`] waits until every release sent has been
+//! answered: call it before the process exits, or a release still in flight
+//! is lost and its key stays taken until its lease ends.
+//!
+//! # What it does not guarantee
+//!
+//! A single Redis is a single point of failure. Without persistence, a
+//! restarted Redis has forgotten every lock: a holder learns at once (its
+//! connection dropped, its renewal finds the key gone) and is told the lock is
+//! lost, but another process may take the key in the moments before. Fencing
+//! tokens make that overlap harmless for storage that checks them; and
+//! [`RedisOptions::restart_quarantine`] closes it, by granting nothing for the
+//! longest lease after the server comes back empty (the Redlock paper's
+//! delayed restart, done by the clients). A holder
+//! paused longer than its lease (a stopped process, a long GC) loses the lock
+//! without knowing until it runs again; again, fencing tokens catch its writes.
+//! Waiters in every mode are served first come first served within a process,
+//! but not across processes (see [Passing a lock on](#passing-a-lock-on)).
+
+mod layout;
+mod options;
+mod pubsub;
+mod scripts;
+mod server;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionManagerConfig;
+use redis::PushInfo;
+
+pub(crate) use self::layout::{redis_error, Attempt, Layout, Tokens};
+pub(crate) use self::options::check_tls_support;
+use self::options::tls_mismatch_hint;
+pub use self::options::RedisOptions;
+use self::pubsub::{sweep_subscriptions, Watches};
+use self::server::{Server, ServerInner};
+use super::Cohort;
+#[cfg(doc)]
+use super::CohortOptions;
+use crate::error::LockError;
+use crate::key::LockKey;
+
+/// Locks in one Redis server (or one Cluster, through hash tags).
+///
+/// See the [module documentation](self) for the layout, the fencing tokens,
+/// and what it guarantees.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::backend::RedisBackend;
+/// use tower_lock::{BackendExt, LockLayer, PathParam};
+///
+/// let redis = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+/// let guard = redis.lock("report:daily").await?;
+/// guard.release().await?;
+///
+/// // Or per request, shared by every replica that uses the same Redis:
+/// let layer = LockLayer::new(redis, PathParam("sku"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    cohort: Cohort<Server>,
+}
+
+impl RedisBackend {
+    /// Connects with the default [`RedisOptions`].
+    ///
+    /// # URLs
+    ///
+    /// The `redis` crate's forms (`valkey://` and `valkeys://` too):
+    ///
+    /// | URL | connection |
+    /// |---|---|
+    /// | `redis://[user][:password@]host[:port][/db]` | plain TCP, port 6379 unless given |
+    /// | `rediss://[user][:password@]host[:port][/db]` | TLS (feature `redis-tls`): the server's certificate must be valid for `host` and chain to a CA of the system's trust store (OpenSSL's: `/etc/ssl/certs`, or what `SSL_CERT_FILE` / `SSL_CERT_DIR` name), or to the one given by `RedisOptions::tls_root_certificate` |
+    /// | `rediss://host:port/#insecure` | TLS that checks neither the certificate nor the host name: encrypted, but an impostor is not detected. For tests |
+    ///
+    /// Without the `redis-tls` feature a `rediss://` URL is a
+    /// [`LockError::Config`] that says so. Client certificates (mutual TLS)
+    /// are not supported. The backend always speaks RESP3, whatever
+    /// `?protocol=` says. A `redis://` URL to a port that expects TLS fails
+    /// like an unreachable server (the server drops the connection), within
+    /// the connect timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if the server cannot be reached or the TLS
+    /// handshake fails (an untrusted certificate, say), or
+    /// [`LockError::Config`] for a malformed URL.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(url, RedisOptions::default()).await
+    }
+
+    /// Connects with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self, LockError> {
+        let client = options.client(url)?;
+        let watches = Arc::new(Watches::default());
+        let push = {
+            let watches = Arc::downgrade(&watches);
+            move |info: PushInfo| {
+                if let Some(w) = watches.upgrade() {
+                    w.on_push(info);
+                }
+                Ok::<(), ()>(())
+            }
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+            .set_push_sender(push)
+            .set_automatic_resubscription();
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| {
+                let hint = tls_mismatch_hint(url, &e);
+                redis_error(&format!("connecting to {url}{hint}"), e)
+            })?;
+        tokio::spawn(sweep_subscriptions(Arc::downgrade(&watches), conn.clone()));
+        let server = Server {
+            inner: Arc::new(ServerInner {
+                conn,
+                prefix: options.prefix,
+                quarantine: options.restart_quarantine,
+                watches,
+                tokens: Tokens::new(),
+                releases: Arc::default(),
+            }),
+        };
+        Ok(RedisBackend {
+            cohort: Cohort::new(server, options.cohort),
+        })
+    }
+
+    /// The Redis key of an exclusive lock on `key`, for peers in other
+    /// languages: redis-py's `r.lock(name)` with this name excludes us.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_lock::backend::RedisBackend;
+    /// use tower_lock::LockKey;
+    ///
+    /// let redis = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+    /// let name = redis.redis_key(&LockKey::new("order:42")?);
+    /// assert_eq!(name, "lock:{order:42}");
+    /// // In Python: redis.Redis().lock("lock:{order:42}") excludes this backend's holders.
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_key(&self, key: &LockKey) -> String {
+        format!("{}{{{key}}}", self.cohort.inner().inner.prefix)
+    }
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.cohort.inner().inner.prefix)
+            .field("cohort", &self.cohort.options())
+            .finish_non_exhaustive()
+    }
+}
+
+super::cohort::cohort_backend!(RedisBackend, "redis");
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

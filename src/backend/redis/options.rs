@@ -1,0 +1,211 @@
+//! Connection settings and TLS.
+
+use std::time::Duration;
+
+use redis::{IntoConnectionInfo, ProtocolVersion};
+
+use crate::backend::CohortOptions;
+use crate::error::LockError;
+
+/// Connection settings of a [`RedisBackend`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::backend::{RedisBackend, RedisOptions};
+///
+/// let options = RedisOptions::default()
+///     .prefix("orders:lock:")
+///     .connect_timeout(Duration::from_secs(2))
+///     .response_timeout(Duration::from_millis(500))
+///     // Every client of this server uses leases of at most 30 s.
+///     .restart_quarantine(Duration::from_secs(30));
+/// let redis = RedisBackend::connect_with("redis://127.0.0.1:6379/", options).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    pub(super) prefix: String,
+    pub(super) connect_timeout: Duration,
+    pub(super) response_timeout: Duration,
+    pub(super) restart_quarantine: Option<Duration>,
+    pub(super) cohort: CohortOptions,
+    #[cfg(feature = "redis-tls")]
+    tls_root_certificate: Option<Vec<u8>>,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            prefix: "lock:".into(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            restart_quarantine: None,
+            cohort: CohortOptions::default(),
+            #[cfg(feature = "redis-tls")]
+            tls_root_certificate: None,
+        }
+    }
+}
+
+impl RedisOptions {
+    /// The prefix of every Redis key (default `lock:`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How this process's waiters share a lock (see
+    /// [`Cohort`](crate::backend::Cohort)): on by default, up to
+    /// [`CohortOptions::DEFAULT_MAX_GRANTS`] holders or
+    /// [`CohortOptions::DEFAULT_MAX_HOLD`] per Redis acquisition;
+    /// [`CohortOptions::off`] makes every acquisition go to Redis.
+    pub fn cohort(mut self, cohort: CohortOptions) -> Self {
+        self.cohort = cohort;
+        self
+    }
+
+    /// How long to wait for a connection (default 1 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long to wait for a reply (default 1 s). A backend that does not
+    /// answer in time makes the acquisition fail (503 through the layer).
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// After the server comes back empty (restarted without persistence, or
+    /// flushed), grant no lock for `longest_lease`: a holder from before
+    /// cannot still be inside its lease when the next one starts. Set it to
+    /// the longest lease any client of this server uses. Off by default.
+    ///
+    /// The server is recognised as empty by a marker key under the prefix
+    /// (`<prefix>~alive`), which the first acquisition writes; so a new
+    /// server also waits once. Not for Redis Cluster (the marker lives in
+    /// one slot).
+    pub fn restart_quarantine(mut self, longest_lease: Duration) -> Self {
+        self.restart_quarantine = Some(longest_lease);
+        self
+    }
+
+    /// For a `rediss://` URL: trust the CA certificate(s) in `pem` (PEM
+    /// text, one or more certificates), and only them, instead of the
+    /// system's trust store. For a server whose certificate a private CA
+    /// signed. The host name in the URL must still match the certificate.
+    /// [`connect_with`](RedisBackend::connect_with) refuses it with a URL
+    /// that does not use TLS, and a `pem` that does not parse, as
+    /// [`LockError::Config`]. Needs the `redis-tls` feature.
+    #[cfg(feature = "redis-tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root_certificate = Some(pem.into());
+        self
+    }
+}
+
+impl RedisOptions {
+    /// The client for `url`, over TLS if it asks for it.
+    pub(super) fn client(&self, url: &str) -> Result<redis::Client, LockError> {
+        if wants_tls(url) {
+            check_tls_support("rediss")?;
+        }
+        let info = url
+            .into_connection_info()
+            .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))?;
+        // Releases arrive as RESP3 pushes on the same connection.
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(settings);
+        #[cfg(feature = "redis-tls")]
+        if let Some(pem) = &self.tls_root_certificate {
+            if !wants_tls(url) {
+                return Err(LockError::Config(format!(
+                    "a TLS root certificate was given, but {url:?} does not use TLS: use rediss://"
+                )));
+            }
+            return redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            )
+            .map_err(|e| LockError::Config(format!("invalid TLS root certificate: {e}")));
+        }
+        redis::Client::open(info)
+            .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))
+    }
+}
+
+/// Whether `url` asks for TLS: `rediss://`, or the redis crate's
+/// `valkeys://`.
+fn wants_tls(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+}
+
+/// Refuses a URL whose `scheme` asks for TLS when this build has none,
+/// naming the feature that adds it (the redis crate's own error names its
+/// features, not ours).
+pub(crate) fn check_tls_support(scheme: &str) -> Result<(), LockError> {
+    tls_support(scheme, cfg!(feature = "redis-tls"))
+}
+
+/// The likely cause of a failed connection that failed the way one to a
+/// server expecting TLS fails without it (the server drops it), or the other
+/// way round (no answer to the TLS handshake).
+pub(super) fn tls_mismatch_hint(url: &str, e: &redis::RedisError) -> &'static str {
+    let dropped = e.is_connection_dropped() && !e.is_connection_refusal();
+    match wants_tls(url) {
+        false if dropped => {
+            " (the server dropped the connection: if it expects TLS, use rediss://)"
+        }
+        true if dropped || e.is_timeout() => {
+            " (no TLS handshake: if the server does not speak TLS, use redis://)"
+        }
+        _ => "",
+    }
+}
+
+fn tls_support(scheme: &str, built_in: bool) -> Result<(), LockError> {
+    if built_in {
+        return Ok(());
+    }
+    Err(LockError::Config(format!(
+        "`{scheme}://` URLs connect over TLS, which this build of tower-lock leaves out: \
+         enable its `redis-tls` feature (features = [\"redis-tls\"] in Cargo.toml)"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tls_url_without_the_feature_is_a_config_error_naming_the_feature() {
+        assert!(wants_tls("rediss://127.0.0.1:6379/"));
+        assert!(wants_tls("REDISS://127.0.0.1/#insecure"));
+        assert!(wants_tls("valkeys://127.0.0.1/"));
+        assert!(!wants_tls("redis://127.0.0.1:6379/"));
+        assert!(!wants_tls("redis://rediss:6379/"));
+        assert!(tls_support("rediss", true).is_ok());
+        match tls_support("rediss", false) {
+            Err(LockError::Config(m)) => {
+                assert!(m.contains("`rediss://`"), "{m}");
+                assert!(m.contains("`redis-tls` feature"), "{m}");
+            }
+            other => panic!("expected a Config error, got {other:?}"),
+        }
+        assert_eq!(
+            check_tls_support("rediss").is_ok(),
+            cfg!(feature = "redis-tls")
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! Release messages: one subscription per key's channel while anyone
+//! waits on it, shared by the backend's waiters.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::Notify;
+
+use super::lock;
+
+/// Idle subscriptions are dropped after this long.
+const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
+
+/// Waiters' interest in release channels, shared with the push handler.
+#[derive(Default)]
+pub(super) struct Watches {
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Woken on a lost connection: renewals check their lease at once.
+    pub(super) reconnected: Arc<Notify>,
+}
+
+struct Channel {
+    notify: Arc<Notify>,
+    users: usize,
+    subscribed: bool,
+    idle_since: Option<tokio::time::Instant>,
+}
+
+impl Watches {
+    /// Handles a RESP3 push from the connection.
+    pub(super) fn on_push(&self, info: PushInfo) {
+        match info.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(channel)) = info.data.first() {
+                    let channels = lock(&self.channels);
+                    if let Some(c) = std::str::from_utf8(channel)
+                        .ok()
+                        .and_then(|c| channels.get(c))
+                    {
+                        c.notify.notify_waiters();
+                    }
+                }
+            }
+            PushKind::Disconnection => {
+                // Messages may have been missed: every waiter looks again,
+                // and every holder checks its lease.
+                for c in lock(&self.channels).values() {
+                    c.notify.notify_waiters();
+                }
+                self.reconnected.notify_waiters();
+            }
+            _ => {}
+        }
+    }
+
+    /// Registers interest in `channel`, subscribing on `conn` if nobody
+    /// else is.
+    pub(super) async fn watch(self: &Arc<Self>, conn: &ConnectionManager, channel: &str) -> Watch {
+        let (notify, subscribe) = {
+            let mut channels = lock(&self.channels);
+            let c = channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    notify: Arc::new(Notify::new()),
+                    users: 0,
+                    subscribed: false,
+                    idle_since: None,
+                });
+            c.users += 1;
+            c.idle_since = None;
+            (c.notify.clone(), !c.subscribed)
+        };
+        if subscribe {
+            match conn.clone().subscribe(channel).await {
+                Ok(()) => {
+                    if let Some(c) = lock(&self.channels).get_mut(channel) {
+                        c.subscribed = true;
+                    }
+                }
+                // Without the subscription the waiter still re-checks at the
+                // holder's remaining lease.
+                Err(e) => {
+                    tracing::warn!(channel, error = %e, "could not subscribe to lock releases")
+                }
+            }
+        }
+        Watch {
+            watches: self.clone(),
+            channel: channel.to_owned(),
+            notify,
+        }
+    }
+}
+
+/// Unsubscribes from channels nobody has waited on for a while. Stops when
+/// the backend is dropped.
+pub(super) async fn sweep_subscriptions(watches: Weak<Watches>, conn: ConnectionManager) {
+    loop {
+        tokio::time::sleep(SUBSCRIPTION_LINGER).await;
+        let Some(watches) = watches.upgrade() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let idle: Vec<String> = {
+            let mut channels = lock(&watches.channels);
+            let idle: Vec<String> = channels
+                .iter()
+                .filter(|(_, c)| {
+                    c.users == 0 && c.idle_since.is_some_and(|t| now - t >= SUBSCRIPTION_LINGER)
+                })
+                .map(|(name, _)| name.clone())
+                .collect();
+            for name in &idle {
+                channels.remove(name);
+            }
+            idle
+        };
+        drop(watches);
+        let mut conn = conn.clone();
+        for name in idle {
+            let _ = conn.unsubscribe(&name).await;
+        }
+    }
+}
+
+/// A waiter's interest in a release channel.
+pub(super) struct Watch {
+    watches: Arc<Watches>,
+    channel: String,
+    pub(super) notify: Arc<Notify>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(c) = lock(&self.watches.channels).get_mut(&self.channel) {
+            c.users -= 1;
+            if c.users == 0 {
+                c.idle_since = Some(tokio::time::Instant::now());
+            }
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! One Redis server, spoken to directly: the acquire loop, renewal and
+//! release of one lock. [`Cohort`](crate::backend::Cohort) puts the local
+//! queue in front.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use tokio::sync::Notify;
+
+use super::layout::{redis_error, uncertain, Attempt, Layout, Tokens};
+use super::pubsub::Watches;
+use crate::backend::lease::{
+    check_lease, known_until, release_in_background, Lease, Protocol, Released,
+};
+use crate::backend::{Acquired, Backend, BackendFuture, Capabilities, InFlight, LockRequest};
+use crate::error::LockError;
+use crate::lost::Deadline;
+use crate::mode::Wait;
+use crate::token::FencingToken;
+
+/// The longest a waiter sleeps without a release message before it looks
+/// again: covers holders that never publish (redis-py) and lost messages.
+const MAX_RECHECK: Duration = Duration::from_secs(1);
+/// The most fencing tokens one acquisition reserves.
+const MAX_TOKENS: u32 = 1 << 16;
+
+/// The Redis protocol on one connection.
+#[derive(Clone)]
+pub(super) struct Server {
+    pub(super) inner: Arc<ServerInner>,
+}
+
+pub(super) struct ServerInner {
+    pub(super) conn: ConnectionManager,
+    pub(super) prefix: String,
+    pub(super) quarantine: Option<Duration>,
+    pub(super) watches: Arc<Watches>,
+    pub(super) tokens: Tokens,
+    pub(super) releases: Arc<InFlight>,
+}
+
+impl Backend for Server {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        BackendFuture::new(self.inner.clone().acquire(request))
+    }
+
+    fn flush(&self) -> BackendFuture<()> {
+        self.inner.releases.flushed()
+    }
+
+    fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.inner).cast::<()>() as usize
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // One connection: a release sent lands before the next acquire.
+        Capabilities::new()
+            .max_tokens(MAX_TOKENS)
+            .ordered_release(true)
+    }
+}
+
+impl ServerInner {
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        check_lease(request.lease, "Redis")?;
+        if let Some(q) = self.quarantine.filter(|q| request.lease > *q) {
+            return Err(LockError::Config(format!(
+                "a lease of {} ms is longer than this backend's restart quarantine of {} ms",
+                request.lease.as_millis(),
+                q.as_millis()
+            )));
+        }
+        let layout = Layout::new(&self.prefix, &request.key, request.mode)
+            .with_quarantine(&self.prefix, self.quarantine);
+        let tokens = request.tokens.clamp(1, MAX_TOKENS);
+        let token = self.tokens.next();
+        let mut sent = Instant::now();
+        let mut attempt = self.attempt(&layout, &token, request.lease, tokens).await?;
+        if let (Attempt::Busy(_), Wait::FailFast) = (&attempt, request.wait) {
+            return Err(LockError::Busy);
+        }
+        if let Attempt::Busy(_) = attempt {
+            let watch = self.watches.watch(&self.conn, layout.channel()).await;
+            loop {
+                // Armed before the attempt, so a release published between
+                // the attempt and the wait is not missed.
+                let released = watch.notify.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                sent = Instant::now();
+                attempt = self.attempt(&layout, &token, request.lease, tokens).await?;
+                let Attempt::Busy(ttl) = attempt else {
+                    break;
+                };
+                let recheck = u64::try_from(ttl)
+                    .map(|ms| Duration::from_millis(ms + 1))
+                    .unwrap_or(MAX_RECHECK)
+                    .min(MAX_RECHECK);
+                tokio::select! {
+                    _ = released => {}
+                    _ = tokio::time::sleep(recheck) => {}
+                }
+            }
+        }
+        let Attempt::Granted(last) = attempt else {
+            unreachable!("the loop ends on a grant");
+        };
+        // The script reserved the block of tokens up to `last`.
+        let reserved = if layout.reserves_block() { tokens } else { 1 };
+        let first = last + 1 - u64::from(reserved);
+        let valid = Arc::new(Deadline::new(known_until(sent, request.lease)));
+        let releases = self.releases.clone();
+        let lock = RedisLock {
+            server: self,
+            layout,
+            token,
+        };
+        let lease = Lease::new(lock, request.lease, valid, releases);
+        lease.keep_renewed();
+        Ok(lease.acquired(FencingToken::new(first), reserved))
+    }
+
+    /// One acquire script. Dropped while it is in flight (the caller gave
+    /// up), or failed without an answer, it may still have granted the lock:
+    /// then the lock is released in the background.
+    async fn attempt(
+        self: &Arc<Self>,
+        layout: &Layout,
+        token: &str,
+        lease: Duration,
+        tokens: u32,
+    ) -> Result<Attempt, LockError> {
+        let mut in_flight = Attempting {
+            inner: self,
+            layout,
+            token,
+            lease,
+            armed: true,
+        };
+        let result = layout
+            .try_acquire(&mut self.conn.clone(), token, lease, tokens)
+            .await;
+        in_flight.armed = result.is_err();
+        result
+    }
+}
+
+/// An acquire script in flight; dropped, it releases what the script may
+/// have granted (compare-and-delete by the attempt's token: harmless if it
+/// granted nothing).
+struct Attempting<'a> {
+    inner: &'a Arc<ServerInner>,
+    layout: &'a Layout,
+    token: &'a str,
+    lease: Duration,
+    armed: bool,
+}
+
+impl Drop for Attempting<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (inner, layout, token) = (
+            self.inner.clone(),
+            self.layout.clone(),
+            self.token.to_owned(),
+        );
+        let deadline = Instant::now() + self.lease;
+        let releases = inner.releases.clone();
+        release_in_background(
+            async move {
+                layout
+                    .release_until(&inner.conn, &token, Some(deadline))
+                    .await
+                    .map_err(|e| redis_error("releasing an abandoned attempt", e))
+            },
+            &releases,
+            "redis",
+        );
+    }
+}
+
+/// A lock held in Redis: its keys and owner token.
+pub(super) struct RedisLock {
+    server: Arc<ServerInner>,
+    layout: Layout,
+    token: String,
+}
+
+impl Protocol for RedisLock {
+    const BACKEND: &'static str = "redis";
+    const EXPIRED: &'static str = "the lease ran out before it was renewed";
+
+    fn describe(&self) -> &str {
+        self.layout.main_key()
+    }
+
+    async fn renew(&self, lease: Duration) -> Result<(), String> {
+        let mut conn = self.server.conn.clone();
+        match self.layout.extend(&mut conn, &self.token, lease).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("the lock expired or another owner took it".to_owned()),
+            Err(e) => Err(format!("renewing the lease failed: {e}")),
+        }
+    }
+
+    fn renew_now(&self) -> Option<Arc<Notify>> {
+        Some(self.server.watches.reconnected.clone())
+    }
+
+    async fn release(&self) -> Released {
+        match self
+            .layout
+            .release_until(&self.server.conn, &self.token, None)
+            .await
+        {
+            Ok(()) => Released {
+                result: Ok(()),
+                again: false,
+            },
+            Err(e) => Released {
+                // It may not have run: go on trying in the background.
+                again: uncertain(&e),
+                result: Err(redis_error("releasing a lock", e)),
+            },
+        }
+    }
+
+    async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {
+        self.layout
+            .release_until(&self.server.conn, &self.token, Some(deadline))
+            .await
+            .map_err(|e| redis_error("releasing a lock", e))
+    }
+}
