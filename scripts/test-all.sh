@@ -27,9 +27,12 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets --all-features -- -D warnings"
 cargo clippy --all-targets --all-features -- -D warnings
 # A user's build has only the features they chose: it must not warn either.
-step "cargo clippy --lib -- -D warnings (default features, then none)"
+step "cargo clippy --lib -- -D warnings (default features, none, each backend alone)"
 cargo clippy --lib -- -D warnings
 cargo clippy --lib --no-default-features -- -D warnings
+for feature in redis zookeeper; do
+    cargo clippy --lib --no-default-features --features "$feature" -- -D warnings
+done
 step "cargo doc (no broken links in the docs.rs pages)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
 

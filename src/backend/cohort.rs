@@ -562,6 +562,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Implements [`Backend`] for a public backend that is a [`Cohort`] (in its
 /// field `cohort`) in front of its protocol.
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 macro_rules! cohort_backend {
     ($backend:ty, $name:literal) => {
         impl $crate::backend::Backend for $backend {
@@ -596,4 +597,5 @@ macro_rules! cohort_backend {
         }
     };
 }
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 pub(crate) use cohort_backend;

@@ -27,8 +27,8 @@ use std::task::{Context, Poll};
 /// ```
 ///
 /// A backend that wraps another keeps the inner one's ready results ready.
-/// This one counts grants; it forwards [`flush`](Backend::flush) and
-/// [`instance_id`](Backend::instance_id) too, since its locks are the inner
+/// This one counts grants; it forwards [`flush`](super::Backend::flush) and
+/// [`instance_id`](super::Backend::instance_id) too, since its locks are the inner
 /// backend's:
 ///
 /// ```

@@ -3,6 +3,10 @@
 //! for `flush`). A backend supplies only its [`Protocol`]: how to renew and
 //! how to release one lock.
 
+// Renewal serves the Redis backends (ZooKeeper's session keeps itself
+// alive), and a build may have either alone.
+#![cfg_attr(not(feature = "redis"), allow(dead_code))]
+
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -127,6 +131,8 @@ impl<P: Protocol> Lease<P> {
             .with_tokens(tokens)
     }
 
+    /// Fires from outside the lease (a ZooKeeper session that ended).
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
     pub(crate) fn lost(&self) -> &LostState {
         &self.lost
     }
@@ -286,3 +292,39 @@ pub(crate) fn release_in_background(
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Implements [`Backend`](crate::backend::Backend) for a remote protocol
+/// `$backend { inner: Arc<Inner> }`, where `Inner` has
+/// `async fn acquire(self: Arc<Self>, LockRequest)` and a `releases:
+/// Arc<InFlight>`, with the given name and capabilities.
+macro_rules! protocol_backend {
+    ($backend:ty, $name:literal, $capabilities:expr) => {
+        impl $crate::backend::Backend for $backend {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn acquire(
+                &self,
+                request: $crate::backend::LockRequest,
+            ) -> $crate::backend::BackendFuture<
+                Result<$crate::backend::Acquired, $crate::LockError>,
+            > {
+                $crate::backend::BackendFuture::new(self.inner.clone().acquire(request))
+            }
+
+            fn flush(&self) -> $crate::backend::BackendFuture<()> {
+                self.inner.releases.flushed()
+            }
+
+            fn instance_id(&self) -> usize {
+                std::sync::Arc::as_ptr(&self.inner).cast::<()>() as usize
+            }
+
+            fn capabilities(&self) -> $crate::backend::Capabilities {
+                $capabilities
+            }
+        }
+    };
+}
+pub(crate) use protocol_backend;

@@ -14,7 +14,7 @@
 //! [single-instance backend](super::redis#release): awaited by
 //! [`LockGuard::release`](crate::LockGuard::release), in the background when
 //! the guard is dropped, sent again where an instance did not answer, and
-//! waited for by [`Backend::flush`].
+//! waited for by [`Backend::flush`](crate::Backend::flush).
 //!
 //! If too many instances fail to answer for a majority ever to form, the
 //! acquisition fails at once with [`LockError::Backend`] saying how many
@@ -22,8 +22,12 @@
 //!
 //! # Fencing tokens
 //!
-//! Each instance keeps its own counter (started at its clock in microseconds);
-//! a grant's token is the largest counter among the instances that granted it.
+//! Each instance keeps its own counter (started at its clock in microseconds),
+//! which an acquisition raises by the block of tokens it reserves for the
+//! holders this process passes the lock to (as with the
+//! [single-instance backend](super::redis#passing-a-lock-on)); a grant's first
+//! token is the largest counter among the instances that granted it, less
+//! the block.
 //! Two majorities always share an instance, whose counter rose between them, but
 //! the largest counter of the second may still be below that of the first when
 //! the instances' counters (or clocks) are far apart. So tokens rise across
@@ -48,7 +52,7 @@
 //! flight (the acquire scripts on every instance, or the undo of a failed
 //! round), the round is undone in the background on every instance, retried
 //! until its lease would have ended, as a dropped lock's release is; await
-//! [`Backend::flush`] to see it done. A lock once
+//! [`Backend::flush`](crate::Backend::flush) to see it done. A lock once
 //! granted is released as above when dropped.
 
 use std::fmt;
@@ -61,11 +65,10 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use super::lease::protocol_backend;
 use super::lease::{check_lease, drift, release_in_background, Lease, Protocol, Released};
 use super::redis::{redis_error, Attempt, Layout, Tokens};
-use super::{
-    Acquired, Backend, BackendFuture, Capabilities, Cohort, CohortOptions, InFlight, LockRequest,
-};
+use super::{Acquired, Capabilities, Cohort, CohortOptions, InFlight, LockRequest};
 use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::mode::Wait;
@@ -424,31 +427,15 @@ impl RedlockInner {
 
 super::cohort::cohort_backend!(RedlockBackend, "redlock");
 
-impl Backend for Redlock {
-    fn name(&self) -> &'static str {
-        "redlock"
-    }
-
-    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
-        BackendFuture::new(self.inner.clone().acquire(request))
-    }
-
-    fn flush(&self) -> BackendFuture<()> {
-        self.inner.releases.flushed()
-    }
-
-    fn instance_id(&self) -> usize {
-        Arc::as_ptr(&self.inner).cast::<()>() as usize
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        // Every instance's connection keeps its commands in order.
-        Capabilities::new()
-            .exclusive_only()
-            .max_tokens(MAX_TOKENS)
-            .ordered_release(true)
-    }
-}
+// Every instance's connection keeps its commands in order.
+protocol_backend!(
+    Redlock,
+    "redlock",
+    Capabilities::new()
+        .exclusive_only()
+        .max_tokens(MAX_TOKENS)
+        .ordered_release(true)
+);
 
 /// A lock held by a majority: its keys and owner token.
 struct RedlockLock {
@@ -527,7 +514,7 @@ impl Protocol for RedlockLock {
 /// An acquisition round in flight: dropped (the acquisition was cancelled)
 /// before it is kept or undone, it undoes the round on every instance in
 /// the background, retrying until the round's lease would have ended, and
-/// [`Backend::flush`] waits for that.
+/// [`Backend::flush`](crate::Backend::flush) waits for that.
 struct RoundInFlight<'a> {
     inner: &'a Arc<RedlockInner>,
     layout: &'a Arc<Layout>,

@@ -6,6 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::{Backend, MemoryBackend};
+#[cfg(all(doc, feature = "redis"))]
+use super::{RedisBackend, RedlockBackend};
 use crate::error::LockError;
 
 type Connected<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn Backend>, LockError>> + Send + 'a>>;

@@ -49,7 +49,7 @@ pub enum OnMissingKey {
 pub enum OnLost {
     /// Drop the inner future and answer 503, so no work goes on without the
     /// lock. The default. With
-    /// [`hold_until_body_sent`](LockLayer::hold_until_body_sent), a body still
+    /// [`hold_until_body_sent`](crate::LockLayer::hold_until_body_sent), a body still
     /// streaming ends in an error instead.
     ///
     /// The abort is prompt but not instantaneous: the signal wakes the

@@ -86,7 +86,7 @@
 //! before the answer, the script is sent again in the background on the new
 //! connection until it is answered or the lease would have ended anyway (it
 //! is safe to repeat: the token is unique); an awaited release then reports
-//! the error. [`Backend::flush`] waits until every release sent has been
+//! the error. [`Backend::flush`](crate::Backend::flush) waits until every release sent has been
 //! answered: call it before the process exits, or a release still in flight
 //! is lost and its key stays taken until its lease ends.
 //!

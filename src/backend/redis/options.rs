@@ -7,7 +7,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion};
 use crate::backend::CohortOptions;
 use crate::error::LockError;
 
-/// Connection settings of a [`RedisBackend`].
+/// Connection settings of a [`RedisBackend`](super::RedisBackend).
 ///
 /// # Examples
 ///
@@ -98,7 +98,7 @@ impl RedisOptions {
     /// text, one or more certificates), and only them, instead of the
     /// system's trust store. For a server whose certificate a private CA
     /// signed. The host name in the URL must still match the certificate.
-    /// [`connect_with`](RedisBackend::connect_with) refuses it with a URL
+    /// [`connect_with`](super::RedisBackend::connect_with) refuses it with a URL
     /// that does not use TLS, and a `pem` that does not parse, as
     /// [`LockError::Config`]. Needs the `redis-tls` feature.
     #[cfg(feature = "redis-tls")]

@@ -10,10 +10,11 @@ use tokio::sync::Notify;
 
 use super::layout::{redis_error, uncertain, Attempt, Layout, Tokens};
 use super::pubsub::Watches;
+use crate::backend::lease::protocol_backend;
 use crate::backend::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
-use crate::backend::{Acquired, Backend, BackendFuture, Capabilities, InFlight, LockRequest};
+use crate::backend::{Acquired, Capabilities, InFlight, LockRequest};
 use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::mode::Wait;
@@ -40,30 +41,14 @@ pub(super) struct ServerInner {
     pub(super) releases: Arc<InFlight>,
 }
 
-impl Backend for Server {
-    fn name(&self) -> &'static str {
-        "redis"
-    }
-
-    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
-        BackendFuture::new(self.inner.clone().acquire(request))
-    }
-
-    fn flush(&self) -> BackendFuture<()> {
-        self.inner.releases.flushed()
-    }
-
-    fn instance_id(&self) -> usize {
-        Arc::as_ptr(&self.inner).cast::<()>() as usize
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        // One connection: a release sent lands before the next acquire.
-        Capabilities::new()
-            .max_tokens(MAX_TOKENS)
-            .ordered_release(true)
-    }
-}
+// One connection: a release sent lands before the next acquire.
+protocol_backend!(
+    Server,
+    "redis",
+    Capabilities::new()
+        .max_tokens(MAX_TOKENS)
+        .ordered_release(true)
+);
 
 impl ServerInner {
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {

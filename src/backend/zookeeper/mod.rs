@@ -21,7 +21,7 @@
 //! they are empty (every `znode.container.checkIntervalMs`, one minute by
 //! default), so idle keys leave nothing behind for long.
 //!
-//! Waiters are served in order of their sequence numbers (FIFO). Each waiter
+//! Nodes are served in order of their sequence numbers (FIFO). Each waiter
 //! watches only the node it waits for, with a `getData` watch: the one just
 //! before it (exclusive, write, the semaphore's mutex) or the nearest writer
 //! before it (read). A release therefore wakes one waiter, not all of them.
@@ -43,10 +43,28 @@
 //!
 //! # Fencing tokens
 //!
-//! A lock's token is the creation zxid of its node: the ensemble's
-//! transaction id, which only grows, across keys, restarts and leader
-//! elections, and even when a container parent is reaped and its sequence
-//! numbers start again from zero.
+//! A lock's token is the creation zxid of its node times [`TOKEN_SPACING`]
+//! (64). The zxid is the ensemble's transaction id, which only grows, across
+//! keys, restarts and leader elections, and even when a container parent is
+//! reaped and its sequence numbers start again from zero. The zxid has no
+//! gaps to hand out, so the spacing makes room: the holders this process
+//! passes the node to (see [Cohorting](#cohorting)) take the next tokens,
+//! all below the token of any node created later.
+//!
+//! # Cohorting
+//!
+//! The backend is a [`Cohort`] in front of the recipes: a process's
+//! acquisitions of a key queue in the process and only the first creates a
+//! node. An exclusive or write lock passes from holder to holder within the
+//! process without touching the server, up to [`CohortOptions`]'s bound (32
+//! holders, at most [`TOKEN_SPACING`], or 50 ms from the grant) and only
+//! while the session is surely alive; then the node is deleted and the next
+//! node in the server's queue, another process's or this one's next, is
+//! granted. So processes take turns in the order of their nodes, but within
+//! a turn a process serves its own waiters first: waiters are in arrival
+//! order across processes only with [`ZookeeperOptions::cohort`] set to
+//! [`CohortOptions::off`], which makes one node per acquisition as Curator
+//! does.
 //!
 //! # Sessions: what is and is not guaranteed
 //!
@@ -93,7 +111,7 @@
 //! can have; an awaited release then reports the error. In that case an
 //! acquire sent meanwhile may still find the released node for a moment: it
 //! waits for it like any other, or answers busy under fail-fast.
-//! [`Backend::flush`] waits until every delete sent has been answered: call
+//! [`Backend::flush`](crate::Backend::flush) waits until every delete sent has been answered: call
 //! it before the process exits, or a delete still in flight is lost and its
 //! node stays until the session times out.
 //!
@@ -148,8 +166,9 @@ use self::recipes::Role;
 use self::session::{lock, Session, ZkInner};
 pub use self::url::node_name;
 use self::url::{check_root, parse_url};
+use super::lease::protocol_backend;
 use super::lease::Lease;
-use super::{Acquired, Backend, BackendFuture, Capabilities, Cohort, CohortOptions, LockRequest};
+use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
@@ -356,32 +375,16 @@ impl fmt::Debug for ZookeeperBackend {
 
 super::cohort::cohort_backend!(ZookeeperBackend, "zookeeper");
 
-impl Backend for Zk {
-    fn name(&self) -> &'static str {
-        "zookeeper"
-    }
-
-    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
-        BackendFuture::new(self.inner.clone().acquire(request))
-    }
-
-    fn flush(&self) -> BackendFuture<()> {
-        self.inner.releases.flushed()
-    }
-
-    fn instance_id(&self) -> usize {
-        Arc::as_ptr(&self.inner).cast::<()>() as usize
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        // A session's requests are applied in order, and waiters queue by
-        // sequence number across every client.
-        Capabilities::new()
-            .max_tokens(TOKEN_SPACING)
-            .ordered_release(true)
-            .fifo(true)
-    }
-}
+// A session's requests are applied in order, and waiters queue by
+// sequence number across every client.
+protocol_backend!(
+    Zk,
+    "zookeeper",
+    Capabilities::new()
+        .max_tokens(TOKEN_SPACING)
+        .ordered_release(true)
+        .fifo(true)
+);
 
 impl ZkInner {
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {

@@ -51,7 +51,7 @@ fn forbidden_in_name(c: char) -> bool {
 }
 
 /// The node name of a key: the key, with `%` and refused characters
-/// percent-encoded. See the [module documentation](self#key-encoding).
+/// percent-encoded. See the [module documentation](super#key-encoding).
 ///
 /// # Examples
 ///
