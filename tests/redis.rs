@@ -320,6 +320,47 @@ async fn lost_at(task: tokio::task::JoinHandle<Instant>, limit: Duration, what: 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_is_not_handed_to_the_next_local_waiter() {
+    let url = redis_url();
+    let cohort = CohortOptions::default()
+        .max_grants(8)
+        .max_hold(Duration::from_secs(60));
+    let options = RedisOptions::default()
+        .prefix(prefix("lost-baton"))
+        .cohort(cohort);
+    let b = RedisBackend::connect_with(&url, options).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let g = b.lock("k").lease(lease).await.unwrap();
+    let lost = when_lost(g.held().lost_signal());
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("k").lease(lease).wait(Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Taken away in Redis: the holder's renewal finds it gone.
+    let key = b.redis_key(&LockKey::new("k").unwrap());
+    let deleted: i64 = raw(&url).await.del(&key).await.unwrap();
+    assert_eq!(deleted, 1, "the lock was not in Redis under {key}");
+    lost_at(lost, 2 * lease, "taken away").await;
+    let first = g.token().get();
+    drop(g);
+    // Handed on, the waiter would hold nothing in Redis, with the next token
+    // of the lost lock's block.
+    let next = waiter.await.unwrap().unwrap();
+    let exists: bool = raw(&url).await.exists(&key).await.unwrap();
+    assert!(
+        exists,
+        "the waiter was given the lost lock: {key} is not in Redis"
+    );
+    assert!(
+        next.token().get() >= first + 8,
+        "token {} is from the lost lock's block (from {first})",
+        next.token()
+    );
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_taken_away_is_reported_lost_within_a_renewal_and_before_its_lease_ends() {
     let url = redis_url();
     let b = backend("taken").await;
