@@ -15,8 +15,9 @@
 //! backend uses: on ZooKeeper one raw create of an ephemeral node and its
 //! delete with `zookeeper-client` (`impl=raw-create-delete`), on Redis two
 //! PINGs through the `redis` crate's `ConnectionManager`
-//! (`impl=redis-rs-2xping`), printed as `workload=uncontended` lines to sit
-//! beside the locks'.
+//! (`impl=redis-rs-2xping`), on PostgreSQL two prepared `SELECT 1` through
+//! `tokio-postgres` (`impl=tokio-postgres-2xselect`), printed as
+//! `workload=uncontended` lines to sit beside the locks'.
 //!
 //! `--release drop` (the default) releases each lock by dropping its guard,
 //! as the layer and the extractors do: remote backends then send the release
@@ -351,11 +352,16 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
     if backend.starts_with("redis://") {
         return redis_floor(backend, n).await;
     }
+    if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
+        return postgres_floor(backend, n).await;
+    }
     let Some(hosts) = backend
         .strip_prefix("zk://")
         .map(|r| r.split('/').next().unwrap_or(r))
     else {
-        eprintln!("bench: the floor workload is measured for redis:// and zk:// backends only");
+        eprintln!(
+            "bench: the floor workload is measured for redis://, zk:// and postgres:// backends only"
+        );
         return ExitCode::from(2);
     };
     let zk = match zookeeper_client::Client::connect(hosts).await {
@@ -409,6 +415,34 @@ async fn redis_floor(url: &str, n: usize) -> ExitCode {
     .await;
     println!(
         "impl=redis-rs-2xping backend=redis workload=uncontended {}",
+        latencies(n, samples)
+    );
+    ExitCode::SUCCESS
+}
+
+/// Two `SELECT 1` per sample, prepared once, through `tokio-postgres` (the
+/// driver the PostgreSQL backend uses): the round trips a lock needs at
+/// least.
+async fn postgres_floor(url: &str, n: usize) -> ExitCode {
+    let client = match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+        Ok((client, connection)) => {
+            tokio::spawn(connection);
+            client
+        }
+        Err(e) => {
+            eprintln!("bench: connecting to PostgreSQL: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let select = client.prepare("SELECT 1").await.expect("prepare");
+    let samples = timed(n, || async {
+        for _ in 0..2 {
+            client.query_one(&select, &[]).await.expect("select");
+        }
+    })
+    .await;
+    println!(
+        "impl=tokio-postgres-2xselect backend=postgres workload=uncontended {}",
         latencies(n, samples)
     );
     ExitCode::SUCCESS

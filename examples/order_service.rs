@@ -11,18 +11,20 @@
 //! cargo run --example order_service -- --serve      # then keep serving: curl -X POST http://ADDR/orders/sku-1
 //! cargo run --example order_service -- --backend redis://127.0.0.1:6379 --instances 2
 //! cargo run --example order_service -- --backend zk://127.0.0.1:2181 --instances 2
+//! cargo run --example order_service -- --backend postgres://postgres@127.0.0.1:5432/test --instances 2
 //! ```
 //!
 //! Flags: `--backend <url>` (`memory`, `redis://host:port`, `redlock://h1:p1,h2:p2,h3:p3`,
-//! `zk://host:port`; see
+//! `zk://host:port`, `postgres://user@host:port/db`; see
 //! `tower_lock::backend::connect`), `--instances N` (servers in N separate
 //! processes sharing the backend, the requests split between them; needs a
 //! shared backend), `--requests N` (default 10), `--sku S`, `--no-lock`,
 //! `--serve`.
 //!
 //! With a Redis backend the order numbers live in Redis too (with Redlock, in
-//! the first server), with ZooKeeper in a node `/order_service/last/<sku>`, so
-//! that every instance reads and writes the same counter.
+//! the first server), with ZooKeeper in a node `/order_service/last/<sku>`,
+//! with PostgreSQL in a table `order_service_last`, so that every instance
+//! reads and writes the same counter.
 
 mod common;
 
@@ -44,6 +46,8 @@ enum Numbers {
     Local(Mutex<HashMap<String, u64>>),
     Redis(redis::aio::MultiplexedConnection),
     ZooKeeper(zookeeper_client::Client),
+    /// A table `order_service_last (sku text primary key, n bigint)`.
+    Postgres(tokio_postgres::Client),
 }
 
 /// The ZooKeeper node holding a SKU's last order number, as decimal text.
@@ -72,6 +76,11 @@ impl Numbers {
                 Err(zookeeper_client::Error::NoNode) => 0,
                 Err(e) => panic!("read the order number: {e}"),
             },
+            Numbers::Postgres(pg) => pg
+                .query_opt("SELECT n FROM order_service_last WHERE sku = $1", &[&sku])
+                .await
+                .expect("read the order number")
+                .map_or(0, |row| row.get::<_, i64>(0) as u64),
         }
     }
 
@@ -113,6 +122,15 @@ impl Numbers {
                     }
                 }
             }
+            Numbers::Postgres(pg) => {
+                pg.execute(
+                    "INSERT INTO order_service_last (sku, n) VALUES ($1, $2) \
+                     ON CONFLICT (sku) DO UPDATE SET n = excluded.n",
+                    &[&sku, &(n as i64)],
+                )
+                .await
+                .expect("write the order number");
+            }
         }
     }
 
@@ -131,12 +149,18 @@ impl Numbers {
             Numbers::ZooKeeper(zk) => {
                 let _ = zk.delete(&zk_node(sku), None).await;
             }
+            Numbers::Postgres(pg) => {
+                let _ = pg
+                    .execute("DELETE FROM order_service_last WHERE sku = $1", &[&sku])
+                    .await;
+            }
         }
     }
 }
 
 /// Where the instances keep the order numbers when they share a backend: the
-/// Redis server (with Redlock, the first server) or the ZooKeeper ensemble.
+/// Redis server (with Redlock, the first server), the ZooKeeper ensemble or
+/// the PostgreSQL database.
 async fn shared_store(backend: &str) -> Result<Numbers, String> {
     let redis_url = if backend.starts_with("redis://") {
         Some(backend.to_owned())
@@ -160,6 +184,18 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
             .await
             .map_err(|e| format!("connecting to ZooKeeper at {hosts}: {e}"))?;
         return Ok(Numbers::ZooKeeper(zk));
+    }
+    if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
+        let (pg, connection) = tokio_postgres::connect(backend, tokio_postgres::NoTls)
+            .await
+            .map_err(|e| format!("connecting to PostgreSQL: {e}"))?;
+        tokio::spawn(connection);
+        pg.batch_execute(
+            "CREATE TABLE IF NOT EXISTS order_service_last (sku text PRIMARY KEY, n bigint NOT NULL)",
+        )
+        .await
+        .map_err(|e| format!("creating the order numbers' table: {e}"))?;
+        return Ok(Numbers::Postgres(pg));
     }
     Ok(Numbers::Local(Mutex::new(HashMap::new())))
 }

@@ -89,6 +89,25 @@ run "$bench" --backend "$zk" --workload contended --secs "$secs" --workers 4 --p
 run "$bench" --backend "$zk" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$zk" --workload http --secs "$secs" --conns 32
 
+# PostgreSQL advisory locks: the floor is two prepared SELECT 1 through the
+# same driver; the peer is psycopg2 calling pg_advisory_lock/unlock.
+pg=$TOWER_LOCK_POSTGRES_URL
+for _ in 1 2 3; do
+    run "$bench" --backend "$pg" --workload floor --n 2000
+    run "$bench" --backend "$pg" --workload uncontended --n 2000
+    run "$bench" --backend "$pg" --workload uncontended --n 2000 --release await
+    run /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg" --workload uncontended --n 2000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$pg" "${contended[@]}"
+    run /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg" "${contended[@]}"
+done
+run "$bench" --backend "$pg" "${contended[@]}" --no-lock
+run /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg" "${contended[@]}" --no-lock
+run "$bench" --backend "$pg" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$pg" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$pg" --workload http --secs "$secs" --conns 32
+
 # Memory.
 run "$bench" --backend memory --workload uncontended --n 5000
 run "$bench" --backend memory "${contended[@]}"

@@ -5,8 +5,10 @@
 # on exit, whatever happened.
 #
 # After `start_servers`: TOWER_LOCK_REDIS_URL (one redis-server),
-# TOWER_LOCK_REDLOCK_URL (three more), TOWER_LOCK_ZK_ADDR (ZooKeeper) are
-# exported; `redlock` holds the three Redlock addresses.
+# TOWER_LOCK_REDLOCK_URL (three more), TOWER_LOCK_ZK_ADDR (ZooKeeper) and
+# TOWER_LOCK_POSTGRES_URL are exported; `redlock` holds the three Redlock
+# addresses. PostgreSQL is the machine's (127.0.0.1:5432, trust auth,
+# database `test`) when it answers, otherwise a private one.
 
 started=$SECONDS
 work=$(mktemp -d "${TMPDIR:-/tmp}/tower-lock-test.XXXXXX")
@@ -49,6 +51,8 @@ required_packages() {
 /usr/bin/python3 python3
 /usr/lib/python3/dist-packages/redis/__init__.py python3-redis
 /usr/lib/python3/dist-packages/kazoo/__init__.py python3-kazoo
+/usr/share/doc/postgresql/copyright postgresql
+/usr/lib/python3/dist-packages/psycopg2/__init__.py python3-psycopg2
 EOF
 }
 
@@ -132,6 +136,39 @@ EOF
     echo "ZooKeeper on 127.0.0.1:$port"
 }
 
+# The machine's PostgreSQL when it answers; otherwise a private instance on
+# a free port (run as the `postgres` user when this script runs as root,
+# which PostgreSQL refuses to run as).
+start_postgres() {
+    local url=postgres://postgres@127.0.0.1:5432/test
+    if [ -z "${TOWER_LOCK_PRIVATE_POSTGRES:-}" ] && psql "$url" -Atqc 'SELECT 1' >/dev/null 2>&1; then
+        export TOWER_LOCK_POSTGRES_URL=$url
+        echo "PostgreSQL: the machine's, on 127.0.0.1:5432"
+        return
+    fi
+    local bin port dir as_pg=()
+    bin=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort -V | tail -n 1)
+    [ -x "$bin/postgres" ] || die "PostgreSQL is neither answering on 127.0.0.1:5432 nor installed (apt-get install postgresql)"
+    port=$(free_port)
+    dir="$work/pg"
+    mkdir -p "$dir"
+    if [ "$(id -u)" -eq 0 ]; then
+        chmod o+x "$work"
+        chown postgres: "$dir"
+        as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups)
+    fi
+    "${as_pg[@]}" "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 >"$dir/initdb.log" 2>&1 ||
+        die "initdb failed (log: $dir/initdb.log)"
+    "${as_pg[@]}" "$bin/postgres" -D "$dir/data" -p "$port" -k "$dir" -c listen_addresses=127.0.0.1 \
+        -c fsync=off -c max_connections=300 >"$dir/postgres.log" 2>&1 &
+    pids+=("$!")
+    wait_for 30 "PostgreSQL on port $port (log: $dir/postgres.log)" \
+        psql "postgres://postgres@127.0.0.1:$port/postgres" -Atqc 'SELECT 1'
+    psql "postgres://postgres@127.0.0.1:$port/postgres" -qc 'CREATE DATABASE test' >/dev/null
+    export TOWER_LOCK_POSTGRES_URL="postgres://postgres@127.0.0.1:$port/test"
+    echo "PostgreSQL: a private one, on 127.0.0.1:$port"
+}
+
 start_servers() {
     step "starting servers"
     start_redis redis
@@ -146,4 +183,5 @@ start_servers() {
     export TOWER_LOCK_REDLOCK_URL
     echo "Redlock over $TOWER_LOCK_REDLOCK_URL"
     start_zookeeper
+    start_postgres
 }

@@ -24,6 +24,15 @@
     doc = "[`backend::zookeeper`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/index.html"
 )]
 #![cfg_attr(
+    feature = "postgres",
+    doc = "[`PostgresBackend`]: backend::PostgresBackend"
+)]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`PostgresBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/postgres/struct.PostgresBackend.html",
+    doc = "[`backend::postgres`]: https://docs.rs/tower-lock/latest/tower_lock/backend/postgres/index.html"
+)]
+#![cfg_attr(
     not(feature = "axum"),
     doc = "[`PathParam`]: https://docs.rs/tower-lock/latest/tower_lock/struct.PathParam.html",
     doc = "[`extract`]: https://docs.rs/tower-lock/latest/tower_lock/extract/index.html"

@@ -350,14 +350,14 @@ impl Future for Lost {
 
 /// The moment until which a lease or session is known alive, shared between
 /// the task that renews it and the holds that check it.
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
+#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
 pub(crate) struct Deadline {
     base: std::time::Instant,
     /// Nanoseconds after `base`.
     after: std::sync::atomic::AtomicU64,
 }
 
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
+#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
 impl Deadline {
     pub(crate) fn new(at: std::time::Instant) -> Self {
         Deadline {

@@ -835,21 +835,6 @@ async fn child_entry() {
     }
 }
 
-/// Reads the child's lines until one holds the word `word`.
-fn expect_word(out: &mut BufReader<ChildStdout>, word: &str) {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "the child ended before saying {word:?}"
-        );
-        if line.split_whitespace().any(|w| w == word) {
-            return;
-        }
-    }
-}
-
 #[tokio::test]
 async fn excludes_between_processes() {
     let test = "procs";
@@ -864,7 +849,7 @@ async fn excludes_between_processes() {
         })
         .collect();
     for (_, out) in &mut kids {
-        expect_word(out, "ready");
+        common::expect_word(out, "ready");
     }
     for (c, _) in &mut kids {
         writeln!(c.stdin.as_mut().unwrap(), "go").unwrap();

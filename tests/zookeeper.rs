@@ -558,39 +558,13 @@ fn child(role: &str, test: &str, extra: &[(&str, String)]) -> Child {
     cmd.spawn().unwrap()
 }
 
-/// A child process that does not outlive a failed test.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Reads lines until one holds the word `word` (libtest may print on the
-/// same line).
-fn expect_word(out: &mut BufReader<ChildStdout>, word: &str) {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "the child ended before saying {word:?}"
-        );
-        if line.split_whitespace().any(|w| w == word) {
-            return;
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excludes_between_processes() {
     let log = std::env::temp_dir().join(format!("tower-lock-zk-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
-    let mut kids: Vec<(KillOnDrop, BufReader<ChildStdout>)> = (0..2)
+    let mut kids: Vec<(common::KillOnDrop, BufReader<ChildStdout>)> = (0..2)
         .map(|_| {
-            let mut c = KillOnDrop(child(
+            let mut c = common::KillOnDrop(child(
                 "worker",
                 "processes",
                 &[("TOWER_LOCK_CHILD_LOG", log.display().to_string())],
@@ -601,7 +575,7 @@ async fn excludes_between_processes() {
         .collect();
     // Both connected, then both told to go: they contend at the same time.
     for (_, out) in &mut kids {
-        expect_word(out, "ready");
+        common::expect_word(out, "ready");
     }
     for (c, _) in &mut kids {
         writeln!(c.0.stdin.as_mut().unwrap(), "go").unwrap();
@@ -621,8 +595,8 @@ async fn excludes_between_processes() {
 async fn a_release_reaches_the_server_when_the_process_exits_right_after() {
     let zk = backend("exit").await;
     for how in ["await", "drop_flush"] {
-        let mut c = KillOnDrop(child("release_and_exit", "exit", &[("HOW", how.into())]));
-        expect_word(&mut BufReader::new(c.0.stdout.take().unwrap()), "held");
+        let mut c = common::KillOnDrop(child("release_and_exit", "exit", &[("HOW", how.into())]));
+        common::expect_word(&mut BufReader::new(c.0.stdout.take().unwrap()), "held");
         assert!(c.0.wait().unwrap().success());
         // A lost delete would keep the node for the child's whole session.
         let g = zk.lock("exit").wait(Duration::from_secs(5)).await;
@@ -635,9 +609,9 @@ async fn a_release_reaches_the_server_when_the_process_exits_right_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holder_is_replaced_after_its_session_times_out() {
-    let mut holder = KillOnDrop(child("holder", "killed", &[]));
+    let mut holder = common::KillOnDrop(child("holder", "killed", &[]));
     let mut out = BufReader::new(holder.0.stdout.take().unwrap());
-    expect_word(&mut out, "held");
+    common::expect_word(&mut out, "held");
     let zk = backend("killed").await;
     assert!(matches!(
         zk.lock("k").fail_fast().await,

@@ -6,7 +6,7 @@
 //!     --keys 4 --lease-ms 2000 --nemesis all --seed 1
 //! ```
 //!
-//! `--backend` is `memory`, `redis`, `redlock` or `zk` (the harness starts
+//! `--backend` is `memory`, `redis`, `redlock`, `zk` or `postgres` (the harness starts
 //! its own servers, so that it can kill, restart and pause them), or a URL
 //! (`redis://..`, `redlock://..`, `zk://..`) of servers it does not own,
 //! which rules out the server faults.
@@ -54,7 +54,7 @@ pub struct Args {
     pub client: Option<worker::ClientArgs>,
 }
 
-const USAGE: &str = "usage: torture --backend <memory|redis|redlock|zk|URL> [--secs S] \
+const USAGE: &str = "usage: torture --backend <memory|redis|redlock|zk|postgres|URL> [--secs S] \
 [--processes P] [--workers W] [--keys K] [--lease-ms L] [--nemesis all|none|LIST] [--seed N] \
 [--quarantine]";
 

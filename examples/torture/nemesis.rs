@@ -103,7 +103,7 @@ impl Nemesis {
                 (scheme.to_owned(), Some(addrs))
             }
         };
-        if !["memory", "redis", "redlock", "zk"].contains(&kind.as_str()) {
+        if !["memory", "redis", "redlock", "zk", "postgres"].contains(&kind.as_str()) {
             return Err(format!("unknown backend {:?}", args.backend));
         }
         let possible: Vec<FaultKind> = ALL
@@ -266,6 +266,7 @@ impl Nemesis {
             None => {
                 let (kind, n) = match self.kind.as_str() {
                     "zk" => (Kind::ZooKeeper, 1),
+                    "postgres" => (Kind::Postgres, 1),
                     "redlock" => (Kind::Redis, 3),
                     _ => (Kind::Redis, 1),
                 };
@@ -468,6 +469,7 @@ impl Nemesis {
 fn backend_name(kind: &str) -> &'static str {
     match kind {
         "zk" => "zookeeper",
+        "postgres" => "postgres",
         "redis" => "redis",
         "redlock" => "redlock",
         _ => "memory",
@@ -650,6 +652,7 @@ async fn leaks(
     loop {
         let left = match kind {
             "zk" => zk_nodes(servers[0], root).await?,
+            "postgres" => advisory_locks(servers[0]).await?,
             _ => {
                 let mut n = 0;
                 for s in servers {
@@ -711,6 +714,24 @@ async fn redis_lock_keys(server: SocketAddr, root: &str) -> Result<u64, String> 
         .await
         .map_err(|e| e.to_string())?;
     Ok(keys.iter().filter(|k| !k.ends_with(":fence")).count() as u64)
+}
+
+/// Advisory locks held or waited for on the harness's own server.
+async fn advisory_locks(server: SocketAddr) -> Result<u64, String> {
+    let url = format!("postgres://postgres@{server}/postgres");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("postgres at {server}: {e}"))?;
+    tokio::spawn(connection);
+    let n: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
+            &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .get(0);
+    Ok(n as u64)
 }
 
 async fn zk_nodes(server: SocketAddr, root: &str) -> Result<u64, String> {

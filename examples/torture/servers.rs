@@ -12,6 +12,41 @@ use std::time::{Duration, Instant};
 pub enum Kind {
     Redis,
     ZooKeeper,
+    /// A private PostgreSQL cluster, run as the `postgres` user when the
+    /// harness runs as root (PostgreSQL refuses root). Its processes form a
+    /// group of their own, so that kill and pause reach every one of them.
+    Postgres,
+}
+
+/// The newest installed PostgreSQL's programs.
+fn postgres_bin() -> Result<PathBuf, String> {
+    let mut bins: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|e| format!("PostgreSQL is not installed (apt-get install postgresql): {e}"))?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|b| b.join("postgres").exists())
+        .collect();
+    bins.sort_by_key(|b| {
+        let version = b
+            .parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str());
+        version.and_then(|v| v.parse::<u32>().ok()).unwrap_or(0)
+    });
+    bins.pop()
+        .ok_or_else(|| "PostgreSQL is not installed (apt-get install postgresql)".to_owned())
+}
+
+/// A command run as the `postgres` user when this process is root.
+fn as_postgres(program: PathBuf) -> Command {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
+            .arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
 }
 
 /// One server the harness started.
@@ -51,6 +86,26 @@ impl Server {
             );
             std::fs::write(server.dir.join("zoo.cfg"), cfg).map_err(|e| e.to_string())?;
         }
+        if kind == Kind::Postgres {
+            let data = server.dir.join("data");
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } == 0 {
+                let _ = Command::new("chown")
+                    .args(["-R", "postgres:"])
+                    .arg(&server.dir)
+                    .status();
+            }
+            let _ = std::fs::remove_dir(&data);
+            let out = as_postgres(postgres_bin()?.join("initdb"))
+                .arg("-D")
+                .arg(&data)
+                .args(["-U", "postgres", "--auth=trust", "-E", "UTF8"])
+                .output()
+                .map_err(|e| format!("initdb: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("initdb: {}", String::from_utf8_lossy(&out.stderr)));
+            }
+        }
         server.spawn()?;
         Ok(server)
     }
@@ -58,7 +113,20 @@ impl Server {
     fn spawn(&mut self) -> Result<(), String> {
         let log = std::fs::File::create(self.dir.join("server.log")).map_err(|e| e.to_string())?;
         let mut cmd = Command::new("env");
+        if self.kind == Kind::Postgres {
+            use std::os::unix::process::CommandExt;
+            cmd = as_postgres(postgres_bin()?.join("postgres"));
+            cmd.arg("-D")
+                .arg(self.dir.join("data"))
+                .args(["-p", &self.addr.port().to_string()])
+                .arg("-k")
+                .arg(&self.dir)
+                .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+                .args(["-c", "max_connections=300"])
+                .process_group(0);
+        }
         match self.kind {
+            Kind::Postgres => {}
             Kind::Redis => {
                 cmd.arg("redis-server")
                     .args(["--port", &self.addr.port().to_string()])
@@ -91,9 +159,17 @@ impl Server {
         let (probe, expect): (&[u8], &str) = match self.kind {
             Kind::Redis => (b"PING\r\n", "+PONG"),
             Kind::ZooKeeper => (b"isro", "rw"),
+            Kind::Postgres => (b"", ""),
         };
         loop {
-            if let Ok(mut s) = std::net::TcpStream::connect(self.addr) {
+            if self.kind == Kind::Postgres {
+                let ready = Command::new("pg_isready")
+                    .args(["-q", "-h", "127.0.0.1", "-p", &self.addr.port().to_string()])
+                    .status();
+                if ready.is_ok_and(|s| s.success()) {
+                    return Ok(());
+                }
+            } else if let Ok(mut s) = std::net::TcpStream::connect(self.addr) {
                 use std::io::{Read, Write};
                 let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
                 let mut reply = String::new();
@@ -129,9 +205,12 @@ impl Server {
         self.spawn()
     }
 
-    /// `kill -9`.
+    /// `kill -9` (PostgreSQL: its whole process group).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            if self.kind == Kind::Postgres {
+                signal_pid(child.id(), "GROUP-KILL");
+            }
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -139,7 +218,11 @@ impl Server {
 
     pub fn signal(&self, signal: &str) {
         if let Some(pid) = self.pid() {
-            signal_pid(pid, signal);
+            if self.kind == Kind::Postgres {
+                signal_pid(pid, &format!("GROUP-{signal}"));
+            } else {
+                signal_pid(pid, signal);
+            }
         }
     }
 }
@@ -151,8 +234,13 @@ impl Drop for Server {
     }
 }
 
-/// Sends `signal` (`STOP`, `CONT`, `KILL`) to a process.
+/// Sends `signal` (`STOP`, `CONT`, `KILL`) to a process, or with `GROUP-`
+/// before it to the process group it leads.
 pub fn signal_pid(pid: u32, signal: &str) {
+    let (pid, signal) = match signal.strip_prefix("GROUP-") {
+        Some(signal) => (-(pid as i64), signal),
+        None => (pid as i64, signal),
+    };
     let signal = match signal {
         "STOP" => libc::SIGSTOP,
         "CONT" => libc::SIGCONT,

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_lock::backend::{
-    RedisBackend, RedisOptions, RedlockBackend, ZookeeperBackend, ZookeeperOptions,
+    PostgresBackend, PostgresOptions, RedisBackend, RedisOptions, RedlockBackend, ZookeeperBackend,
+    ZookeeperOptions,
 };
 use tower_lock::{Backend, BackendExt, LockError, Wait};
 
@@ -318,6 +319,13 @@ pub async fn open(
                 ZookeeperOptions::default()
                     .root(format!("/{root}"))
                     .session_timeout(lease),
+            )
+            .await?,
+        ),
+        "postgres" => Arc::new(
+            PostgresBackend::connect_with(
+                &format!("postgres://postgres@{servers}/postgres"),
+                PostgresOptions::default().lease(lease),
             )
             .await?,
         ),

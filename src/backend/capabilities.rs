@@ -57,6 +57,12 @@ impl Capabilities {
         self
     }
 
+    /// Without the semaphore mode.
+    pub const fn no_semaphore(mut self) -> Self {
+        self.semaphore = false;
+        self
+    }
+
     /// Sets [`max_tokens`](Self::max_tokens) (at least 1).
     pub const fn max_tokens(mut self, tokens: u32) -> Self {
         self.max_tokens = if tokens == 0 { 1 } else { tokens };

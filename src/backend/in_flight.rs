@@ -52,7 +52,7 @@ impl InFlight {
     }
 }
 
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
+#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
 impl InFlight {
     /// A backend's [`flush`](super::Backend::flush): completes once no
     /// release is in flight.

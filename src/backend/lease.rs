@@ -131,8 +131,12 @@ impl<P: Protocol> Lease<P> {
             .with_tokens(tokens)
     }
 
-    /// Fires from outside the lease (a ZooKeeper session that ended).
-    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    /// Fires from outside the lease (a ZooKeeper session or PostgreSQL
+    /// connection that ended).
+    #[cfg_attr(
+        not(any(feature = "zookeeper", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn lost(&self) -> &LostState {
         &self.lost
     }

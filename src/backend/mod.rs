@@ -71,9 +71,11 @@ mod capabilities;
 mod cohort;
 mod future;
 mod in_flight;
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
+#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
 mod lease;
 mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "redis")]
@@ -82,6 +84,8 @@ mod registry;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
+#[cfg(feature = "postgres")]
+pub use self::postgres::{PostgresBackend, PostgresOptions};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]

@@ -47,6 +47,8 @@ const REGISTRY: &[Row] = &[
     row!("redlock", "redis", super::RedlockBackend),
     row!("redlocks", "redis-tls", super::RedlockBackend),
     row!("zk", "zookeeper", super::ZookeeperBackend),
+    row!("postgres", "postgres", super::PostgresBackend),
+    row!("postgresql", "postgres", super::PostgresBackend),
 ];
 
 /// Opens the backend a URL names, for services that take it from their
@@ -60,6 +62,7 @@ const REGISTRY: &[Row] = &[
 /// | `redlock://h1:p1,h2:p2,h3:p3` | [`RedlockBackend`] (feature `redis`) |
 /// | `redlocks://h1:p1,h2:p2,h3:p3[#insecure]` | [`RedlockBackend`] over TLS (feature `redis-tls`) |
 /// | `zk://host:port[,host:port...][/root]` | ZooKeeper (feature `zookeeper`) |
+/// | `postgres://user@host:port/db` (or `postgresql://`) | PostgreSQL advisory locks (feature `postgres`) |
 ///
 /// # Errors
 ///

@@ -6,6 +6,33 @@
 #[path = "../../examples/torture/fault_proxy.rs"]
 pub mod fault_proxy;
 
+/// A child process that does not outlive a failed test.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads a child's lines until one holds the word `word` (libtest may print
+/// on the same line).
+pub fn expect_word(out: &mut std::io::BufReader<std::process::ChildStdout>, word: &str) {
+    use std::io::BufRead;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the child ended before saying {word:?}"
+        );
+        if line.split_whitespace().any(|w| w == word) {
+            return;
+        }
+    }
+}
+
 /// Serves `app` on a free loopback port.
 pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,0 +1,210 @@
+//! Session-level advisory locks: the statements, one attempt (undone when
+//! abandoned), and a held lock's release.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_postgres::{Client, NoTls, Statement};
+
+use super::session::{lock, pg_error, PgInner, Session};
+use crate::backend::lease::{release_in_background, Protocol, Released};
+use crate::error::LockError;
+
+/// The statements a session prepares once, so that each lock operation is
+/// one round trip. Index 0 is exclusive, 1 shared.
+pub(super) struct Statements {
+    try_lock: [Statement; 2],
+    lock: [Statement; 2],
+    unlock: [Statement; 2],
+    pub(super) ping: Statement,
+}
+
+/// The lock's 64-bit key: the server's own hash of the key text, so that
+/// SQL can take the same lock (`pg_advisory_lock(hashtextextended('sku:A1',
+/// 0))`).
+const KEY: &str = "hashtextextended($1, 0)";
+
+impl Statements {
+    pub(super) async fn prepare(client: &Client, sequence: &str) -> Result<Self, LockError> {
+        // The token is drawn after the grant, in the same statement (a
+        // CASE evaluates in order): grants and tokens go up together.
+        let try_sql =
+            |f: &str| format!("SELECT CASE WHEN {f}({KEY}) THEN nextval('{sequence}') END");
+        let lock_sql = |f: &str| {
+            format!("SELECT CASE WHEN {f}({KEY})::text = '' THEN nextval('{sequence}') END")
+        };
+        let unlock_sql = |f: &str| format!("SELECT {f}({KEY})");
+        let texts = [
+            try_sql("pg_try_advisory_lock"),
+            try_sql("pg_try_advisory_lock_shared"),
+            lock_sql("pg_advisory_lock"),
+            lock_sql("pg_advisory_lock_shared"),
+            unlock_sql("pg_advisory_unlock"),
+            unlock_sql("pg_advisory_unlock_shared"),
+            "SELECT 1".to_owned(),
+        ];
+        let p = |i: usize| client.prepare(&texts[i]);
+        // Sent together: one round trip.
+        let (t0, t1, l0, l1, u0, u1, ping) =
+            tokio::try_join!(p(0), p(1), p(2), p(3), p(4), p(5), p(6))
+                .map_err(|e| pg_error("preparing the lock statements", e))?;
+        Ok(Statements {
+            try_lock: [t0, t1],
+            lock: [l0, l1],
+            unlock: [u0, u1],
+            ping,
+        })
+    }
+}
+
+/// Sends one lock statement on `session` for `key`, which the caller has
+/// claimed there: `wait` blocks in the server until granted, otherwise it
+/// is a try. The token sequence's value on a grant, `None` when busy.
+///
+/// Dropped before the answer (the caller gave up), or failed, it may still
+/// have granted the lock, and it is undone: on the shared session by an
+/// unlock sent after it on the same connection; on a session of its own,
+/// by cancelling the wait and closing the session. Either way the claim is
+/// given up once nothing can be left.
+pub(super) async fn attempt(
+    pg: &Arc<PgInner>,
+    session: &Arc<Session>,
+    key: &str,
+    read: bool,
+    wait: bool,
+) -> Result<Option<i64>, LockError> {
+    let mut undo = Undo {
+        pg: pg.clone(),
+        session: session.clone(),
+        key: key.to_owned(),
+        read,
+        armed: true,
+    };
+    let statements = &session.statements;
+    let statement = if wait {
+        &statements.lock[usize::from(read)]
+    } else {
+        &statements.try_lock[usize::from(read)]
+    };
+    let row = session
+        .client
+        .query_one(statement, &[&key])
+        .await
+        .map_err(|e| pg_error("taking an advisory lock", e))?;
+    let token: Option<i64> = row.get(0);
+    undo.armed = false;
+    if token.is_none() {
+        session.unclaim(key);
+    }
+    Ok(token)
+}
+
+/// An attempt that may have granted a lock nobody will hold.
+struct Undo {
+    pg: Arc<PgInner>,
+    session: Arc<Session>,
+    key: String,
+    read: bool,
+    armed: bool,
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let session = self.session.clone();
+        if !self.pg.is_shared(&session) {
+            // A wait of its own: cancel it on the server and close the
+            // session, which frees whatever the wait got.
+            session.end("an abandoned wait");
+            let cancel = session.client.cancel_token();
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                self.pg.releases.spawn(&rt, async move {
+                    let _ = cancel.cancel_query(NoTls).await;
+                });
+            }
+            return;
+        }
+        let key = std::mem::take(&mut self.key);
+        let read = self.read;
+        release_in_background(
+            async move {
+                let unlock = &session.statements.unlock[usize::from(read)];
+                let answer = session.client.query_one(unlock, &[&key]).await;
+                if answer.is_err() {
+                    // Closing the session frees whatever it holds.
+                    session.end("an unlock failed");
+                }
+                session.unclaim(&key);
+                Ok(())
+            },
+            &self.pg.releases,
+            "postgres",
+        );
+    }
+}
+
+/// A held advisory lock.
+pub(super) struct AdvisoryLock {
+    pub(super) pg: Arc<PgInner>,
+    pub(super) session: Arc<Session>,
+    pub(super) key: String,
+    pub(super) read: bool,
+    /// Its entry in the session's holds.
+    pub(super) id: usize,
+}
+
+impl AdvisoryLock {
+    /// One unlock; a failure closes the session, which frees the lock.
+    async fn unlock(&self) -> Result<(), LockError> {
+        lock(&self.session.holds).remove(&self.id);
+        let unlock = &self.session.statements.unlock[usize::from(self.read)];
+        let answer = self.session.client.query_one(unlock, &[&self.key]).await;
+        let result = match answer {
+            Ok(row) => {
+                if !row.get::<_, bool>(0) {
+                    tracing::warn!(
+                        key = self.key,
+                        "postgres had no such advisory lock on this session to release"
+                    );
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.session.end("an unlock failed");
+                Err(pg_error("releasing an advisory lock", e))
+            }
+        };
+        self.session.unclaim(&self.key);
+        self.pg.give_back(self.session.clone());
+        result
+    }
+}
+
+impl Protocol for AdvisoryLock {
+    const BACKEND: &'static str = "postgres";
+    const EXPIRED: &'static str =
+        "the PostgreSQL connection is no longer known alive (no answer within the lease)";
+
+    fn describe(&self) -> &str {
+        &self.key
+    }
+
+    /// Never called: the session's keep-alive serves all its locks.
+    async fn renew(&self, _lease: std::time::Duration) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn release(&self) -> Released {
+        Released {
+            result: self.unlock().await,
+            // A failed unlock closed the session: nothing to retry.
+            again: false,
+        }
+    }
+
+    async fn release_until(&self, _deadline: Instant) -> Result<(), LockError> {
+        self.unlock().await
+    }
+}

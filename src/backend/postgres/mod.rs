@@ -1,0 +1,473 @@
+//! PostgreSQL session-level advisory locks (feature `postgres`).
+//!
+//! For teams whose replicas share nothing but their database: the lock
+//! needs no other server.
+//!
+//! # How a lock is taken
+//!
+//! A key `K` is locked with `pg_advisory_lock(hashtextextended(K, 0))`
+//! (`pg_advisory_lock_shared` for a read lock): the server hashes the key
+//! text to the 64-bit advisory key, so SQL can take the same lock:
+//!
+//! ```sql
+//! SELECT pg_advisory_lock(hashtextextended('sku:A1', 0));
+//! ```
+//!
+//! Two keys whose hashes collide (about one pair in 2³² among 2³² keys in
+//! use at once) share a lock: they wait for each other, but a lock is never
+//! granted twice. A [namespace](crate::LockLayer::namespace) keeps a
+//! service's keys apart from other users of advisory locks in the same
+//! database, whose integer keys could be anything.
+//!
+//! - A key that is free is tried (`pg_try_advisory_lock`) on one shared
+//!   connection, which holds any number of such locks: one round trip, and
+//!   no connection per holder.
+//! - A key that is held is waited for in the server, on a connection of its
+//!   own (no polling): PostgreSQL queues waiters from every process in
+//!   arrival order, and a waiter that gives up (timeout, cancellation) is
+//!   cancelled on the server and its connection closed, so no waiter is
+//!   left in `pg_locks`. That connection then holds the lock it waited for
+//!   and goes back to a small pool after the release.
+//! - Waiters in this process queue in front of the server ([`Cohort`]): a
+//!   held lock passes to the next local waiter without a round trip, within
+//!   [`CohortOptions`]' bounds.
+//! - Releasing is `pg_advisory_unlock`, one round trip.
+//!
+//! # Fencing tokens
+//!
+//! Drawn from a sequence (`tower_lock_tokens` by default, created on first
+//! use; see [`PostgresOptions::sequence`]) in the same statement as the
+//! grant, after it: a lock's token is `nextval × TOKEN_SPACING`, and the
+//! tokens in between serve the local holders a grant is passed to. Each
+//! grant draws after the previous holder's grant, so tokens rise in grant
+//! order across every process.
+//!
+//! # When a lock is lost
+//!
+//! An advisory lock lives as long as the server session that took it. The
+//! connection is known alive until the send time of the last request the
+//! server answered plus the [lease](PostgresOptions::lease); while it holds
+//! locks it is asked every quarter lease. No answer in time, or a broken
+//! connection, and every lock on it is reported lost (the lost signal of
+//! each guard), before the server can free them:
+//!
+//! - Each session tells the server to give up a silent client no sooner
+//!   than a lease after it last heard from it (`tcp_keepalives_*`,
+//!   `tcp_user_timeout`), and turns off `statement_timeout`,
+//!   `idle_session_timeout` and `idle_in_transaction_session_timeout`.
+//! - A server restart frees every lock at once. The backend learns the
+//!   server's start time with each connection and grants nothing until the
+//!   server has been up for a lease (plus drift): by then every holder of
+//!   the old server has been told.
+//! - A holder process that dies closes its connections; the server frees
+//!   its locks as soon as it sees that, and the next waiter gets the lock.
+//! - Not covered: an administrator terminating the session
+//!   (`pg_terminate_backend`) frees its locks at once, and its holder hears
+//!   of it at its next keep-alive, within a quarter lease. Fencing tokens
+//!   make that holder's late writes refusable.
+//!
+//! # Connection poolers
+//!
+//! Session-level locks need the session: connect straight to PostgreSQL or
+//! through PgBouncer in **session** pooling. In transaction pooling every
+//! statement may run on another server connection, which would strand the
+//! lock there.
+//!
+//! # Limits
+//!
+//! - Modes: exclusive, read and write (a write lock is the exclusive lock
+//!   of the key). No semaphore: advisory locks have no "any of N" wait.
+//! - Connections: one shared, plus one per key waited for (or held after a
+//!   wait) at once, up to [`PostgresOptions::max_connections`]; past that
+//!   an acquisition fails at once with an error saying so (a 503 through
+//!   the layer), rather than wait for a connection.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+//! use tower_lock::backend::PostgresBackend;
+//! use tower_lock::Locker;
+//!
+//! let pg = PostgresBackend::connect("postgres://app@127.0.0.1:5432/orders").await?;
+//! let guard = Locker::new(pg).lock("order:42").await?;
+//! // ... write to the database with guard.token() as the fencing token ...
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod advisory;
+mod session;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use self::advisory::{attempt, AdvisoryLock};
+use self::session::{lock, PgInner, Session};
+use super::lease::{check_lease, known_until, protocol_backend, Lease};
+use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
+use crate::error::LockError;
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// How long a session is known alive after a request it sent was answered.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// How long connecting may take before the acquisition fails.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most connections one backend opens.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
+/// The token sequence used when none is named.
+pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
+/// How far apart two grants' fencing tokens are: the tokens between serve
+/// the local holders a [`Cohort`] passes one grant to.
+pub const TOKEN_SPACING: u32 = 64;
+
+/// Settings of a [`PostgresBackend`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::backend::{PostgresBackend, PostgresOptions};
+///
+/// let options = PostgresOptions::default()
+///     .lease(Duration::from_secs(5))
+///     .max_connections(8)
+///     .sequence("locks.tokens");
+/// let pg = PostgresBackend::connect_with("postgres://app@db:5432/orders", options).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    lease: Duration,
+    connect_timeout: Duration,
+    max_connections: usize,
+    sequence: String,
+    cohort: CohortOptions,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        PostgresOptions {
+            lease: DEFAULT_LEASE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            sequence: DEFAULT_SEQUENCE.to_owned(),
+            cohort: CohortOptions::default(),
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// How long a connection is known alive after a request it sent was
+    /// answered (see the [module docs](self)); a lock request's own lease
+    /// does not apply. Default [`DEFAULT_LEASE`]; the server keeps a silent
+    /// connection (and its locks) at least this long, so a dead holder's
+    /// locks behind a partition are freed about twice this after it went
+    /// silent.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long opening a connection may take. Default
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The most connections this backend opens. Default
+    /// [`DEFAULT_MAX_CONNECTIONS`].
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// The sequence fencing tokens are drawn from, optionally
+    /// schema-qualified (`schema.name`, lower-case letters, digits and
+    /// `_`). Created on first use if missing; a role that may not create it
+    /// needs it made once: `CREATE SEQUENCE tower_lock_tokens`. Default
+    /// [`DEFAULT_SEQUENCE`].
+    pub fn sequence(mut self, name: impl Into<String>) -> Self {
+        self.sequence = name.into();
+        self
+    }
+
+    /// How this process's waiters share a lock (see [`Cohort`]): on by
+    /// default, up to [`CohortOptions::DEFAULT_MAX_GRANTS`] holders (at most
+    /// [`TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per grant.
+    pub fn cohort(mut self, cohort: CohortOptions) -> Self {
+        self.cohort = cohort;
+        self
+    }
+}
+
+/// Locks held as PostgreSQL session-level advisory locks.
+///
+/// See the [module documentation](self) for how locks are taken, the
+/// tokens, and what a connection does and does not guarantee. Cloning is
+/// cheap and shares the connections.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::backend::PostgresBackend;
+/// use tower_lock::{LockLayer, PathParam};
+///
+/// let pg = PostgresBackend::connect("postgres://app@127.0.0.1:5432/orders").await?;
+/// let layer = LockLayer::new(pg, PathParam("sku")).namespace("sku");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresBackend {
+    cohort: Cohort<Pg>,
+}
+
+/// Advisory locks on the backend's connections, without the local queue.
+#[derive(Clone)]
+struct Pg {
+    inner: Arc<PgInner>,
+}
+
+impl PostgresBackend {
+    /// Connects to `postgres://user[:password]@host:port/database` (or
+    /// `postgresql://`, and any parameter the driver takes, such as
+    /// `?connect_timeout=2`) with default [options](PostgresOptions).
+    ///
+    /// Opens the shared connection (and creates the token sequence if
+    /// missing) at once, so a wrong address or role fails here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tower_lock::backend::PostgresBackend;
+    /// use tower_lock::LockError;
+    ///
+    /// // A malformed URL is refused before anything is connected to.
+    /// let wrong = PostgresBackend::connect("postgres://app@db:notaport/orders").await;
+    /// assert!(matches!(wrong, Err(LockError::Config(_))));
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(url, PostgresOptions::default()).await
+    }
+
+    /// Connects with explicit [options](PostgresOptions).
+    pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, LockError> {
+        let config = parse_url(url)?;
+        check_lease(options.lease, "PostgreSQL")?;
+        check_sequence(&options.sequence)?;
+        if options.max_connections == 0 {
+            return Err(LockError::Config(
+                "PostgresOptions::max_connections must be at least 1".into(),
+            ));
+        }
+        let pg = Pg {
+            inner: Arc::new(PgInner {
+                target: target(&config),
+                config,
+                lease: options.lease,
+                connect_timeout: options.connect_timeout,
+                max_connections: options.max_connections,
+                sequence: options.sequence,
+                sequence_ready: std::sync::atomic::AtomicBool::new(false),
+                shared: Mutex::new(None),
+                opening: tokio::sync::Mutex::new(()),
+                idle: Mutex::new(Vec::new()),
+                open: Arc::new(AtomicUsize::new(0)),
+                releases: Arc::default(),
+            }),
+        };
+        pg.inner.shared().await?;
+        Ok(PostgresBackend {
+            cohort: Cohort::new(pg, options.cohort),
+        })
+    }
+
+    /// The connections open now, the shared one included (for diagnostics
+    /// and tests).
+    pub fn connections(&self) -> usize {
+        self.cohort.inner().inner.open.load(Ordering::Acquire)
+    }
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("target", &self.cohort.inner().inner.target)
+            .finish_non_exhaustive()
+    }
+}
+
+super::cohort::cohort_backend!(PostgresBackend, "postgres");
+
+// The server queues waiters from every process in order. A release and the
+// next acquisition may go out on different connections, so releases are
+// not ordered.
+protocol_backend!(
+    Pg,
+    "postgres",
+    Capabilities::new()
+        .no_semaphore()
+        .max_tokens(TOKEN_SPACING)
+        .fifo(true)
+);
+
+/// Gives each held lock its entry in its session's holds.
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+
+impl PgInner {
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        let read = request.mode == LockMode::Read;
+        let key = request.key.as_str();
+        let tokens = if read { 1 } else { request.tokens };
+        let fail_fast = request.wait == Wait::FailFast;
+        // A free key: one try on the shared connection.
+        let shared = self.shared().await?;
+        if shared.claim(key) {
+            shared.quarantine().await;
+            let sent = Instant::now();
+            if let Some(n) = attempt(&self, &shared, key, read, false).await? {
+                shared.answered(sent);
+                return Ok(self.held(shared, key, read, n, tokens));
+            }
+            if fail_fast {
+                return Err(LockError::Busy);
+            }
+        }
+        // A held key (or one this process holds on the shared connection):
+        // wait in the server on a connection of its own.
+        let session = self.dedicated().await?;
+        session.claim(key);
+        session.quarantine().await;
+        let sent = Instant::now();
+        let Some(n) = attempt(&self, &session, key, read, !fail_fast).await? else {
+            self.give_back(session);
+            return Err(LockError::Busy);
+        };
+        session.answered(sent);
+        // A long wait: the grant counts from a send time long past. One
+        // more round trip makes the connection known alive from now.
+        if known_until(sent, self.lease) < Instant::now() + self.lease / 2 {
+            if let Err(e) = session.ping().await {
+                session.end("the connection failed as the lock was granted");
+                return Err(e);
+            }
+        }
+        Ok(self.held(session, key, read, n, tokens))
+    }
+
+    /// A grant as an [`Acquired`], listed with its session.
+    fn held(
+        self: &Arc<Self>,
+        session: Arc<Session>,
+        key: &str,
+        read: bool,
+        n: i64,
+        tokens: u32,
+    ) -> Acquired {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
+        let held = AdvisoryLock {
+            pg: self.clone(),
+            session: session.clone(),
+            key: key.to_owned(),
+            read,
+            id,
+        };
+        let lease = Lease::new(
+            held,
+            self.lease,
+            session.alive_until.clone(),
+            self.releases.clone(),
+        );
+        lock(&session.holds).insert(id, (Arc::downgrade(&lease), key.to_owned()));
+        // Ended meanwhile: `end` may have drained the holds before the insert.
+        if session.ended.load(Ordering::Acquire) {
+            lease
+                .lost()
+                .fire("the PostgreSQL connection ended".to_owned());
+        }
+        lease.acquired(token, tokens.clamp(1, TOKEN_SPACING))
+    }
+}
+
+fn parse_url(url: &str) -> Result<tokio_postgres::Config, LockError> {
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(LockError::Config(format!(
+            "not a PostgreSQL URL: {url:?} (expected postgres://user@host:port/database)"
+        )));
+    };
+    if scheme != "postgres" && scheme != "postgresql" {
+        return Err(LockError::Config(format!(
+            "not a PostgreSQL URL: {url:?} (expected postgres:// or postgresql://)"
+        )));
+    }
+    tokio_postgres::Config::from_str(url)
+        .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))
+}
+
+/// `host:port/database`, for messages: never the password.
+fn target(config: &tokio_postgres::Config) -> String {
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .zip(config.get_ports().iter().chain(std::iter::repeat(&5432)))
+        .map(|(host, port)| match host {
+            tokio_postgres::config::Host::Tcp(h) => format!("{h}:{port}"),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(p) => format!("{}:{port}", p.display()),
+        })
+        .collect();
+    format!(
+        "{}/{}",
+        hosts.join(","),
+        config.get_dbname().unwrap_or("(default database)")
+    )
+}
+
+/// A sequence name is put into SQL as it is: only plain identifiers.
+fn check_sequence(name: &str) -> Result<(), LockError> {
+    let plain = |part: &str| {
+        !part.is_empty()
+            && !part.starts_with(|c: char| c.is_ascii_digit())
+            && part
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    };
+    let parts: Vec<&str> = name.split('.').collect();
+    if parts.len() > 2 || !parts.iter().all(|p| plain(p)) {
+        return Err(LockError::Config(format!(
+            "PostgresOptions::sequence {name:?}: expected name or schema.name, \
+             in lower-case letters, digits and _"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_names_are_checked_before_connecting() {
+        assert!(parse_url("postgres://app@db:5432/orders").is_ok());
+        assert!(parse_url("postgresql://app:secret@db/orders").is_ok());
+        assert!(parse_url("mysql://app@db/orders").is_err());
+        assert!(parse_url("postgres://app@db:port/orders").is_err());
+        let config = parse_url("postgres://app:secret@db:6543/orders").unwrap();
+        assert_eq!(target(&config), "db:6543/orders");
+        assert!(check_sequence("tower_lock_tokens").is_ok());
+        assert!(check_sequence("locks.tokens").is_ok());
+        for bad in ["", "Tokens", "a.b.c", "x; DROP TABLE t", "9lives", "a-b"] {
+            assert!(check_sequence(bad).is_err(), "{bad}");
+        }
+    }
+}

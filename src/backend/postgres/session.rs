@@ -1,0 +1,430 @@
+//! PostgreSQL sessions: opening one (with the settings a lock holder needs),
+//! knowing it alive, and the pool of them a backend keeps.
+//!
+//! A session-level advisory lock lives exactly as long as the server
+//! session that took it, so a session is to this backend what a ZooKeeper
+//! session is to that one: it is known alive until the send time of the
+//! last request it answered plus the lease, and every lock it holds is lost
+//! with it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+
+use super::advisory::{AdvisoryLock, Statements};
+use crate::backend::lease::{drift, known_until, Lease};
+use crate::backend::InFlight;
+use crate::error::LockError;
+use crate::lost::Deadline;
+
+/// How many sessions that hold nothing are kept open for the next wait.
+const MAX_IDLE: usize = 2;
+
+pub(super) struct PgInner {
+    pub(super) config: tokio_postgres::Config,
+    /// `host:port/db`, for messages (never the password).
+    pub(super) target: String,
+    pub(super) lease: Duration,
+    pub(super) connect_timeout: Duration,
+    pub(super) max_connections: usize,
+    /// The token sequence, a plain (checked) identifier.
+    pub(super) sequence: String,
+    /// Set once the sequence is known to exist.
+    pub(super) sequence_ready: AtomicBool,
+    /// The session every lock that is free at once is taken on.
+    pub(super) shared: Mutex<Option<Arc<Session>>>,
+    /// One shared session opening at a time.
+    pub(super) opening: tokio::sync::Mutex<()>,
+    /// Sessions that hold nothing, for the next wait.
+    pub(super) idle: Mutex<Vec<Arc<Session>>>,
+    /// Sessions open, shared and idle ones included.
+    pub(super) open: Arc<AtomicUsize>,
+    /// Releases in flight, for `flush`.
+    pub(super) releases: Arc<InFlight>,
+}
+
+/// A held lock and its key, as its session lists it.
+pub(super) type Held = (Weak<Lease<AdvisoryLock>>, String);
+
+/// One server session and the locks it holds.
+pub(super) struct Session {
+    pub(super) client: Client,
+    pub(super) statements: Statements,
+    /// Until when the server surely keeps the session (and so its locks).
+    pub(super) alive_until: Arc<Deadline>,
+    /// Set when the session ends or is given up: nothing new is taken on
+    /// it, and every lock it holds is lost with it.
+    pub(super) ended: AtomicBool,
+    /// The locks held on this session, by id, told when it ends.
+    pub(super) holds: Mutex<HashMap<usize, Held>>,
+    /// The keys locked or being locked on this session: advisory locks are
+    /// re-entrant per session, so a second lock on one of them would be
+    /// granted at once, and is taken on another session instead.
+    claims: Mutex<HashSet<String>>,
+    /// The server's uptime when this session learnt it, and when: a restart
+    /// ends every session, so a session's server never restarted since.
+    uptime: (Duration, Instant),
+    lease: Duration,
+    connection: JoinHandle<()>,
+    open: Arc<AtomicUsize>,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(super) fn pg_error(doing: &str, e: tokio_postgres::Error) -> LockError {
+    LockError::backend("postgres", format!("{doing}: {e}"), Some(Box::new(e) as _))
+}
+
+impl Session {
+    pub(super) fn usable(&self) -> bool {
+        !self.ended.load(Ordering::Acquire) && !self.client.is_closed()
+    }
+
+    /// Claims `key` for one lock on this session; false if it is claimed.
+    pub(super) fn claim(&self, key: &str) -> bool {
+        lock(&self.claims).insert(key.to_owned())
+    }
+
+    /// Gives up a claim: the lock is released, or was never granted.
+    pub(super) fn unclaim(&self, key: &str) {
+        lock(&self.claims).remove(key);
+    }
+
+    pub(super) fn holds_nothing(&self) -> bool {
+        lock(&self.holds).is_empty()
+    }
+
+    /// Waits until the server has been up longer than a lease. A restart
+    /// frees every lock at once, while the holders that have not heard of
+    /// it yet count on theirs until their lease is up; no lock is granted
+    /// before then.
+    pub(super) async fn quarantine(&self) {
+        let (uptime, learnt) = self.uptime;
+        let safe = self.lease + drift(self.lease);
+        if let Some(left) = safe.checked_sub(uptime + learnt.elapsed()) {
+            tokio::time::sleep(left).await;
+        }
+    }
+
+    /// One request answered (sent at `sent`): the session is known alive
+    /// a lease from then.
+    pub(super) fn answered(&self, sent: Instant) {
+        self.alive_until.extend(known_until(sent, self.lease));
+    }
+
+    /// Asks the server once, so that the session is known alive from now.
+    pub(super) async fn ping(&self) -> Result<(), LockError> {
+        let sent = Instant::now();
+        self.client
+            .query_one(&self.statements.ping, &[])
+            .await
+            .map_err(|e| pg_error("checking the connection", e))?;
+        self.answered(sent);
+        Ok(())
+    }
+
+    /// Ends the session: its locks are told, and the connection is closed,
+    /// which makes the server free whatever it still holds.
+    pub(super) fn end(&self, reason: &str) {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let holds: Vec<_> = lock(&self.holds).drain().collect();
+        if !holds.is_empty() {
+            tracing::warn!(reason, locks = holds.len(), "postgres locks lost");
+        }
+        for (_, (hold, _)) in holds {
+            if let Some(hold) = hold.upgrade() {
+                hold.lost().fire(reason.to_owned());
+            }
+        }
+        self.connection.abort();
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.connection.abort();
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl PgInner {
+    /// The session locks free at once are taken on, opened if there is none
+    /// or it ended.
+    pub(super) async fn shared(&self) -> Result<Arc<Session>, LockError> {
+        if let Some(s) = lock(&self.shared).as_ref().filter(|s| s.usable()) {
+            return Ok(s.clone());
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(s) = lock(&self.shared).as_ref().filter(|s| s.usable()) {
+            return Ok(s.clone());
+        }
+        let session = self.open_session().await?;
+        *lock(&self.shared) = Some(session.clone());
+        Ok(session)
+    }
+
+    /// A session of its own for one wait (and then the lock it gets): an
+    /// idle one, or a new one within `max_connections`.
+    pub(super) async fn dedicated(&self) -> Result<Arc<Session>, LockError> {
+        loop {
+            let Some(s) = lock(&self.idle).pop() else {
+                break;
+            };
+            if s.usable() {
+                return Ok(s);
+            }
+        }
+        self.open_session().await
+    }
+
+    pub(super) fn is_shared(&self, session: &Arc<Session>) -> bool {
+        lock(&self.shared)
+            .as_ref()
+            .is_some_and(|s| Arc::ptr_eq(s, session))
+    }
+
+    /// Takes back a session whose lock was released: kept for the next
+    /// wait, or closed.
+    pub(super) fn give_back(&self, session: Arc<Session>) {
+        if self.is_shared(&session) || !session.usable() || !session.holds_nothing() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        if idle.len() < MAX_IDLE {
+            idle.push(session);
+        }
+    }
+
+    async fn open_session(&self) -> Result<Arc<Session>, LockError> {
+        let open = self.open.fetch_add(1, Ordering::AcqRel);
+        if open >= self.max_connections {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(LockError::backend(
+                "postgres",
+                format!(
+                    "all {} connections to {} are taken by held or waiting locks; \
+                     raise PostgresOptions::max_connections (and the server's max_connections)",
+                    self.max_connections, self.target
+                ),
+                None,
+            ));
+        }
+        // Counted from here: dropped on any error below.
+        let counted = Counted(self.open.clone());
+        let opened = tokio::time::timeout(self.connect_timeout, self.connect(counted)).await;
+        match opened {
+            Ok(result) => result,
+            Err(_) => Err(LockError::backend(
+                "postgres",
+                format!(
+                    "connecting to PostgreSQL at {} timed out after {} ms",
+                    self.target,
+                    self.connect_timeout.as_millis()
+                ),
+                None,
+            )),
+        }
+    }
+
+    async fn connect(&self, counted: Counted) -> Result<Arc<Session>, LockError> {
+        let doing = || format!("connecting to PostgreSQL at {}", self.target);
+        let (client, connection) = self
+            .config
+            .connect(NoTls)
+            .await
+            .map_err(|e| pg_error(&doing(), e))?;
+        // The session, once made: told when the connection ends.
+        let owner = Arc::new(std::sync::OnceLock::<Weak<Session>>::new());
+        let told = owner.clone();
+        let connection = tokio::spawn(async move {
+            let reason = match connection.await {
+                Ok(()) => "the connection to PostgreSQL closed".to_owned(),
+                Err(e) => format!("the connection to PostgreSQL failed: {e}"),
+            };
+            if let Some(s) = told.get().and_then(Weak::upgrade) {
+                s.end(&reason);
+            }
+        });
+        // From here on the task is aborted on any error: the socket closes.
+        let guard = AbortOnDrop(Some(connection));
+        let sent = Instant::now();
+        client
+            .batch_execute(&self.settings())
+            .await
+            .map_err(|e| pg_error("setting up the session", e))?;
+        let uptime: f64 = client
+            .query_one(
+                "SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_error("reading the server's uptime", e))?
+            .get(0);
+        let learnt = Instant::now();
+        if !self.sequence_ready.load(Ordering::Acquire) {
+            self.create_sequence(&client).await?;
+            self.sequence_ready.store(true, Ordering::Release);
+        }
+        let statements = Statements::prepare(&client, &self.sequence).await?;
+        let connection = guard.disarm();
+        std::mem::forget(counted);
+        let session = Arc::new(Session {
+            client,
+            statements,
+            alive_until: Arc::new(Deadline::new(known_until(sent, self.lease))),
+            ended: AtomicBool::new(false),
+            holds: Mutex::new(HashMap::new()),
+            claims: Mutex::new(HashSet::new()),
+            uptime: (Duration::from_secs_f64(uptime.max(0.0)), learnt),
+            lease: self.lease,
+            connection,
+            open: self.open.clone(),
+        });
+        let _ = owner.set(Arc::downgrade(&session));
+        if session.client.is_closed() {
+            session.end("the connection to PostgreSQL closed");
+        }
+        tokio::spawn(keep_alive(Arc::downgrade(&session), self.lease));
+        Ok(session)
+    }
+
+    /// Creates the token sequence if it is missing.
+    async fn create_sequence(&self, client: &Client) -> Result<(), LockError> {
+        let sql = format!("CREATE SEQUENCE IF NOT EXISTS {}", self.sequence);
+        let mut tries = 0;
+        loop {
+            match client.batch_execute(&sql).await {
+                Ok(()) => return Ok(()),
+                // Another process created it at the same moment.
+                Err(e)
+                    if tries < 3
+                        && (e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                            || e.code() == Some(&SqlState::DUPLICATE_TABLE)) =>
+                {
+                    tries += 1;
+                }
+                Err(e) => {
+                    return Err(pg_error(
+                        &format!(
+                            "creating the token sequence {0} (a role that may not create it \
+                             needs it made once: CREATE SEQUENCE {0})",
+                            self.sequence
+                        ),
+                        e,
+                    ))
+                }
+            }
+        }
+    }
+
+    /// The session settings a lock holder needs, whatever the server's
+    /// defaults: no statement or idle timeout cuts a wait or a hold short,
+    /// and the server gives up a silent client no sooner than a lease
+    /// after it last heard from it (TCP keepalive and user timeout), so a
+    /// holder is told it lost the lock before the server frees it.
+    fn settings(&self) -> String {
+        let secs = self.lease.as_secs() + 1;
+        let interval = (secs / 3).max(1);
+        let user_timeout_ms = (secs + 3 * interval) * 1000;
+        let settings = [
+            ("statement_timeout", "0".to_owned()),
+            ("lock_timeout", "0".to_owned()),
+            ("idle_in_transaction_session_timeout", "0".to_owned()),
+            ("idle_session_timeout", "0".to_owned()),
+            ("tcp_keepalives_idle", secs.to_string()),
+            ("tcp_keepalives_interval", interval.to_string()),
+            ("tcp_keepalives_count", "3".to_owned()),
+            ("tcp_user_timeout", user_timeout_ms.to_string()),
+            // A waiting server process notices a closed client (PG 14+).
+            ("client_connection_check_interval", "1000".to_owned()),
+        ];
+        let values: Vec<String> = settings
+            .iter()
+            .map(|(name, value)| format!("('{name}', '{value}')"))
+            .collect();
+        // Only the settings this server version has.
+        format!(
+            "SELECT set_config(v.name, v.value, false) FROM (VALUES {}) AS v(name, value) \
+             WHERE EXISTS (SELECT 1 FROM pg_settings s WHERE s.name = v.name)",
+            values.join(", ")
+        )
+    }
+}
+
+/// Counts a session being opened; dropped, it is uncounted.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+struct AbortOnDrop(Option<JoinHandle<()>>);
+
+impl AbortOnDrop {
+    fn disarm(mut self) -> JoinHandle<()> {
+        self.0.take().expect("armed")
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Keeps a session that holds locks known alive, or ends it (its locks are
+/// told lost) before its lease from the last answered request runs out.
+/// Only answers count, timed from their send time. A session that holds
+/// nothing is not asked: it may be waiting for a lock, and the next grant
+/// counts from its own send time.
+async fn keep_alive(session: Weak<Session>, lease: Duration) {
+    let every = lease / 4;
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        if s.ended.load(Ordering::Acquire) {
+            return;
+        }
+        if s.client.is_closed() {
+            s.end("the connection to PostgreSQL closed");
+            return;
+        }
+        if s.holds_nothing() {
+            drop(s);
+            tokio::time::sleep(every).await;
+            continue;
+        }
+        let deadline = s.alive_until.get();
+        let sent = Instant::now();
+        let answer = tokio::time::timeout_at(deadline.into(), s.ping()).await;
+        match answer {
+            Ok(Ok(())) => {
+                drop(s);
+                tokio::time::sleep_until((sent + every).into()).await;
+            }
+            Ok(Err(e)) => {
+                s.end(&format!("the connection to PostgreSQL failed: {e}"));
+                return;
+            }
+            Err(_) => {
+                s.end(&format!(
+                    "no answer from PostgreSQL within the lease of {} ms",
+                    lease.as_millis()
+                ));
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,567 @@
+//! The PostgreSQL backend against a real server. `scripts/test-all.sh` uses
+//! the one on 127.0.0.1:5432 when it answers (or starts one of its own) and
+//! sets `TOWER_LOCK_POSTGRES_URL`; run without it, every test here fails
+//! and says how to start one.
+//!
+//! Advisory locks are global to a database, so every test locks keys of its
+//! own (the test's name and this process's id), and checks `pg_locks` for
+//! what it left behind.
+
+#[cfg(not(feature = "postgres"))]
+compile_error!(
+    "tests/postgres.rs needs the `postgres` feature (Cargo.toml's self dev-dependency \
+     enables it); run scripts/test-all.sh"
+);
+
+mod common;
+
+use std::io::{BufReader, Write};
+use std::process::{ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tower_lock::backend::{CohortOptions, PostgresBackend, PostgresOptions};
+use tower_lock::{Backend, BackendExt, LockError, LockMode, Wait};
+
+fn pg_url() -> String {
+    std::env::var("TOWER_LOCK_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!(
+            "TOWER_LOCK_POSTGRES_URL is not set. Run scripts/test-all.sh, which uses or starts \
+             a PostgreSQL server, or start one (Debian: apt-get install postgresql; \
+             service postgresql start) and set \
+             TOWER_LOCK_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test"
+        )
+    })
+}
+
+/// A key of this test's own: advisory locks are shared by every client of
+/// the database.
+fn key(test: &str, name: &str) -> String {
+    format!("t-{test}-{}-{name}", std::process::id())
+}
+
+async fn backend_with(options: PostgresOptions) -> PostgresBackend {
+    let url = pg_url();
+    PostgresBackend::connect_with(&url, options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url}: {e}"))
+}
+
+async fn backend() -> PostgresBackend {
+    backend_with(PostgresOptions::default().lease(Duration::from_secs(4))).await
+}
+
+/// A backend whose every acquisition goes to the server.
+async fn plain_backend() -> PostgresBackend {
+    backend_with(
+        PostgresOptions::default()
+            .lease(Duration::from_secs(4))
+            .cohort(CohortOptions::off()),
+    )
+    .await
+}
+
+/// A plain client, to look at what the server holds.
+async fn raw() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// `(granted, waiting)` advisory locks on `key`, across every session.
+async fn locks_on(client: &tokio_postgres::Client, key: &str) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE granted), count(*) FILTER (WHERE NOT granted) \
+             FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1, 0)",
+            &[&key],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Waits until `key` has `expected` granted and waiting locks on the server.
+async fn settle(client: &tokio_postgres::Client, key: &str, expected: (i64, i64)) {
+    for _ in 0..500 {
+        if locks_on(client, key).await == expected {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "{key}: expected {expected:?} (granted, waiting), found {:?}",
+        locks_on(client, key).await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excludes_under_contention_with_increasing_tokens() {
+    let k = key("contention", "hot");
+    // Two backends: two sets of connections, as two replicas would have.
+    let (a, b) = (backend().await, backend().await);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let pg = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (inside, tokens, k) = (inside.clone(), tokens.clone(), k.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let g = pg
+                    .lock(k.as_str())
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokens.lock().unwrap().push(g.token());
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let tokens = std::mem::take(&mut *tokens.lock().unwrap());
+    assert_eq!(tokens.len(), 80);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing"
+    );
+    settle(&raw().await, &k, (0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_backends_with_queues_of_their_own_take_turns() {
+    let k = key("turns", "k");
+    let (a, b) = (backend().await, backend().await);
+    let counts = common::take_turns(&a, &b, &k, Duration::from_millis(1500)).await;
+    common::assert_neither_starved(counts);
+    settle(&raw().await, &k, (0, 0)).await;
+}
+
+#[tokio::test]
+async fn a_request_reenters_its_own_lock() {
+    common::reenters_under_the_layer(backend().await).await;
+}
+
+#[tokio::test]
+async fn one_process_never_holds_a_key_twice_through_session_reentrancy() {
+    // Advisory locks are re-entrant per session: without care, two
+    // acquisitions in one process would both be granted on one connection.
+    let k = key("reentrancy", "k");
+    let pg = plain_backend().await;
+    let first = pg.lock(k.as_str()).await.unwrap();
+    assert!(matches!(
+        pg.lock(k.as_str()).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let second = {
+        let pg = pg.clone();
+        let k = k.clone();
+        tokio::spawn(async move { pg.lock(k.as_str()).wait(Duration::from_secs(10)).await })
+    };
+    let client = raw().await;
+    settle(&client, &k, (1, 1)).await;
+    assert!(!second.is_finished());
+    first.release().await.unwrap();
+    let second = second.await.unwrap().unwrap();
+    settle(&client, &k, (1, 0)).await;
+    second.release().await.unwrap();
+    settle(&client, &k, (0, 0)).await;
+}
+
+#[tokio::test]
+async fn waiters_are_served_in_arrival_order() {
+    let k = key("order", "k");
+    let holder = plain_backend().await;
+    let held = holder.lock(k.as_str()).await.unwrap();
+    let client = raw().await;
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        // A backend each: three processes, as far as the server can tell.
+        let pg = plain_backend().await;
+        let (order, key) = (order.clone(), k.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = pg
+                .lock(key.as_str())
+                .wait(Duration::from_secs(10))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            g.release().await.unwrap();
+        }));
+        settle(&client, &k, (1, i + 1)).await;
+    }
+    held.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2]);
+    settle(&client, &k, (0, 0)).await;
+}
+
+#[tokio::test]
+async fn timed_out_and_cancelled_waits_leave_no_waiter_on_the_server() {
+    let k = key("cancel", "k");
+    let (holder, waiter) = (plain_backend().await, plain_backend().await);
+    let held = holder.lock(k.as_str()).await.unwrap();
+    let client = raw().await;
+    let timed_out = waiter
+        .lock(k.as_str())
+        .wait(Duration::from_millis(200))
+        .await;
+    assert!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    settle(&client, &k, (1, 0)).await;
+    // Cancelled: the future dropped while it waits in the server.
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move { waiter.lock(k.as_str()).wait(Wait::Forever).await })
+    };
+    settle(&client, &k, (1, 1)).await;
+    waiting.abort();
+    settle(&client, &k, (1, 0)).await;
+    assert!(matches!(
+        waiter.lock(k.as_str()).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    held.release().await.unwrap();
+    waiter.flush().await;
+    let again = waiter.lock(k.as_str()).fail_fast().await.unwrap();
+    again.release().await.unwrap();
+    settle(&client, &k, (0, 0)).await;
+}
+
+#[tokio::test]
+async fn readers_share_writers_exclude_and_semaphores_are_refused() {
+    let k = key("rw", "k");
+    let (a, b) = (plain_backend().await, plain_backend().await);
+    let r1 = a.lock(k.as_str()).mode(LockMode::Read).await.unwrap();
+    let r2 = b
+        .lock(k.as_str())
+        .mode(LockMode::Read)
+        .fail_fast()
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.lock(k.as_str()).mode(LockMode::Write).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    assert!(matches!(
+        b.lock(k.as_str()).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let client = raw().await;
+    settle(&client, &k, (2, 0)).await;
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let w = b
+        .lock(k.as_str())
+        .mode(LockMode::Write)
+        .fail_fast()
+        .await
+        .unwrap();
+    assert!(matches!(
+        a.lock(k.as_str()).mode(LockMode::Read).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    w.release().await.unwrap();
+    let semaphore = a
+        .lock(k.as_str())
+        .mode(LockMode::Semaphore { permits: 2 })
+        .await;
+    assert!(
+        matches!(semaphore, Err(LockError::InvalidMode(_))),
+        "{semaphore:?}"
+    );
+    settle(&client, &k, (0, 0)).await;
+}
+
+#[tokio::test]
+async fn sql_takes_the_same_lock() {
+    let k = key("sql", "k");
+    let pg = plain_backend().await;
+    let client = raw().await;
+    let got: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
+            &[&k],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(got);
+    assert!(matches!(
+        pg.lock(k.as_str()).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    client
+        .query_one("SELECT pg_advisory_unlock(hashtextextended($1, 0))", &[&k])
+        .await
+        .unwrap();
+    let g = pg.lock(k.as_str()).fail_fast().await.unwrap();
+    let sql_sees_it: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
+            &[&k],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!sql_sees_it);
+    g.release().await.unwrap();
+    settle(&client, &k, (0, 0)).await;
+}
+
+#[tokio::test]
+async fn a_terminated_session_tells_the_holder_and_the_next_token_is_higher() {
+    let k = key("terminated", "k");
+    let (holder, next) = (plain_backend().await, plain_backend().await);
+    let held = holder.lock(k.as_str()).await.unwrap();
+    let client = raw().await;
+    let terminated: i64 = client
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks \
+             WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+             AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1, 0)",
+            &[&k],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(terminated, 1);
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the holder was not told");
+    assert!(held.is_lost());
+    let g = next.lock(k.as_str()).fail_fast().await.unwrap();
+    assert!(g.token() > held.token());
+    g.release().await.unwrap();
+    drop(held);
+    // The holder's backend opens a new connection for its next lock.
+    holder
+        .lock(k.as_str())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    settle(&client, &k, (0, 0)).await;
+}
+
+#[tokio::test]
+async fn connections_are_bounded_and_given_back() {
+    let keys: Vec<String> = (0..3).map(|i| key("pool", &i.to_string())).collect();
+    let holders = plain_backend().await;
+    let mut held = Vec::new();
+    for k in &keys {
+        held.push(holders.lock(k.as_str()).await);
+    }
+    let pg = backend_with(
+        PostgresOptions::default()
+            .max_connections(2)
+            .cohort(CohortOptions::off()),
+    )
+    .await;
+    assert_eq!(pg.connections(), 1);
+    // Two waits: the shared connection tries, a second one waits.
+    let first = {
+        let (pg, k) = (pg.clone(), keys[0].clone());
+        tokio::spawn(async move { pg.lock(k.as_str()).wait(Duration::from_secs(10)).await })
+    };
+    let client = raw().await;
+    settle(&client, &keys[0], (1, 1)).await;
+    let e = pg
+        .lock(keys[1].as_str())
+        .wait(Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+    assert!(e.to_string().contains("max_connections"), "{e}");
+    for g in held {
+        g.unwrap().release().await.unwrap();
+    }
+    first.await.unwrap().unwrap().release().await.unwrap();
+    // The waiting connection went back to the pool and serves the next wait.
+    let again = pg.lock(keys[1].as_str()).await.unwrap();
+    again.release().await.unwrap();
+    assert_eq!(pg.connections(), 2);
+    for k in &keys {
+        settle(&client, k, (0, 0)).await;
+    }
+}
+
+#[tokio::test]
+async fn bad_urls_and_an_unreachable_server_are_clear_errors_within_the_timeout() {
+    for bad in ["postgres://app@db:notaport/x", "mysql://x", "postgres:/x"] {
+        let e = PostgresBackend::connect(bad).await.unwrap_err();
+        assert!(matches!(e, LockError::Config(_)), "{bad}: {e:?}");
+    }
+    let e = PostgresBackend::connect_with(
+        &pg_url(),
+        PostgresOptions::default().sequence("no such; thing"),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, LockError::Config(_)), "{e:?}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let e = PostgresBackend::connect_with(
+        &format!("postgres://postgres@127.0.0.1:{port}/test"),
+        PostgresOptions::default().connect_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+}
+
+// ---- other processes -------------------------------------------------------
+
+/// Runs this test binary's `child_entry` as another OS process.
+fn child(role: &str, k: &str, extra: &[(&str, String)]) -> common::KillOnDrop {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_entry",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("TOWER_LOCK_CHILD", role)
+    .env("TOWER_LOCK_CHILD_KEY", k)
+    .env("TOWER_LOCK_POSTGRES_URL", pg_url())
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    common::KillOnDrop(cmd.spawn().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excludes_between_processes() {
+    let k = key("processes", "shared");
+    let log = std::env::temp_dir().join(format!("tower-lock-pg-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let mut kids: Vec<(common::KillOnDrop, BufReader<ChildStdout>)> = (0..2)
+        .map(|_| {
+            let mut c = child(
+                "worker",
+                &k,
+                &[("TOWER_LOCK_CHILD_LOG", log.display().to_string())],
+            );
+            let out = BufReader::new(c.0.stdout.take().unwrap());
+            (c, out)
+        })
+        .collect();
+    for (_, out) in &mut kids {
+        common::expect_word(out, "ready");
+    }
+    for (c, _) in &mut kids {
+        writeln!(c.0.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    for (c, _) in &mut kids {
+        assert!(c.0.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    common::check_two_process_log(&lines, 30);
+    let _ = std::fs::remove_file(&log);
+    settle(&raw().await, &k, (0, 0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_frees_the_key_as_soon_as_the_server_sees_it_go() {
+    let k = key("killed", "k");
+    let mut holder = child("holder", &k, &[]);
+    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
+    common::expect_word(&mut out, "held");
+    let pg = plain_backend().await;
+    assert!(matches!(
+        pg.lock(k.as_str()).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let waiting = {
+        let (pg, k) = (pg.clone(), k.clone());
+        tokio::spawn(async move {
+            let g = pg.lock(k.as_str()).wait(Duration::from_secs(30)).await;
+            (g, Instant::now())
+        })
+    };
+    settle(&raw().await, &k, (1, 1)).await;
+    let killed_at = Instant::now();
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
+    let (g, at) = waiting.await.unwrap();
+    eprintln!(
+        "kill -9 of the holder: the waiter had the lock {} ms later",
+        at.duration_since(killed_at).as_millis()
+    );
+    g.unwrap().release().await.unwrap();
+    settle(&raw().await, &k, (0, 0)).await;
+}
+
+#[tokio::test]
+#[ignore = "run as a child process by the tests above"]
+async fn child_entry() {
+    let Ok(role) = std::env::var("TOWER_LOCK_CHILD") else {
+        return;
+    };
+    let k = std::env::var("TOWER_LOCK_CHILD_KEY").unwrap();
+    let pg = backend().await;
+    match role.as_str() {
+        "worker" => {
+            let log = std::env::var("TOWER_LOCK_CHILD_LOG").unwrap();
+            let me = std::process::id();
+            let append = |line: String| {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(&log)
+                    .unwrap()
+                    .write_all(format!("{line}\n").as_bytes())
+                    .unwrap();
+            };
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            std::io::stdin().read_line(&mut String::new()).unwrap();
+            append(format!("start {me}"));
+            for _ in 0..30 {
+                let g = pg
+                    .lock(k.as_str())
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                append(format!("enter {me}"));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                append(format!("leave {me}"));
+                g.release().await.unwrap();
+            }
+            append(format!("end {me}"));
+        }
+        "holder" => {
+            let g = pg.lock(k.as_str()).await.unwrap();
+            println!("held");
+            std::io::stdout().flush().unwrap();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(g);
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
