@@ -16,7 +16,8 @@
 //! delete with `zookeeper-client` (`impl=raw-create-delete`), on Redis two
 //! PINGs through the `redis` crate's `ConnectionManager`
 //! (`impl=redis-rs-2xping`), on PostgreSQL two prepared `SELECT 1` through
-//! `tokio-postgres` (`impl=tokio-postgres-2xselect`), printed as
+//! `tokio-postgres` (`impl=tokio-postgres-2xselect`), on MariaDB the same
+//! through `mysql_async` (`impl=mysql-async-2xselect`), printed as
 //! `workload=uncontended` lines to sit beside the locks'.
 //!
 //! `--release drop` (the default) releases each lock by dropping its guard,
@@ -355,12 +356,15 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
     if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         return postgres_floor(backend, n).await;
     }
+    if backend.starts_with("mysql://") {
+        return mysql_floor(backend, n).await;
+    }
     let Some(hosts) = backend
         .strip_prefix("zk://")
         .map(|r| r.split('/').next().unwrap_or(r))
     else {
         eprintln!(
-            "bench: the floor workload is measured for redis://, zk:// and postgres:// backends only"
+            "bench: the floor workload is measured for redis://, zk://, postgres:// and mysql:// backends only"
         );
         return ExitCode::from(2);
     };
@@ -443,6 +447,32 @@ async fn postgres_floor(url: &str, n: usize) -> ExitCode {
     .await;
     println!(
         "impl=tokio-postgres-2xselect backend=postgres workload=uncontended {}",
+        latencies(n, samples)
+    );
+    ExitCode::SUCCESS
+}
+
+/// Two `SELECT 1` per sample, prepared once, through `mysql_async` (the
+/// driver the MariaDB backend uses).
+async fn mysql_floor(url: &str, n: usize) -> ExitCode {
+    use mysql_async::prelude::Queryable;
+    let conn = match mysql_async::Conn::from_url(url).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            eprintln!("bench: connecting to MariaDB: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let conn = tokio::sync::Mutex::new(conn);
+    let samples = timed(n, || async {
+        let mut conn = conn.lock().await;
+        for _ in 0..2 {
+            let _: Option<i64> = conn.exec_first("SELECT 1", ()).await.expect("select");
+        }
+    })
+    .await;
+    println!(
+        "impl=mysql-async-2xselect backend=mysql workload=uncontended {}",
         latencies(n, samples)
     );
     ExitCode::SUCCESS

@@ -12,10 +12,11 @@
 //! cargo run --example order_service -- --backend redis://127.0.0.1:6379 --instances 2
 //! cargo run --example order_service -- --backend zk://127.0.0.1:2181 --instances 2
 //! cargo run --example order_service -- --backend postgres://postgres@127.0.0.1:5432/test --instances 2
+//! cargo run --example order_service -- --backend mysql://root@127.0.0.1:3306/test --instances 2
 //! ```
 //!
 //! Flags: `--backend <url>` (`memory`, `redis://host:port`, `redlock://h1:p1,h2:p2,h3:p3`,
-//! `zk://host:port`, `postgres://user@host:port/db`; see
+//! `zk://host:port`, `postgres://user@host:port/db`, `mysql://user@host:port/db`; see
 //! `tower_lock::backend::connect`), `--instances N` (servers in N separate
 //! processes sharing the backend, the requests split between them; needs a
 //! shared backend), `--requests N` (default 10), `--sku S`, `--no-lock`,
@@ -23,7 +24,7 @@
 //!
 //! With a Redis backend the order numbers live in Redis too (with Redlock, in
 //! the first server), with ZooKeeper in a node `/order_service/last/<sku>`,
-//! with PostgreSQL in a table `order_service_last`, so that every instance
+//! with PostgreSQL or MariaDB in a table `order_service_last`, so that every instance
 //! reads and writes the same counter.
 
 mod common;
@@ -48,6 +49,8 @@ enum Numbers {
     ZooKeeper(zookeeper_client::Client),
     /// A table `order_service_last (sku text primary key, n bigint)`.
     Postgres(tokio_postgres::Client),
+    /// The same table in MariaDB.
+    Mysql(tokio::sync::Mutex<mysql_async::Conn>),
 }
 
 /// The ZooKeeper node holding a SKU's last order number, as decimal text.
@@ -81,6 +84,16 @@ impl Numbers {
                 .await
                 .expect("read the order number")
                 .map_or(0, |row| row.get::<_, i64>(0) as u64),
+            Numbers::Mysql(conn) => {
+                use mysql_async::prelude::Queryable;
+                let n: Option<u64> = conn
+                    .lock()
+                    .await
+                    .exec_first("SELECT n FROM order_service_last WHERE sku = ?", (sku,))
+                    .await
+                    .expect("read the order number");
+                n.unwrap_or(0)
+            }
         }
     }
 
@@ -131,6 +144,18 @@ impl Numbers {
                 .await
                 .expect("write the order number");
             }
+            Numbers::Mysql(conn) => {
+                use mysql_async::prelude::Queryable;
+                conn.lock()
+                    .await
+                    .exec_drop(
+                        "INSERT INTO order_service_last (sku, n) VALUES (?, ?) \
+                         ON DUPLICATE KEY UPDATE n = VALUES(n)",
+                        (sku, n),
+                    )
+                    .await
+                    .expect("write the order number");
+            }
         }
     }
 
@@ -152,6 +177,14 @@ impl Numbers {
             Numbers::Postgres(pg) => {
                 let _ = pg
                     .execute("DELETE FROM order_service_last WHERE sku = $1", &[&sku])
+                    .await;
+            }
+            Numbers::Mysql(conn) => {
+                use mysql_async::prelude::Queryable;
+                let _ = conn
+                    .lock()
+                    .await
+                    .exec_drop("DELETE FROM order_service_last WHERE sku = ?", (sku,))
                     .await;
             }
         }
@@ -196,6 +229,19 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
         .await
         .map_err(|e| format!("creating the order numbers' table: {e}"))?;
         return Ok(Numbers::Postgres(pg));
+    }
+    if backend.starts_with("mysql://") {
+        use mysql_async::prelude::Queryable;
+        let mut conn = mysql_async::Conn::from_url(backend)
+            .await
+            .map_err(|e| format!("connecting to MariaDB: {e}"))?;
+        conn.query_drop(
+            "CREATE TABLE IF NOT EXISTS order_service_last \
+             (sku VARCHAR(255) PRIMARY KEY, n BIGINT UNSIGNED NOT NULL)",
+        )
+        .await
+        .map_err(|e| format!("creating the order numbers' table: {e}"))?;
+        return Ok(Numbers::Mysql(tokio::sync::Mutex::new(conn)));
     }
     Ok(Numbers::Local(Mutex::new(HashMap::new())))
 }

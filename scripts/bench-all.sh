@@ -108,6 +108,24 @@ run "$bench" --backend "$pg" --workload contended --secs "$secs" --workers 4 --p
 run "$bench" --backend "$pg" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$pg" --workload http --secs "$secs" --conns 32
 
+# MariaDB GET_LOCK: the floor is two prepared SELECT 1 through the same
+# driver; the peer is PyMySQL calling GET_LOCK/RELEASE_LOCK.
+my=$TOWER_LOCK_MYSQL_URL
+for _ in 1 2 3; do
+    run "$bench" --backend "$my" --workload floor --n 2000
+    run "$bench" --backend "$my" --workload uncontended --n 2000
+    run "$bench" --backend "$my" --workload uncontended --n 2000 --release await
+    run /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" --workload uncontended --n 2000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$my" "${contended[@]}"
+    run /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" "${contended[@]}"
+done
+run "$bench" --backend "$my" "${contended[@]}" --no-lock
+run /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" "${contended[@]}" --no-lock
+run "$bench" --backend "$my" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$my" --workload keys --secs "$secs" --workers 8 --keys 100
+
 # Memory.
 run "$bench" --backend memory --workload uncontended --n 5000
 run "$bench" --backend memory "${contended[@]}"

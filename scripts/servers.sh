@@ -6,9 +6,11 @@
 #
 # After `start_servers`: TOWER_LOCK_REDIS_URL (one redis-server),
 # TOWER_LOCK_REDLOCK_URL (three more), TOWER_LOCK_ZK_ADDR (ZooKeeper) and
-# TOWER_LOCK_POSTGRES_URL are exported; `redlock` holds the three Redlock
-# addresses. PostgreSQL is the machine's (127.0.0.1:5432, trust auth,
-# database `test`) when it answers, otherwise a private one.
+# TOWER_LOCK_POSTGRES_URL and TOWER_LOCK_MYSQL_URL are exported; `redlock`
+# holds the three Redlock addresses. PostgreSQL and MariaDB are the
+# machine's (127.0.0.1:5432, trust auth, database `test`; 127.0.0.1:3306,
+# root without password, database `test`) when they answer, otherwise
+# private ones.
 
 started=$SECONDS
 work=$(mktemp -d "${TMPDIR:-/tmp}/tower-lock-test.XXXXXX")
@@ -53,6 +55,9 @@ required_packages() {
 /usr/lib/python3/dist-packages/kazoo/__init__.py python3-kazoo
 /usr/share/doc/postgresql/copyright postgresql
 /usr/lib/python3/dist-packages/psycopg2/__init__.py python3-psycopg2
+/usr/sbin/mariadbd mariadb-server
+/usr/bin/mariadb mariadb-client
+/usr/lib/python3/dist-packages/pymysql/__init__.py python3-pymysql
 EOF
 }
 
@@ -169,6 +174,37 @@ start_postgres() {
     echo "PostgreSQL: a private one, on 127.0.0.1:$port"
 }
 
+# The machine's MariaDB when it answers; otherwise a private instance on a
+# free port (as the `mysql` user when this script runs as root).
+start_mariadb() {
+    if [ -z "${TOWER_LOCK_PRIVATE_MARIADB:-}" ] &&
+        mariadb -h 127.0.0.1 -P 3306 -u root test -e 'SELECT 1' >/dev/null 2>&1; then
+        export TOWER_LOCK_MYSQL_URL=mysql://root@127.0.0.1:3306/test
+        echo "MariaDB: the machine's, on 127.0.0.1:3306"
+        return
+    fi
+    local port dir user=()
+    port=$(free_port)
+    dir="$work/mariadb"
+    mkdir -p "$dir"
+    if [ "$(id -u)" -eq 0 ]; then
+        chmod o+x "$work"
+        chown mysql: "$dir"
+        user=(--user=mysql)
+    fi
+    mariadb-install-db "${user[@]}" --datadir="$dir/data" --auth-root-authentication-method=normal \
+        --skip-test-db >"$dir/install.log" 2>&1 || die "mariadb-install-db failed (log: $dir/install.log)"
+    mariadbd --no-defaults "${user[@]}" --datadir="$dir/data" --port="$port" --bind-address=127.0.0.1 \
+        --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --skip-log-bin \
+        --max-connections=300 >"$dir/mariadb.log" 2>&1 &
+    pids+=("$!")
+    wait_for 60 "MariaDB on port $port (log: $dir/mariadb.log)" \
+        mariadb -h 127.0.0.1 -P "$port" -u root -e 'SELECT 1'
+    mariadb -h 127.0.0.1 -P "$port" -u root -e 'CREATE DATABASE IF NOT EXISTS test'
+    export TOWER_LOCK_MYSQL_URL="mysql://root@127.0.0.1:$port/test"
+    echo "MariaDB: a private one, on 127.0.0.1:$port"
+}
+
 start_servers() {
     step "starting servers"
     start_redis redis
@@ -184,4 +220,5 @@ start_servers() {
     echo "Redlock over $TOWER_LOCK_REDLOCK_URL"
     start_zookeeper
     start_postgres
+    start_mariadb
 }

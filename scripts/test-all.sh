@@ -3,14 +3,14 @@
 #   1. installs the Debian packages it needs when they are missing (as root;
 #      otherwise it says which to install),
 #   2. starts its own Redis and ZooKeeper on free loopback ports, and uses
-#      the machine's PostgreSQL (or starts its own),
+#      the machine's PostgreSQL and MariaDB (or starts its own),
 #   3. runs cargo fmt --check, clippy with -D warnings, the whole test suite,
 #      and the order_service and bench examples end to end,
 #   4. stops the servers, whatever happened.
 #
 # Usage: scripts/test-all.sh            (from anywhere in the repository)
-# Tests that need a server read TOWER_LOCK_REDIS_URL, TOWER_LOCK_ZK_ADDR and
-# TOWER_LOCK_POSTGRES_URL, which this script exports; run alone, such a test fails and says how to
+# Tests that need a server read TOWER_LOCK_REDIS_URL, TOWER_LOCK_ZK_ADDR,
+# TOWER_LOCK_POSTGRES_URL and TOWER_LOCK_MYSQL_URL, which this script exports; run alone, such a test fails and says how to
 # start the server.
 set -euo pipefail
 
@@ -31,7 +31,7 @@ cargo clippy --all-targets --all-features -- -D warnings
 step "cargo clippy --lib -- -D warnings (default features, none, each backend alone)"
 cargo clippy --lib -- -D warnings
 cargo clippy --lib --no-default-features -- -D warnings
-for feature in redis zookeeper postgres; do
+for feature in redis zookeeper postgres mysql; do
     cargo clippy --lib --no-default-features --features "$feature" -- -D warnings
 done
 step "cargo doc (no broken links in the docs.rs pages)"
@@ -96,6 +96,10 @@ shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_POSTGRES
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over PostgreSQL with 2 instances did not serialise"
 [ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
+shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_MYSQL_URL" --instances 2)
+echo "$shared" | tail -n 1
+[ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over MariaDB with 2 instances did not serialise"
+[ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
 if cargo run -q --example order_service -- --backend nonsense:// 2>/dev/null; then
     die "order_service accepted an unknown backend"
 fi
@@ -114,7 +118,7 @@ for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --
     [[ "$first" == impl=tower-lock\ backend=memory\ * ]] || die "bench printed an unexpected line: $line"
     [[ "$line" != *overlaps=* || "$line" == *overlaps=0* ]] || die "bench saw overlapping holders: $line"
 done
-for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL"; do
+for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL" "$TOWER_LOCK_MYSQL_URL"; do
     for workload in "uncontended --n 300" "uncontended --n 300 --release await" "contended --secs 1 --workers 8" \
         "contended --secs 1 --workers 4 --processes 2" "keys --secs 1 --workers 8 --keys 16"; do
         # shellcheck disable=SC2086
@@ -126,7 +130,7 @@ for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LO
 done
 # Negative controls: the same workloads with a lock that excludes nobody must
 # show overlaps, or the overlaps=0 above prove nothing.
-for backend in memory "$TOWER_LOCK_REDIS_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL"; do
+for backend in memory "$TOWER_LOCK_REDIS_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL" "$TOWER_LOCK_MYSQL_URL"; do
     for workload in "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 4"; do
         # shellcheck disable=SC2086
         line=$(cargo run -q --example bench -- --backend "$backend" --workload $workload --no-lock)
@@ -171,5 +175,8 @@ torture --backend zk --secs 30 --seed 1
 torture --backend zk --secs 30
 torture --backend postgres --secs 30 --seed 1
 torture --backend postgres --secs 30
+# MariaDB is the machine's (or this script's): client-side faults only.
+torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30 --seed 1
+torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30
 
 step "all checks passed in $((SECONDS - started))s"

@@ -23,6 +23,12 @@
     doc = "[`ZookeeperBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/struct.ZookeeperBackend.html",
     doc = "[`backend::zookeeper`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/index.html"
 )]
+#![cfg_attr(feature = "mysql", doc = "[`MysqlBackend`]: backend::MysqlBackend")]
+#![cfg_attr(
+    not(feature = "mysql"),
+    doc = "[`MysqlBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/mysql/struct.MysqlBackend.html",
+    doc = "[`backend::mysql`]: https://docs.rs/tower-lock/latest/tower_lock/backend/mysql/index.html"
+)]
 #![cfg_attr(
     feature = "postgres",
     doc = "[`PostgresBackend`]: backend::PostgresBackend"

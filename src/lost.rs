@@ -350,14 +350,24 @@ impl Future for Lost {
 
 /// The moment until which a lease or session is known alive, shared between
 /// the task that renews it and the holds that check it.
-#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
 pub(crate) struct Deadline {
     base: std::time::Instant,
     /// Nanoseconds after `base`.
     after: std::sync::atomic::AtomicU64,
 }
 
-#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
 impl Deadline {
     pub(crate) fn new(at: std::time::Instant) -> Self {
         Deadline {

@@ -9,7 +9,8 @@
 //! `--backend` is `memory`, `redis`, `redlock`, `zk` or `postgres` (the harness starts
 //! its own servers, so that it can kill, restart and pause them), or a URL
 //! (`redis://..`, `redlock://..`, `zk://..`) of servers it does not own,
-//! which rules out the server faults.
+//! which rules out the server faults (MariaDB is run only this way:
+//! `mysql://root@127.0.0.1:3306/test`).
 //!
 //! P client processes of W workers each lock random keys among K with the
 //! given lease (ZooKeeper: session timeout) and, inside the critical

@@ -93,6 +93,8 @@ impl Nemesis {
             None => (args.backend.clone(), None),
             Some((scheme, rest)) => {
                 let hosts = rest.split('/').next().unwrap_or(rest);
+                // `user@host:port`: the user is the client's business.
+                let hosts = hosts.rsplit('@').next().unwrap_or(hosts);
                 let addrs = hosts
                     .split(',')
                     .map(|h| {
@@ -103,8 +105,14 @@ impl Nemesis {
                 (scheme.to_owned(), Some(addrs))
             }
         };
-        if !["memory", "redis", "redlock", "zk", "postgres"].contains(&kind.as_str()) {
+        if !["memory", "redis", "redlock", "zk", "postgres", "mysql"].contains(&kind.as_str()) {
             return Err(format!("unknown backend {:?}", args.backend));
+        }
+        if kind == "mysql" && given.is_none() {
+            return Err(
+                "the harness does not start MariaDB: give its URL, mysql://root@127.0.0.1:3306/test"
+                    .into(),
+            );
         }
         let possible: Vec<FaultKind> = ALL
             .iter()
@@ -470,6 +478,7 @@ fn backend_name(kind: &str) -> &'static str {
     match kind {
         "zk" => "zookeeper",
         "postgres" => "postgres",
+        "mysql" => "mysql",
         "redis" => "redis",
         "redlock" => "redlock",
         _ => "memory",
@@ -653,6 +662,7 @@ async fn leaks(
         let left = match kind {
             "zk" => zk_nodes(servers[0], root).await?,
             "postgres" => advisory_locks(servers[0]).await?,
+            "mysql" => user_locks(servers[0], root).await?,
             _ => {
                 let mut n = 0;
                 for s in servers {
@@ -732,6 +742,30 @@ async fn advisory_locks(server: SocketAddr) -> Result<u64, String> {
         .map_err(|e| e.to_string())?
         .get(0);
     Ok(n as u64)
+}
+
+/// The harness's keys still locked with `GET_LOCK` (named as the backend
+/// names them).
+async fn user_locks(server: SocketAddr, root: &str) -> Result<u64, String> {
+    use mysql_async::prelude::Queryable;
+    let mut conn = mysql_async::Conn::from_url(format!("mysql://root@{server}/test"))
+        .await
+        .map_err(|e| format!("mariadb at {server}: {e}"))?;
+    let mut n = 0;
+    // Far more keys than any run uses.
+    for key in crate::worker::keys(root, 64) {
+        let used: Option<u64> = conn
+            .exec_first(
+                "SELECT IS_USED_LOCK(IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256)))",
+                (&key, &key, &key),
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .flatten();
+        n += u64::from(used.is_some());
+    }
+    let _ = conn.disconnect().await;
+    Ok(n)
 }
 
 async fn zk_nodes(server: SocketAddr, root: &str) -> Result<u64, String> {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_lock::backend::{
-    PostgresBackend, PostgresOptions, RedisBackend, RedisOptions, RedlockBackend, ZookeeperBackend,
-    ZookeeperOptions,
+    MysqlBackend, MysqlOptions, PostgresBackend, PostgresOptions, RedisBackend, RedisOptions,
+    RedlockBackend, ZookeeperBackend, ZookeeperOptions,
 };
 use tower_lock::{Backend, BackendExt, LockError, Wait};
 
@@ -319,6 +319,13 @@ pub async fn open(
                 ZookeeperOptions::default()
                     .root(format!("/{root}"))
                     .session_timeout(lease),
+            )
+            .await?,
+        ),
+        "mysql" => Arc::new(
+            MysqlBackend::connect_with(
+                &format!("mysql://root@{servers}/test"),
+                MysqlOptions::default().lease(lease),
             )
             .await?,
         ),

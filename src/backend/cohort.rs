@@ -562,7 +562,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Implements [`Backend`] for a public backend that is a [`Cohort`] (in its
 /// field `cohort`) in front of its protocol.
-#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
 macro_rules! cohort_backend {
     ($backend:ty, $name:literal) => {
         impl $crate::backend::Backend for $backend {
@@ -597,5 +602,10 @@ macro_rules! cohort_backend {
         }
     };
 }
-#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
 pub(crate) use cohort_backend;

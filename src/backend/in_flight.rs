@@ -52,7 +52,12 @@ impl InFlight {
     }
 }
 
-#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
 impl InFlight {
     /// A backend's [`flush`](super::Backend::flush): completes once no
     /// release is in flight.

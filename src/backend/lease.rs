@@ -134,7 +134,7 @@ impl<P: Protocol> Lease<P> {
     /// Fires from outside the lease (a ZooKeeper session or PostgreSQL
     /// connection that ended).
     #[cfg_attr(
-        not(any(feature = "zookeeper", feature = "postgres")),
+        not(any(feature = "zookeeper", feature = "postgres", feature = "mysql")),
         allow(dead_code)
     )]
     pub(crate) fn lost(&self) -> &LostState {

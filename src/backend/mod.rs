@@ -71,9 +71,16 @@ mod capabilities;
 mod cohort;
 mod future;
 mod in_flight;
-#[cfg(any(feature = "redis", feature = "zookeeper", feature = "postgres"))]
+#[cfg(any(
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql"
+))]
 mod lease;
 mod memory;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -81,9 +88,13 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
 mod registry;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
+#[cfg(feature = "mysql")]
+pub use self::mysql::{MysqlBackend, MysqlOptions};
 #[cfg(feature = "postgres")]
 pub use self::postgres::{PostgresBackend, PostgresOptions};
 #[cfg(feature = "redis")]

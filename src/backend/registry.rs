@@ -49,6 +49,8 @@ const REGISTRY: &[Row] = &[
     row!("zk", "zookeeper", super::ZookeeperBackend),
     row!("postgres", "postgres", super::PostgresBackend),
     row!("postgresql", "postgres", super::PostgresBackend),
+    row!("mysql", "mysql", super::MysqlBackend),
+    row!("mariadb", "mysql", super::MysqlBackend),
 ];
 
 /// Opens the backend a URL names, for services that take it from their
@@ -63,6 +65,7 @@ const REGISTRY: &[Row] = &[
 /// | `redlocks://h1:p1,h2:p2,h3:p3[#insecure]` | [`RedlockBackend`] over TLS (feature `redis-tls`) |
 /// | `zk://host:port[,host:port...][/root]` | ZooKeeper (feature `zookeeper`) |
 /// | `postgres://user@host:port/db` (or `postgresql://`) | PostgreSQL advisory locks (feature `postgres`) |
+/// | `mysql://user@host:port/db` (or `mariadb://`) | MariaDB `GET_LOCK` (feature `mysql`) |
 ///
 /// # Errors
 ///

@@ -263,7 +263,7 @@ impl PostgresBackend {
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, LockError> {
         let config = parse_url(url)?;
         check_lease(options.lease, "PostgreSQL")?;
-        check_sequence(&options.sequence)?;
+        super::sql::check_name(&options.sequence, "PostgresOptions::sequence")?;
         if options.max_connections == 0 {
             return Err(LockError::Config(
                 "PostgresOptions::max_connections must be at least 1".into(),
@@ -433,41 +433,17 @@ fn target(config: &tokio_postgres::Config) -> String {
     )
 }
 
-/// A sequence name is put into SQL as it is: only plain identifiers.
-fn check_sequence(name: &str) -> Result<(), LockError> {
-    let plain = |part: &str| {
-        !part.is_empty()
-            && !part.starts_with(|c: char| c.is_ascii_digit())
-            && part
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
-    };
-    let parts: Vec<&str> = name.split('.').collect();
-    if parts.len() > 2 || !parts.iter().all(|p| plain(p)) {
-        return Err(LockError::Config(format!(
-            "PostgresOptions::sequence {name:?}: expected name or schema.name, \
-             in lower-case letters, digits and _"
-        )));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn urls_and_names_are_checked_before_connecting() {
+    fn urls_are_checked_before_connecting() {
         assert!(parse_url("postgres://app@db:5432/orders").is_ok());
         assert!(parse_url("postgresql://app:secret@db/orders").is_ok());
         assert!(parse_url("mysql://app@db/orders").is_err());
         assert!(parse_url("postgres://app@db:port/orders").is_err());
         let config = parse_url("postgres://app:secret@db:6543/orders").unwrap();
         assert_eq!(target(&config), "db:6543/orders");
-        assert!(check_sequence("tower_lock_tokens").is_ok());
-        assert!(check_sequence("locks.tokens").is_ok());
-        for bad in ["", "Tokens", "a.b.c", "x; DROP TABLE t", "9lives", "a-b"] {
-            assert!(check_sequence(bad).is_err(), "{bad}");
-        }
     }
 }

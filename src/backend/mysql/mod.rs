@@ -1,0 +1,493 @@
+//! MariaDB `GET_LOCK` locks (feature `mysql`).
+//!
+//! For teams whose replicas share a MariaDB database and nothing else.
+//!
+//! # How a lock is taken
+//!
+//! A key `K` is locked with `GET_LOCK(name, wait)`, where `name` is `K`
+//! itself up to 64 characters (MySQL's limit on lock names) and `SHA2(K,
+//! 256)` beyond, so SQL can take the same lock:
+//!
+//! ```sql
+//! SELECT GET_LOCK(IF(CHAR_LENGTH('sku:A1') <= 64, 'sku:A1', SHA2('sku:A1', 256)), 10);
+//! ```
+//!
+//! Lock names are compared without regard to case, so `sku:a1` and `sku:A1`
+//! share a lock (they wait for each other; a lock is never granted twice).
+//!
+//! - Each acquisition takes a connection from a small pool and waits in the
+//!   server (no polling); the lock then lives on that connection, which
+//!   goes back to the pool once `RELEASE_LOCK` is answered. A waiter that
+//!   gives up is interrupted on the server (`KILL QUERY` from another
+//!   connection) and its connection closed, so no waiter is left.
+//! - Waiters in this process queue in front of the server ([`Cohort`]): a
+//!   held lock passes to the next local waiter without a round trip, within
+//!   [`CohortOptions`]' bounds.
+//! - MariaDB does not promise an order among waiters from several
+//!   processes; the cohort lets a process's own waiters ask again only once
+//!   its release is answered, so other processes' waiters get their turn.
+//!
+//! # Fencing tokens
+//!
+//! Drawn from a sequence (`tower_lock_tokens` by default, created on first
+//! use) in the same statement as the grant, after it: a lock's token is
+//! `NEXTVAL × TOKEN_SPACING`, the tokens in between serving the local
+//! holders a grant is passed to. A sequence keeps rising across restarts
+//! (it skips its cached values), so tokens do too. Sequences need MariaDB
+//! 10.3 or later; a MySQL server is refused with an error saying so.
+//!
+//! # When a lock is lost
+//!
+//! A `GET_LOCK` lock lives as long as its connection. While it holds a
+//! lock, the connection is pinged every quarter
+//! [lease](MysqlOptions::lease), and known alive until the send time of the
+//! last answered request plus the lease; no answer in time, or a broken
+//! connection, and the lock is reported lost (the guard's lost signal)
+//! before the server can free it:
+//!
+//! - Each connection sets `wait_timeout` to twice the lease: the server
+//!   closes a silent holder's connection (and frees its lock) no sooner.
+//! - A server restart frees every lock; the backend grants nothing until
+//!   the server has been up a lease (plus drift), by when every holder of
+//!   the old server has been told.
+//! - A holder process that dies closes its connections; the server frees
+//!   its locks at once.
+//! - Not covered: `KILL` of a holder's connection by an administrator
+//!   frees its lock at once; the holder hears of it at its next ping.
+//!
+//! # Limits
+//!
+//! Exclusive locks only (`GET_LOCK` has no shared mode; read, write and
+//! semaphore requests are refused with [`LockError::InvalidMode`]). One
+//! connection per lock held or waited for, up to
+//! [`MysqlOptions::max_connections`]; past that an acquisition fails at
+//! once with an error saying so.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+//! use tower_lock::backend::MysqlBackend;
+//! use tower_lock::Locker;
+//!
+//! let db = MysqlBackend::connect("mysql://app@127.0.0.1:3306/orders").await?;
+//! let guard = Locker::new(db).lock("order:42").await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod session;
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use mysql_async::Opts;
+
+use self::session::{lock, my_error, MyInner, Session};
+use super::lease::{check_lease, known_until, protocol_backend, Lease, Protocol, Released};
+use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
+use crate::error::LockError;
+use crate::mode::Wait;
+use crate::token::FencingToken;
+
+/// How long a connection is known alive after a request it sent was
+/// answered.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+/// How long connecting may take before the acquisition fails.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most connections one backend opens.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
+/// The token sequence used when none is named.
+pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
+/// How far apart two grants' fencing tokens are.
+pub const TOKEN_SPACING: u32 = 64;
+
+/// The lock name for the key given as the statement's first three
+/// parameters.
+const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256))";
+/// `GET_LOCK` takes seconds; "forever" is a year (MariaDB refuses -1).
+const FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// Settings of a [`MysqlBackend`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::backend::{MysqlBackend, MysqlOptions};
+///
+/// let options = MysqlOptions::default()
+///     .lease(Duration::from_secs(5))
+///     .max_connections(8);
+/// let db = MysqlBackend::connect_with("mysql://app@db:3306/orders", options).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MysqlOptions {
+    lease: Duration,
+    connect_timeout: Duration,
+    max_connections: usize,
+    sequence: String,
+    cohort: CohortOptions,
+}
+
+impl Default for MysqlOptions {
+    fn default() -> Self {
+        MysqlOptions {
+            lease: DEFAULT_LEASE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            sequence: DEFAULT_SEQUENCE.to_owned(),
+            cohort: CohortOptions::default(),
+        }
+    }
+}
+
+impl MysqlOptions {
+    /// How long a connection is known alive after a request it sent was
+    /// answered (see the [module docs](self)); a lock request's own lease
+    /// does not apply. Default [`DEFAULT_LEASE`].
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long opening a connection may take. Default
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The most connections this backend opens. Default
+    /// [`DEFAULT_MAX_CONNECTIONS`].
+    pub fn max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// The sequence fencing tokens are drawn from (`name` or `db.name`, in
+    /// lower-case letters, digits and `_`), created on first use if
+    /// missing. Default [`DEFAULT_SEQUENCE`].
+    pub fn sequence(mut self, name: impl Into<String>) -> Self {
+        self.sequence = name.into();
+        self
+    }
+
+    /// How this process's waiters share a lock (see [`Cohort`]).
+    pub fn cohort(mut self, cohort: CohortOptions) -> Self {
+        self.cohort = cohort;
+        self
+    }
+}
+
+/// Locks held with MariaDB's `GET_LOCK`.
+///
+/// See the [module documentation](self). Cloning is cheap and shares the
+/// connections.
+///
+/// # Examples
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::backend::MysqlBackend;
+/// use tower_lock::{LockLayer, PathParam};
+///
+/// let db = MysqlBackend::connect("mysql://app@127.0.0.1:3306/orders").await?;
+/// let layer = LockLayer::new(db, PathParam("sku")).namespace("sku");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MysqlBackend {
+    cohort: Cohort<My>,
+}
+
+/// `GET_LOCK` on pooled connections, without the local queue.
+#[derive(Clone)]
+struct My {
+    inner: Arc<MyInner>,
+}
+
+impl MysqlBackend {
+    /// Connects to `mysql://user[:password]@host:port/database` (or
+    /// `mariadb://`) with default [options](MysqlOptions).
+    ///
+    /// Opens one connection (and creates the token sequence if missing) at
+    /// once, so a wrong address or user fails here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tower_lock::backend::MysqlBackend;
+    /// use tower_lock::LockError;
+    ///
+    /// let wrong = MysqlBackend::connect("postgres://app@db/orders").await;
+    /// assert!(matches!(wrong, Err(LockError::Config(_))));
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::connect_with(url, MysqlOptions::default()).await
+    }
+
+    /// Connects with explicit [options](MysqlOptions).
+    pub async fn connect_with(url: &str, options: MysqlOptions) -> Result<Self, LockError> {
+        let opts = parse_url(url)?;
+        check_lease(options.lease, "MariaDB")?;
+        super::sql::check_name(&options.sequence, "MysqlOptions::sequence")?;
+        if options.max_connections == 0 {
+            return Err(LockError::Config(
+                "MysqlOptions::max_connections must be at least 1".into(),
+            ));
+        }
+        let target = format!(
+            "{}:{}/{}",
+            opts.ip_or_hostname(),
+            opts.tcp_port(),
+            opts.db_name().unwrap_or("(no database)")
+        );
+        let my = My {
+            inner: Arc::new(MyInner {
+                opts,
+                target,
+                lease: options.lease,
+                connect_timeout: options.connect_timeout,
+                max_connections: options.max_connections,
+                sequence: options.sequence,
+                sequence_ready: AtomicBool::new(false),
+                idle: Mutex::new(Vec::new()),
+                open: Arc::new(AtomicUsize::new(0)),
+                releases: Arc::default(),
+            }),
+        };
+        let first = my.inner.session().await?;
+        my.inner.give_back(first);
+        Ok(MysqlBackend {
+            cohort: Cohort::new(my, options.cohort),
+        })
+    }
+
+    /// The connections open now (for diagnostics and tests).
+    pub fn connections(&self) -> usize {
+        self.cohort.inner().inner.open.load(Ordering::Acquire)
+    }
+}
+
+impl fmt::Debug for MysqlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlBackend")
+            .field("target", &self.cohort.inner().inner.target)
+            .finish_non_exhaustive()
+    }
+}
+
+super::cohort::cohort_backend!(MysqlBackend, "mysql");
+
+// No promised order among waiters, and a release and the next acquisition
+// go out on different connections.
+protocol_backend!(
+    My,
+    "mysql",
+    Capabilities::new()
+        .exclusive_only()
+        .max_tokens(TOKEN_SPACING)
+);
+
+impl MyInner {
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        let key = request.key.as_str().to_owned();
+        let secs = match request.wait {
+            Wait::FailFast => 0.0,
+            Wait::Timeout(d) => d.as_secs_f64().min(FOREVER_SECS),
+            Wait::Forever => FOREVER_SECS,
+        };
+        let session = self.session().await?;
+        session.quarantine().await;
+        let sent = Instant::now();
+        let n = {
+            let mut undo = Undo {
+                inner: &self,
+                session: &session,
+                armed: true,
+            };
+            let mut conn = session.conn.lock().await;
+            let sql = format!(
+                "SELECT CASE GET_LOCK({NAME}, ?) WHEN 1 THEN NEXTVAL({}) WHEN 0 THEN 0 END",
+                self.sequence
+            );
+            let row: Result<Option<Option<i64>>, _> = conn
+                .exec_first(sql, (key.as_str(), key.as_str(), key.as_str(), secs))
+                .await;
+            undo.armed = false;
+            match row {
+                Ok(Some(Some(n))) => n,
+                Ok(_) => {
+                    drop(conn);
+                    session.end("GET_LOCK failed");
+                    return Err(LockError::backend(
+                        "mysql",
+                        "GET_LOCK returned NULL (an error in the server)".to_owned(),
+                        None,
+                    ));
+                }
+                Err(e) => {
+                    drop(conn);
+                    // It may have been granted: closing the connection
+                    // frees it.
+                    session.end("GET_LOCK failed");
+                    return Err(my_error("taking a lock", e));
+                }
+            }
+        };
+        if n == 0 {
+            self.give_back(session);
+            return Err(match request.wait {
+                Wait::FailFast => LockError::Busy,
+                _ => LockError::Timeout {
+                    waited: sent.elapsed(),
+                },
+            });
+        }
+        session.answered(sent);
+        // A long wait: one more round trip makes the connection known
+        // alive from now.
+        if known_until(sent, self.lease) < Instant::now() + self.lease / 2 {
+            let ping = session.conn.lock().await.ping().await;
+            if let Err(e) = ping {
+                session.end("the connection failed as the lock was granted");
+                return Err(my_error("checking the connection", e));
+            }
+            session.answered(Instant::now());
+        }
+        let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
+        let held = MysqlLock {
+            inner: self.clone(),
+            session: session.clone(),
+            key,
+        };
+        let lease = Lease::new(
+            held,
+            self.lease,
+            session.alive_until.clone(),
+            self.releases.clone(),
+        );
+        *lock(&session.hold) = Some(Arc::downgrade(&lease));
+        if session.ended.load(Ordering::Acquire) {
+            lease.lost().fire("the MariaDB connection ended".to_owned());
+        }
+        Ok(lease.acquired(token, request.tokens.clamp(1, TOKEN_SPACING)))
+    }
+}
+
+/// A `GET_LOCK` in flight; dropped (the caller gave up), it interrupts the
+/// wait on the server and closes the connection, which frees whatever the
+/// wait got.
+struct Undo<'a> {
+    inner: &'a Arc<MyInner>,
+    session: &'a Arc<Session>,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.session.end("an abandoned wait");
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let kill = self.inner.clone().kill_query(self.session.id);
+            self.inner.releases.spawn(&rt, kill);
+        }
+    }
+}
+
+/// A held `GET_LOCK` lock.
+pub(super) struct MysqlLock {
+    inner: Arc<MyInner>,
+    session: Arc<Session>,
+    key: String,
+}
+
+impl MysqlLock {
+    /// One `RELEASE_LOCK`; a failure closes the connection, which frees
+    /// the lock.
+    async fn unlock(&self) -> Result<(), LockError> {
+        lock(&self.session.hold).take();
+        let sql = format!("SELECT RELEASE_LOCK({NAME})");
+        let key = self.key.as_str();
+        let released: Result<Option<Option<i64>>, _> = {
+            let mut conn = self.session.conn.lock().await;
+            conn.exec_first(sql, (key, key, key)).await
+        };
+        match released {
+            Ok(Some(Some(1))) => {}
+            Ok(_) => tracing::warn!(
+                key,
+                "mariadb had no such lock on this connection to release"
+            ),
+            Err(e) => {
+                self.session.end("a release failed");
+                return Err(my_error("releasing a lock", e));
+            }
+        }
+        self.inner.give_back(self.session.clone());
+        Ok(())
+    }
+}
+
+impl Protocol for MysqlLock {
+    const BACKEND: &'static str = "mysql";
+    const EXPIRED: &'static str =
+        "the MariaDB connection is no longer known alive (no answer within the lease)";
+
+    fn describe(&self) -> &str {
+        &self.key
+    }
+
+    /// Never called: the connection's keep-alive serves its lock.
+    async fn renew(&self, _lease: Duration) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn release(&self) -> Released {
+        Released {
+            result: self.unlock().await,
+            // A failed release closed the connection: nothing to retry.
+            again: false,
+        }
+    }
+
+    async fn release_until(&self, _deadline: Instant) -> Result<(), LockError> {
+        self.unlock().await
+    }
+}
+
+fn parse_url(url: &str) -> Result<Opts, LockError> {
+    let url = match url.split_once("://") {
+        Some(("mysql", _)) => url.to_owned(),
+        Some(("mariadb", rest)) => format!("mysql://{rest}"),
+        _ => {
+            return Err(LockError::Config(format!(
+                "not a MariaDB URL: {url:?} (expected mysql://user@host:port/database)"
+            )))
+        }
+    };
+    Opts::from_url(&url).map_err(|e| LockError::Config(format!("invalid MariaDB URL: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_checked_before_connecting() {
+        assert!(parse_url("mysql://root@127.0.0.1:3306/test").is_ok());
+        assert!(parse_url("mariadb://root@db/test").is_ok());
+        assert!(parse_url("postgres://root@db/test").is_err());
+        assert!(parse_url("mysql://root@db:port/test").is_err());
+    }
+}

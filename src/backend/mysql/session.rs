@@ -1,0 +1,270 @@
+//! MariaDB connections: opening one with the settings a lock holder needs,
+//! knowing it alive while it holds a lock, and the pool of them.
+//!
+//! A `GET_LOCK` lock lives as long as the connection that took it, so each
+//! held lock has a connection of its own (a connection answers one query at
+//! a time, and a wait blocks it); released, the connection goes back to the
+//! pool.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use mysql_async::{Conn, Opts};
+
+use super::MysqlLock;
+use crate::backend::lease::{drift, known_until, Lease};
+use crate::backend::InFlight;
+use crate::error::LockError;
+use crate::lost::Deadline;
+
+/// How many connections that hold nothing are kept open.
+const MAX_IDLE: usize = 4;
+
+pub(super) struct MyInner {
+    pub(super) opts: Opts,
+    /// `host:port/db`, for messages (never the password).
+    pub(super) target: String,
+    pub(super) lease: Duration,
+    pub(super) connect_timeout: Duration,
+    pub(super) max_connections: usize,
+    /// The token sequence, a plain (checked) identifier.
+    pub(super) sequence: String,
+    pub(super) sequence_ready: AtomicBool,
+    pub(super) idle: Mutex<Vec<Arc<Session>>>,
+    pub(super) open: Arc<AtomicUsize>,
+    pub(super) releases: Arc<InFlight>,
+}
+
+/// One connection, and the lock it holds, if any.
+pub(super) struct Session {
+    pub(super) conn: tokio::sync::Mutex<Conn>,
+    /// The server's id of this connection, for `KILL QUERY`.
+    pub(super) id: u32,
+    pub(super) alive_until: Arc<Deadline>,
+    pub(super) ended: AtomicBool,
+    pub(super) hold: Mutex<Option<Weak<Lease<MysqlLock>>>>,
+    /// The server's uptime when this connection learnt it, and when.
+    uptime: (Duration, Instant),
+    lease: Duration,
+    open: Arc<AtomicUsize>,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(super) fn my_error(doing: &str, e: mysql_async::Error) -> LockError {
+    LockError::backend("mysql", format!("{doing}: {e}"), Some(Box::new(e) as _))
+}
+
+impl Session {
+    fn usable(&self) -> bool {
+        !self.ended.load(Ordering::Acquire)
+    }
+
+    /// Waits until the server has been up longer than a lease: a restart
+    /// frees every lock while their holders still count on them.
+    pub(super) async fn quarantine(&self) {
+        let (uptime, learnt) = self.uptime;
+        let safe = self.lease + drift(self.lease);
+        if let Some(left) = safe.checked_sub(uptime + learnt.elapsed()) {
+            tokio::time::sleep(left).await;
+        }
+    }
+
+    /// One request answered, sent at `sent`.
+    pub(super) fn answered(&self, sent: Instant) {
+        self.alive_until.extend(known_until(sent, self.lease));
+    }
+
+    /// Ends the connection: its lock is told, and nothing more runs on it.
+    pub(super) fn end(&self, reason: &str) {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(hold) = lock(&self.hold).take().and_then(|h| h.upgrade()) {
+            tracing::warn!(reason, "mysql lock lost");
+            hold.lost().fire(reason.to_owned());
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl MyInner {
+    /// A connection for one acquisition: an idle one, or a new one within
+    /// `max_connections`.
+    pub(super) async fn session(&self) -> Result<Arc<Session>, LockError> {
+        loop {
+            let Some(s) = lock(&self.idle).pop() else {
+                break;
+            };
+            if s.usable() {
+                return Ok(s);
+            }
+        }
+        let open = self.open.fetch_add(1, Ordering::AcqRel);
+        if open >= self.max_connections {
+            self.open.fetch_sub(1, Ordering::AcqRel);
+            return Err(LockError::backend(
+                "mysql",
+                format!(
+                    "all {} connections to {} are taken by held or waiting locks; \
+                     raise MysqlOptions::max_connections (and the server's max_connections)",
+                    self.max_connections, self.target
+                ),
+                None,
+            ));
+        }
+        let counted = Counted(self.open.clone());
+        match tokio::time::timeout(self.connect_timeout, self.connect()).await {
+            Ok(Ok(session)) => {
+                std::mem::forget(counted);
+                let session = Arc::new(session);
+                tokio::spawn(keep_alive(Arc::downgrade(&session), self.lease));
+                Ok(session)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(LockError::backend(
+                "mysql",
+                format!(
+                    "connecting to MariaDB at {} timed out after {} ms",
+                    self.target,
+                    self.connect_timeout.as_millis()
+                ),
+                None,
+            )),
+        }
+    }
+
+    /// Takes back a connection whose lock was released (or never granted).
+    pub(super) fn give_back(&self, session: Arc<Session>) {
+        if !session.usable() || lock(&session.hold).is_some() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        if idle.len() < MAX_IDLE {
+            idle.push(session);
+        }
+    }
+
+    async fn connect(&self) -> Result<Session, LockError> {
+        let doing = || format!("connecting to MariaDB at {}", self.target);
+        let sent = Instant::now();
+        let mut conn = Conn::new(self.opts.clone())
+            .await
+            .map_err(|e| my_error(&doing(), e))?;
+        // The server drops a connection idle this long, freeing its lock:
+        // never before a lease after it last heard from the holder, which
+        // is asked every quarter lease.
+        let wait_timeout = (self.lease * 2).as_secs().max(2);
+        conn.query_drop(format!("SET SESSION wait_timeout = {wait_timeout}"))
+            .await
+            .map_err(|e| my_error("setting up the connection", e))?;
+        let uptime: Option<(String, u64)> = conn
+            .query_first(
+                "SELECT VERSION(), CAST((SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+                 WHERE VARIABLE_NAME = 'UPTIME') AS UNSIGNED)",
+            )
+            .await
+            .map_err(|e| my_error("setting up the connection", e))?;
+        let learnt = Instant::now();
+        let (version, uptime) = uptime.unwrap_or_default();
+        if !version.contains("MariaDB") {
+            return Err(LockError::Config(format!(
+                "{} runs MySQL {version}: this backend needs MariaDB 10.3 or later \
+                 (its fencing tokens come from a SEQUENCE, which MySQL lacks)",
+                self.target
+            )));
+        }
+        if !self.sequence_ready.load(Ordering::Acquire) {
+            conn.query_drop(format!("CREATE SEQUENCE IF NOT EXISTS {}", self.sequence))
+                .await
+                .map_err(|e| {
+                    my_error(
+                        &format!(
+                            "creating the token sequence {0} (a user that may not create it \
+                             needs it made once: CREATE SEQUENCE {0})",
+                            self.sequence
+                        ),
+                        e,
+                    )
+                })?;
+            self.sequence_ready.store(true, Ordering::Release);
+        }
+        let id = conn.id();
+        Ok(Session {
+            conn: tokio::sync::Mutex::new(conn),
+            id,
+            alive_until: Arc::new(Deadline::new(known_until(sent, self.lease))),
+            ended: AtomicBool::new(false),
+            hold: Mutex::new(None),
+            uptime: (Duration::from_secs(uptime), learnt),
+            lease: self.lease,
+            open: self.open.clone(),
+        })
+    }
+
+    /// Interrupts a wait in the server (`KILL QUERY`) from another
+    /// connection: closing the waiting one alone would go unnoticed until
+    /// the wait ends.
+    pub(super) async fn kill_query(self: Arc<Self>, id: u32) {
+        let Ok(mut conn) = Conn::new(self.opts.clone()).await else {
+            return;
+        };
+        let _ = conn.query_drop(format!("KILL QUERY {id}")).await;
+        let _ = conn.disconnect().await;
+    }
+}
+
+/// Counts a connection being opened; dropped, it is uncounted.
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Keeps a connection that holds a lock known alive (a ping every quarter
+/// lease, counted from its send time), or ends it (the lock is told lost)
+/// before its lease from the last answered request runs out.
+pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration) {
+    let every = lease / 4;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(s) = session.upgrade() else { return };
+        if s.ended.load(Ordering::Acquire) {
+            return;
+        }
+        if lock(&s.hold).is_none() {
+            continue;
+        }
+        let deadline = s.alive_until.get();
+        let sent = Instant::now();
+        let ping = async {
+            let mut conn = s.conn.lock().await;
+            conn.ping().await
+        };
+        match tokio::time::timeout_at(deadline.into(), ping).await {
+            Ok(Ok(())) => s.answered(sent),
+            Ok(Err(e)) => {
+                s.end(&format!("the connection to MariaDB failed: {e}"));
+                return;
+            }
+            Err(_) => {
+                s.end(&format!(
+                    "no answer from MariaDB within the lease of {} ms",
+                    lease.as_millis()
+                ));
+                return;
+            }
+        }
+    }
+}

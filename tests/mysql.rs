@@ -1,0 +1,423 @@
+//! The MariaDB backend against a real server. `scripts/test-all.sh` uses
+//! the one on 127.0.0.1:3306 when it answers (or starts one of its own) and
+//! sets `TOWER_LOCK_MYSQL_URL`; run without it, every test here fails and
+//! says how to start one.
+//!
+//! `GET_LOCK` names are global to the server, so every test locks keys of
+//! its own (the test's name and this process's id).
+
+#[cfg(not(feature = "mysql"))]
+compile_error!(
+    "tests/mysql.rs needs the `mysql` feature (Cargo.toml's self dev-dependency \
+     enables it); run scripts/test-all.sh"
+);
+
+mod common;
+
+use std::io::{BufReader, Write};
+use std::process::{ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+use tower_lock::backend::{CohortOptions, MysqlBackend, MysqlOptions};
+use tower_lock::{Backend, BackendExt, LockError, LockMode, Wait};
+
+fn my_url() -> String {
+    std::env::var("TOWER_LOCK_MYSQL_URL").unwrap_or_else(|_| {
+        panic!(
+            "TOWER_LOCK_MYSQL_URL is not set. Run scripts/test-all.sh, which uses or starts \
+             a MariaDB server, or start one (Debian: apt-get install mariadb-server; \
+             service mariadb start) and set TOWER_LOCK_MYSQL_URL=mysql://root@127.0.0.1:3306/test"
+        )
+    })
+}
+
+fn key(test: &str, name: &str) -> String {
+    format!("t-{test}-{}-{name}", std::process::id())
+}
+
+async fn backend_with(options: MysqlOptions) -> MysqlBackend {
+    let url = my_url();
+    MysqlBackend::connect_with(&url, options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach MariaDB at {url}: {e}"))
+}
+
+async fn backend() -> MysqlBackend {
+    backend_with(MysqlOptions::default().lease(Duration::from_secs(4))).await
+}
+
+async fn plain_backend() -> MysqlBackend {
+    backend_with(
+        MysqlOptions::default()
+            .lease(Duration::from_secs(4))
+            .cohort(CohortOptions::off()),
+    )
+    .await
+}
+
+async fn raw() -> mysql_async::Conn {
+    mysql_async::Conn::from_url(my_url()).await.unwrap()
+}
+
+/// The lock name the backend uses for `key`.
+const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256))";
+
+/// The connection holding `key`'s lock, if any.
+async fn holder_of(conn: &mut mysql_async::Conn, key: &str) -> Option<u64> {
+    conn.exec_first::<Option<u64>, _, _>(format!("SELECT IS_USED_LOCK({NAME})"), (key, key, key))
+        .await
+        .unwrap()
+        .flatten()
+}
+
+/// Waits until `key` is free on the server.
+async fn settle_free(key: &str) {
+    let mut conn = raw().await;
+    for _ in 0..500 {
+        if holder_of(&mut conn, key).await.is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{key} is still held on the server");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excludes_under_contention_with_increasing_tokens() {
+    let k = key("contention", "hot");
+    let (a, b) = (backend().await, backend().await);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let db = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (inside, tokens, k) = (inside.clone(), tokens.clone(), k.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let g = db
+                    .lock(k.as_str())
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokens.lock().unwrap().push(g.token());
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let tokens = std::mem::take(&mut *tokens.lock().unwrap());
+    assert_eq!(tokens.len(), 80);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing"
+    );
+    settle_free(&k).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_backends_with_queues_of_their_own_take_turns() {
+    let k = key("turns", "k");
+    let (a, b) = (backend().await, backend().await);
+    let counts = common::take_turns(&a, &b, &k, Duration::from_millis(1500)).await;
+    common::assert_neither_starved(counts);
+    settle_free(&k).await;
+}
+
+#[tokio::test]
+async fn a_request_reenters_its_own_lock() {
+    common::reenters_under_the_layer(backend().await).await;
+}
+
+#[tokio::test]
+async fn one_process_never_holds_a_key_twice_and_only_exclusive_locks_are_offered() {
+    let k = key("twice", "k");
+    let db = plain_backend().await;
+    let first = db.lock(k.as_str()).await.unwrap();
+    assert!(matches!(
+        db.lock(k.as_str()).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    for mode in [
+        LockMode::Read,
+        LockMode::Write,
+        LockMode::Semaphore { permits: 2 },
+    ] {
+        let e = db.lock(k.as_str()).mode(mode).await;
+        assert!(matches!(e, Err(LockError::InvalidMode(_))), "{e:?}");
+    }
+    first.release().await.unwrap();
+    settle_free(&k).await;
+}
+
+#[tokio::test]
+async fn timed_out_and_cancelled_waits_leave_no_waiter_on_the_server() {
+    let k = key("cancel", "k");
+    let (holder, waiter) = (plain_backend().await, plain_backend().await);
+    let held = holder.lock(k.as_str()).await.unwrap();
+    let timed_out = waiter
+        .lock(k.as_str())
+        .wait(Duration::from_millis(300))
+        .await;
+    assert!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    let waiting = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move { waiter.lock(k.as_str()).wait(Wait::Forever).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    waiter.flush().await;
+    // A waiter left on the server would take the lock once it is released,
+    // and keep it.
+    held.release().await.unwrap();
+    settle_free(&k).await;
+    let again = waiter.lock(k.as_str()).fail_fast().await.unwrap();
+    again.release().await.unwrap();
+    settle_free(&k).await;
+}
+
+#[tokio::test]
+async fn sql_takes_the_same_lock_long_keys_hashed() {
+    let db = plain_backend().await;
+    let mut conn = raw().await;
+    let long = key("sql", &"x".repeat(100));
+    for k in [key("sql", "k"), long] {
+        let got: Option<i64> = conn
+            .exec_first(format!("SELECT GET_LOCK({NAME}, 0)"), (&k, &k, &k))
+            .await
+            .unwrap();
+        assert_eq!(got, Some(1));
+        assert!(matches!(
+            db.lock(k.as_str()).fail_fast().await,
+            Err(LockError::Busy)
+        ));
+        conn.exec_drop(format!("SELECT RELEASE_LOCK({NAME})"), (&k, &k, &k))
+            .await
+            .unwrap();
+        let g = db.lock(k.as_str()).fail_fast().await.unwrap();
+        let by_sql: Option<i64> = conn
+            .exec_first(format!("SELECT GET_LOCK({NAME}, 0)"), (&k, &k, &k))
+            .await
+            .unwrap();
+        assert_eq!(by_sql, Some(0));
+        g.release().await.unwrap();
+        settle_free(&k).await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_connection_tells_the_holder_and_the_next_token_is_higher() {
+    let k = key("killed-conn", "k");
+    let (holder, next) = (plain_backend().await, plain_backend().await);
+    let held = holder.lock(k.as_str()).await.unwrap();
+    let mut conn = raw().await;
+    let id = holder_of(&mut conn, &k).await.expect("held on the server");
+    conn.query_drop(format!("KILL {id}")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the holder was not told");
+    let g = next.lock(k.as_str()).fail_fast().await.unwrap();
+    assert!(g.token() > held.token());
+    g.release().await.unwrap();
+    drop(held);
+    holder
+        .lock(k.as_str())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    settle_free(&k).await;
+}
+
+#[tokio::test]
+async fn connections_are_bounded_and_given_back() {
+    let keys: Vec<String> = (0..3).map(|i| key("pool", &i.to_string())).collect();
+    let db = backend_with(
+        MysqlOptions::default()
+            .max_connections(2)
+            .cohort(CohortOptions::off()),
+    )
+    .await;
+    let a = db.lock(keys[0].as_str()).await.unwrap();
+    let b = db.lock(keys[1].as_str()).await.unwrap();
+    let e = db.lock(keys[2].as_str()).await.unwrap_err();
+    assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+    assert!(e.to_string().contains("max_connections"), "{e}");
+    a.release().await.unwrap();
+    let c = db.lock(keys[2].as_str()).await.unwrap();
+    assert_eq!(db.connections(), 2);
+    b.release().await.unwrap();
+    c.release().await.unwrap();
+    for k in &keys {
+        settle_free(k).await;
+    }
+}
+
+#[tokio::test]
+async fn bad_urls_and_an_unreachable_server_are_clear_errors_within_the_timeout() {
+    for bad in ["mysql://root@db:notaport/x", "postgres://x", "mysql:/x"] {
+        let e = MysqlBackend::connect(bad).await.unwrap_err();
+        assert!(matches!(e, LockError::Config(_)), "{bad}: {e:?}");
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = Instant::now();
+    let e = MysqlBackend::connect_with(
+        &format!("mysql://root@127.0.0.1:{port}/test"),
+        MysqlOptions::default().connect_timeout(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+    assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+}
+
+// ---- other processes -------------------------------------------------------
+
+fn child(role: &str, k: &str, extra: &[(&str, String)]) -> common::KillOnDrop {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_entry",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("TOWER_LOCK_CHILD", role)
+    .env("TOWER_LOCK_CHILD_KEY", k)
+    .env("TOWER_LOCK_MYSQL_URL", my_url())
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    common::KillOnDrop(cmd.spawn().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excludes_between_processes() {
+    let k = key("processes", "shared");
+    let log = std::env::temp_dir().join(format!("tower-lock-my-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let mut kids: Vec<(common::KillOnDrop, BufReader<ChildStdout>)> = (0..2)
+        .map(|_| {
+            let mut c = child(
+                "worker",
+                &k,
+                &[("TOWER_LOCK_CHILD_LOG", log.display().to_string())],
+            );
+            let out = BufReader::new(c.0.stdout.take().unwrap());
+            (c, out)
+        })
+        .collect();
+    for (_, out) in &mut kids {
+        common::expect_word(out, "ready");
+    }
+    for (c, _) in &mut kids {
+        writeln!(c.0.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    for (c, _) in &mut kids {
+        assert!(c.0.wait().unwrap().success());
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    common::check_two_process_log(&lines, 30);
+    let _ = std::fs::remove_file(&log);
+    settle_free(&k).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_frees_the_key_as_soon_as_the_server_sees_it_go() {
+    let k = key("killed", "k");
+    let mut holder = child("holder", &k, &[]);
+    let mut out = BufReader::new(holder.0.stdout.take().unwrap());
+    common::expect_word(&mut out, "held");
+    let db = plain_backend().await;
+    assert!(matches!(
+        db.lock(k.as_str()).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let waiting = {
+        let (db, k) = (db.clone(), k.clone());
+        tokio::spawn(async move {
+            let g = db.lock(k.as_str()).wait(Duration::from_secs(30)).await;
+            (g, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed_at = Instant::now();
+    holder.0.kill().unwrap();
+    holder.0.wait().unwrap();
+    let (g, at) = waiting.await.unwrap();
+    eprintln!(
+        "kill -9 of the holder: the waiter had the lock {} ms later",
+        at.duration_since(killed_at).as_millis()
+    );
+    g.unwrap().release().await.unwrap();
+    settle_free(&k).await;
+}
+
+#[tokio::test]
+#[ignore = "run as a child process by the tests above"]
+async fn child_entry() {
+    let Ok(role) = std::env::var("TOWER_LOCK_CHILD") else {
+        return;
+    };
+    let k = std::env::var("TOWER_LOCK_CHILD_KEY").unwrap();
+    let db = backend().await;
+    match role.as_str() {
+        "worker" => {
+            let log = std::env::var("TOWER_LOCK_CHILD_LOG").unwrap();
+            let me = std::process::id();
+            let append = |line: String| {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(&log)
+                    .unwrap()
+                    .write_all(format!("{line}\n").as_bytes())
+                    .unwrap();
+            };
+            println!("ready");
+            std::io::stdout().flush().unwrap();
+            std::io::stdin().read_line(&mut String::new()).unwrap();
+            append(format!("start {me}"));
+            for _ in 0..30 {
+                let g = db
+                    .lock(k.as_str())
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                append(format!("enter {me}"));
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                append(format!("leave {me}"));
+                g.release().await.unwrap();
+            }
+            append(format!("end {me}"));
+        }
+        "holder" => {
+            let g = db.lock(k.as_str()).await.unwrap();
+            println!("held");
+            std::io::stdout().flush().unwrap();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(g);
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
