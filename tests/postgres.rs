@@ -16,7 +16,7 @@ compile_error!(
 mod common;
 
 use std::io::{BufReader, Write};
-use std::process::{ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -457,32 +457,9 @@ fn child(role: &str, k: &str, extra: &[(&str, String)]) -> common::KillOnDrop {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excludes_between_processes() {
     let k = key("processes", "shared");
-    let log = std::env::temp_dir().join(format!("tower-lock-pg-{}.log", std::process::id()));
-    let _ = std::fs::remove_file(&log);
-    let mut kids: Vec<(common::KillOnDrop, BufReader<ChildStdout>)> = (0..2)
-        .map(|_| {
-            let mut c = child(
-                "worker",
-                &k,
-                &[("TOWER_LOCK_CHILD_LOG", log.display().to_string())],
-            );
-            let out = BufReader::new(c.0.stdout.take().unwrap());
-            (c, out)
-        })
-        .collect();
-    for (_, out) in &mut kids {
-        common::expect_word(out, "ready");
-    }
-    for (c, _) in &mut kids {
-        writeln!(c.0.stdin.as_mut().unwrap(), "go").unwrap();
-    }
-    for (c, _) in &mut kids {
-        assert!(c.0.wait().unwrap().success());
-    }
-    let text = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-    common::check_two_process_log(&lines, 30);
-    let _ = std::fs::remove_file(&log);
+    common::two_processes_exclude(|log| {
+        child("worker", &k, &[("TOWER_LOCK_CHILD_LOG", log.to_owned())])
+    });
     settle(&raw().await, &k, (0, 0)).await;
 }
 
@@ -528,32 +505,7 @@ async fn child_entry() {
     match role.as_str() {
         "worker" => {
             let log = std::env::var("TOWER_LOCK_CHILD_LOG").unwrap();
-            let me = std::process::id();
-            let append = |line: String| {
-                std::fs::OpenOptions::new()
-                    .append(true)
-                    .create(true)
-                    .open(&log)
-                    .unwrap()
-                    .write_all(format!("{line}\n").as_bytes())
-                    .unwrap();
-            };
-            println!("ready");
-            std::io::stdout().flush().unwrap();
-            std::io::stdin().read_line(&mut String::new()).unwrap();
-            append(format!("start {me}"));
-            for _ in 0..30 {
-                let g = pg
-                    .lock(k.as_str())
-                    .wait(Duration::from_secs(30))
-                    .await
-                    .unwrap();
-                append(format!("enter {me}"));
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                append(format!("leave {me}"));
-                g.release().await.unwrap();
-            }
-            append(format!("end {me}"));
+            common::worker_child(&pg, &k, &log).await;
         }
         "holder" => {
             let g = pg.lock(k.as_str()).await.unwrap();

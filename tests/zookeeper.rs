@@ -560,35 +560,13 @@ fn child(role: &str, test: &str, extra: &[(&str, String)]) -> Child {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excludes_between_processes() {
-    let log = std::env::temp_dir().join(format!("tower-lock-zk-{}.log", std::process::id()));
-    let _ = std::fs::remove_file(&log);
-    let mut kids: Vec<(common::KillOnDrop, BufReader<ChildStdout>)> = (0..2)
-        .map(|_| {
-            let mut c = common::KillOnDrop(child(
-                "worker",
-                "processes",
-                &[("TOWER_LOCK_CHILD_LOG", log.display().to_string())],
-            ));
-            let out = BufReader::new(c.0.stdout.take().unwrap());
-            (c, out)
-        })
-        .collect();
-    // Both connected, then both told to go: they contend at the same time.
-    for (_, out) in &mut kids {
-        common::expect_word(out, "ready");
-    }
-    for (c, _) in &mut kids {
-        writeln!(c.0.stdin.as_mut().unwrap(), "go").unwrap();
-    }
-    for (c, _) in &mut kids {
-        assert!(c.0.wait().unwrap().success());
-    }
-    // Each process appends `start` and `end` around its run and `enter` and
-    // `leave` around each critical section (appends are ordered).
-    let text = std::fs::read_to_string(&log).unwrap();
-    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-    common::check_two_process_log(&lines, 30);
-    let _ = std::fs::remove_file(&log);
+    common::two_processes_exclude(|log| {
+        common::KillOnDrop(child(
+            "worker",
+            "processes",
+            &[("TOWER_LOCK_CHILD_LOG", log.to_owned())],
+        ))
+    });
 }
 
 #[tokio::test]
@@ -641,34 +619,7 @@ async fn child_entry() {
         "worker" => {
             let zk = backend_rooted(&zk_addr(), &root, Duration::from_secs(4)).await;
             let log = std::env::var("TOWER_LOCK_CHILD_LOG").unwrap();
-            let me = std::process::id();
-            // One write per line: appends from both processes interleave
-            // only whole lines.
-            let append = |line: String| {
-                std::fs::OpenOptions::new()
-                    .append(true)
-                    .create(true)
-                    .open(&log)
-                    .unwrap()
-                    .write_all(format!("{line}\n").as_bytes())
-                    .unwrap();
-            };
-            println!("ready");
-            std::io::stdout().flush().unwrap();
-            std::io::stdin().read_line(&mut String::new()).unwrap();
-            append(format!("start {me}"));
-            for _ in 0..30 {
-                let g = zk
-                    .lock("shared")
-                    .wait(Duration::from_secs(30))
-                    .await
-                    .unwrap();
-                append(format!("enter {me}"));
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                append(format!("leave {me}"));
-                g.release().await.unwrap();
-            }
-            append(format!("end {me}"));
+            common::worker_child(&zk, "shared", &log).await;
         }
         "holder" => {
             let zk = backend_rooted(&zk_addr(), &root, Duration::from_secs(1)).await;

@@ -33,6 +33,80 @@ pub fn expect_word(out: &mut std::io::BufReader<std::process::ChildStdout>, word
     }
 }
 
+/// Two `worker` children, made by `spawn` with the path of the log they
+/// share, connect, then contend for one key at the same time (each runs
+/// [`worker_child`]); their log must show one holder at a time.
+pub fn two_processes_exclude(spawn: impl Fn(&str) -> KillOnDrop) {
+    use std::io::Write;
+    let log = std::env::temp_dir().join(format!(
+        "tower-lock-procs-{}-{}.log",
+        std::process::id(),
+        std::thread::current()
+            .name()
+            .unwrap_or("t")
+            .replace("::", "-")
+    ));
+    let _ = std::fs::remove_file(&log);
+    let mut kids: Vec<(KillOnDrop, std::io::BufReader<std::process::ChildStdout>)> = (0..2)
+        .map(|_| {
+            let mut c = spawn(&log.display().to_string());
+            let out = std::io::BufReader::new(c.0.stdout.take().unwrap());
+            (c, out)
+        })
+        .collect();
+    // Both connected, then both told to go: they contend at the same time.
+    for (_, out) in &mut kids {
+        expect_word(out, "ready");
+    }
+    for (c, _) in &mut kids {
+        writeln!(c.0.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    for (c, _) in &mut kids {
+        assert!(c.0.wait().unwrap().success());
+    }
+    // Each process appends `start` and `end` around its run and `enter` and
+    // `leave` around each critical section (appends are ordered).
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    check_two_process_log(&lines, 30);
+    let _ = std::fs::remove_file(&log);
+}
+
+/// The child side of [`two_processes_exclude`]: says `ready`, waits for
+/// `go`, then locks `key` 30 times, logging to `log`.
+pub async fn worker_child<B: tower_lock::Backend>(backend: &B, key: &str, log: &str) {
+    use std::io::Write;
+    use tower_lock::BackendExt;
+    let me = std::process::id();
+    // One write per line: appends from both processes interleave only
+    // whole lines.
+    let append = |line: String| {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(log)
+            .unwrap()
+            .write_all(format!("{line}\n").as_bytes())
+            .unwrap();
+    };
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    std::io::stdin().read_line(&mut String::new()).unwrap();
+    append(format!("start {me}"));
+    for _ in 0..30 {
+        let g = backend
+            .lock(key)
+            .wait(std::time::Duration::from_secs(30))
+            .await
+            .unwrap();
+        append(format!("enter {me}"));
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        append(format!("leave {me}"));
+        g.release().await.unwrap();
+    }
+    append(format!("end {me}"));
+}
+
 /// Serves `app` on a free loopback port.
 pub async fn serve(app: axum::Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
