@@ -140,6 +140,24 @@ def panels(lines):
             Bar("Curator InterProcessMutex", contended(lines, "zookeeper", "curator"), PEER),
             Bar("kazoo Lock", contended(lines, "zookeeper", "kazoo"), PEER),
         ]))
+    for backend, title, peer, peer_impl, floor in [
+        ("postgres", "PostgreSQL advisory locks", "psycopg2 pg_advisory_lock", "psycopg2",
+         "tokio-postgres-2xselect"),
+        ("mysql", "MariaDB GET_LOCK", "PyMySQL GET_LOCK", "pymysql", "mysql-async-2xselect"),
+    ]:
+        out.append(Panel(
+            f"{title}: uncontended acquire + release, p50", "µs", "lower", [
+                Bar(ours_drop, uncontended(lines, backend, "tower-lock"), OURS),
+                Bar(ours_await, uncontended(lines, backend, "tower-lock", "await"), OURS_ALT),
+                Bar(peer, uncontended(lines, backend, peer_impl), PEER),
+                Bar("floor: 2 × prepared SELECT 1, same Rust driver",
+                    uncontended(lines, backend, floor), FLOOR),
+            ]))
+        out.append(Panel(
+            f"{title}: 8 workers on one key", "cycles/s", "higher", [
+                Bar("tower-lock", contended(lines, backend, "tower-lock"), OURS),
+                Bar(peer, contended(lines, backend, peer_impl), PEER),
+            ]))
     http = select(lines, impl="tower-lock", backend="memory", workload="http")
     hand = select(lines, impl="hand-mutex-map", backend="memory", workload="http")
     calib = select(lines, impl="bare-vs-bare", backend="memory", workload="http")

@@ -587,11 +587,17 @@ impl Clients {
     }
 
     /// `kill -9`; returns when it is dead, with the time.
+    /// `kill -9` of a client process; returns when the signal was sent. A
+    /// killed process runs no further code once SIGKILL is sent (within
+    /// microseconds), whereas it is reaped only later: counting it alive
+    /// until then would flag as overlaps the grants that backends freeing a
+    /// dead client's locks at once (PostgreSQL, MariaDB) make in between.
     async fn kill(&mut self, id: &str) -> Option<u64> {
         let (mut child, _proxies) = self.running.remove(id)?;
+        let at = now_ns();
         let _ = child.start_kill();
         let _ = child.wait().await;
-        Some(now_ns())
+        Some(at)
     }
 
     /// Waits for every client to exit; kills the ones still running after

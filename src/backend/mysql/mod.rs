@@ -315,26 +315,40 @@ impl MyInner {
                 armed: true,
             };
             let mut conn = session.conn.lock().await;
+            // `g<token>` granted, `b` busy, NULL an error: one column that
+            // cannot mistake a grant for busy, whatever the sequence holds.
             let sql = format!(
-                "SELECT CASE GET_LOCK({NAME}, ?) WHEN 1 THEN NEXTVAL({}) WHEN 0 THEN 0 END",
+                "SELECT CASE GET_LOCK({NAME}, ?) WHEN 1 THEN CONCAT('g', NEXTVAL({})) \
+                 WHEN 0 THEN 'b' END",
                 self.sequence
             );
-            let row: Result<Option<Option<i64>>, _> = conn
+            let row: Result<Option<Option<String>>, _> = conn
                 .exec_first(sql, (key.as_str(), key.as_str(), key.as_str(), secs))
                 .await;
             undo.armed = false;
-            match row {
-                Ok(Some(Some(n))) => n,
-                Ok(_) => {
+            let outcome = match &row {
+                Ok(Some(Some(b))) if b == "b" => Some(0),
+                Ok(Some(Some(g))) => g
+                    .strip_prefix('g')
+                    .and_then(|n| n.parse::<i64>().ok())
+                    .filter(|n| *n > 0),
+                _ => None,
+            };
+            match (outcome, row) {
+                (Some(n), _) => n,
+                (None, Ok(got)) => {
                     drop(conn);
                     session.end("GET_LOCK failed");
                     return Err(LockError::backend(
                         "mysql",
-                        "GET_LOCK returned NULL (an error in the server)".to_owned(),
+                        format!(
+                            "GET_LOCK answered {got:?}: an error in the server, or a token \
+                             sequence that gave a value below 1"
+                        ),
                         None,
                     ));
                 }
-                Err(e) => {
+                (None, Err(e)) => {
                     drop(conn);
                     // It may have been granted: closing the connection
                     // frees it.
@@ -356,12 +370,13 @@ impl MyInner {
         // A long wait: one more round trip makes the connection known
         // alive from now.
         if known_until(sent, self.lease) < Instant::now() + self.lease / 2 {
+            let sent = Instant::now();
             let ping = session.conn.lock().await.ping().await;
             if let Err(e) = ping {
                 session.end("the connection failed as the lock was granted");
                 return Err(my_error("checking the connection", e));
             }
-            session.answered(Instant::now());
+            session.answered(sent);
         }
         let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
         let held = MysqlLock {

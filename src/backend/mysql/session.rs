@@ -215,11 +215,13 @@ impl MyInner {
     /// connection: closing the waiting one alone would go unnoticed until
     /// the wait ends.
     pub(super) async fn kill_query(self: Arc<Self>, id: u32) {
-        let Ok(mut conn) = Conn::new(self.opts.clone()).await else {
-            return;
+        let kill = async {
+            let mut conn = Conn::new(self.opts.clone()).await?;
+            conn.query_drop(format!("KILL QUERY {id}")).await?;
+            conn.disconnect().await
         };
-        let _ = conn.query_drop(format!("KILL QUERY {id}")).await;
-        let _ = conn.disconnect().await;
+        // Bounded: `flush` waits for this.
+        let _ = tokio::time::timeout(self.connect_timeout * 2, kill).await;
     }
 }
 
@@ -234,7 +236,9 @@ impl Drop for Counted {
 
 /// Keeps a connection that holds a lock known alive (a ping every quarter
 /// lease, counted from its send time), or ends it (the lock is told lost)
-/// before its lease from the last answered request runs out.
+/// before its lease from the last answered request runs out. Pooled
+/// connections are pinged too, so that the server's `wait_timeout` (two
+/// leases) never closes them.
 pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration) {
     let every = lease / 4;
     loop {
@@ -243,15 +247,23 @@ pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration) {
         if s.ended.load(Ordering::Acquire) {
             return;
         }
-        if lock(&s.hold).is_none() {
-            continue;
-        }
+        let held = lock(&s.hold).is_some();
         let deadline = s.alive_until.get();
         let sent = Instant::now();
         let ping = async {
-            let mut conn = s.conn.lock().await;
+            let mut conn = if held {
+                s.conn.lock().await
+            } else {
+                // Idle ones too, or the server's `wait_timeout` closes them
+                // in the pool; but not one an acquisition is using.
+                match s.conn.try_lock() {
+                    Ok(conn) => conn,
+                    Err(_) => return Ok(()),
+                }
+            };
             conn.ping().await
         };
+        let deadline = if held { deadline } else { sent + lease };
         match tokio::time::timeout_at(deadline.into(), ping).await {
             Ok(Ok(())) => s.answered(sent),
             Ok(Err(e)) => {

@@ -119,9 +119,10 @@ impl Drop for Undo {
             // session, which frees whatever the wait got.
             session.end("an abandoned wait");
             let cancel = session.client.cancel_token();
+            let limit = self.pg.connect_timeout;
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 self.pg.releases.spawn(&rt, async move {
-                    let _ = cancel.cancel_query(NoTls).await;
+                    let _ = tokio::time::timeout(limit, cancel.cancel_query(NoTls)).await;
                 });
             }
             return;

@@ -63,8 +63,13 @@
 //!   its locks as soon as it sees that, and the next waiter gets the lock.
 //! - Not covered: an administrator terminating the session
 //!   (`pg_terminate_backend`) frees its locks at once, and its holder hears
-//!   of it at its next keep-alive, within a quarter lease. Fencing tokens
-//!   make that holder's late writes refusable.
+//!   of it at its next keep-alive, within a quarter lease. Nor a server
+//!   that reinitialises after a crashed backend without restarting the
+//!   postmaster, or a failover to a standby (or to another host of a
+//!   multi-host URL): their start time is older than a lease, so the
+//!   quarantine does not hold grants back, and a holder cut off from the
+//!   server at that moment learns of it only when its lease runs out.
+//!   Fencing tokens make such a holder's late writes refusable.
 //!
 //! # Connection poolers
 //!
@@ -80,7 +85,11 @@
 //! - Connections: one shared, plus one per key waited for (or held after a
 //!   wait) at once, up to [`PostgresOptions::max_connections`]; past that
 //!   an acquisition fails at once with an error saying so (a 503 through
-//!   the layer), rather than wait for a connection.
+//!   the layer), rather than wait for a connection. Pooled idle ones are
+//!   closed to make room. Read locks are not passed between a process's
+//!   readers, and a second concurrent read of one key in a process takes a
+//!   connection of its own: many concurrent readers of one key need as many
+//!   connections.
 //!
 //! # Examples
 //!
@@ -331,8 +340,10 @@ impl PgInner {
         let fail_fast = request.wait == Wait::FailFast;
         // A free key: one try on the shared connection.
         let shared = self.shared().await?;
+        // Before the claim: a caller that gives up while this waits leaves
+        // no claim behind.
+        shared.quarantine().await;
         if shared.claim(key) {
-            shared.quarantine().await;
             let sent = Instant::now();
             if let Some(n) = attempt(&self, &shared, key, read, false).await? {
                 shared.answered(sent);

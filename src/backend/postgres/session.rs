@@ -164,8 +164,14 @@ impl PgInner {
             return Ok(s.clone());
         }
         let _opening = self.opening.lock().await;
-        if let Some(s) = lock(&self.shared).as_ref().filter(|s| s.usable()) {
-            return Ok(s.clone());
+        {
+            let mut shared = lock(&self.shared);
+            if let Some(s) = shared.as_ref().filter(|s| s.usable()) {
+                return Ok(s.clone());
+            }
+            // An ended session leaves the slot (and, once its holders let
+            // go, the count of open connections).
+            *shared = None;
         }
         let session = self.open_session().await?;
         *lock(&self.shared) = Some(session.clone());
@@ -205,6 +211,13 @@ impl PgInner {
     }
 
     async fn open_session(&self) -> Result<Arc<Session>, LockError> {
+        // At the limit, idle sessions make room for the new one.
+        while self.open.load(Ordering::Acquire) >= self.max_connections {
+            let Some(idle) = lock(&self.idle).pop() else {
+                break;
+            };
+            idle.end("closed to make room for another connection");
+        }
         let open = self.open.fetch_add(1, Ordering::AcqRel);
         if open >= self.max_connections {
             self.open.fetch_sub(1, Ordering::AcqRel);
