@@ -15,9 +15,6 @@ compile_error!(
 mod common;
 
 use std::io::{BufReader, Write};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
@@ -89,36 +86,7 @@ async fn settle_free(key: &str) {
 async fn excludes_under_contention_with_increasing_tokens() {
     let k = key("contention", "hot");
     let (a, b) = (backend().await, backend().await);
-    let inside = Arc::new(AtomicUsize::new(0));
-    let tokens = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..8 {
-        let db = if i % 2 == 0 { a.clone() } else { b.clone() };
-        let (inside, tokens, k) = (inside.clone(), tokens.clone(), k.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..10 {
-                let g = db
-                    .lock(k.as_str())
-                    .wait(Duration::from_secs(30))
-                    .await
-                    .unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                tokens.lock().unwrap().push(g.token());
-                tokio::task::yield_now().await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let tokens = std::mem::take(&mut *tokens.lock().unwrap());
-    assert_eq!(tokens.len(), 80);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens not increasing"
-    );
+    common::excludes_with_increasing_tokens(&[a, b], &k, 8, 10).await;
     settle_free(&k).await;
 }
 
@@ -291,23 +259,12 @@ async fn bad_urls_and_an_unreachable_server_are_clear_errors_within_the_timeout(
 // ---- other processes -------------------------------------------------------
 
 fn child(role: &str, k: &str, extra: &[(&str, String)]) -> common::KillOnDrop {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "child_entry",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("TOWER_LOCK_CHILD", role)
-    .env("TOWER_LOCK_CHILD_KEY", k)
-    .env("TOWER_LOCK_MYSQL_URL", my_url())
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped());
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    common::KillOnDrop(cmd.spawn().unwrap())
+    let mut env = vec![
+        ("TOWER_LOCK_CHILD_KEY", k.to_owned()),
+        ("TOWER_LOCK_MYSQL_URL", my_url()),
+    ];
+    env.extend(extra.iter().cloned());
+    common::spawn_child(role, &env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,31 +75,7 @@ async fn keys_under(url: &str, prefix: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excludes_under_contention_with_increasing_tokens() {
     let b = backend("contention").await;
-    let inside = Arc::new(AtomicUsize::new(0));
-    let tokens = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for _ in 0..16 {
-        let (b, inside, tokens) = (b.clone(), inside.clone(), tokens.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..15 {
-                let g = b.lock("hot").wait(Duration::from_secs(30)).await.unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                tokens.lock().unwrap().push(g.token());
-                tokio::task::yield_now().await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let tokens = std::mem::take(&mut *tokens.lock().unwrap());
-    assert_eq!(tokens.len(), 240);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens not increasing"
-    );
+    common::excludes_with_increasing_tokens(&[b], "hot", 16, 15).await;
     // Only the fencing counter stays behind.
     let url = redis_url();
     assert_eq!(

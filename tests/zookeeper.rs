@@ -166,32 +166,7 @@ fn watched_under(addr: &str, dir: &str) -> Vec<String> {
 async fn excludes_under_contention_with_increasing_tokens() {
     // Two backends: two sessions, as two replicas would have.
     let (a, b) = (backend("contention").await, backend("contention").await);
-    let inside = Arc::new(AtomicUsize::new(0));
-    let tokens = Arc::new(Mutex::new(Vec::new()));
-    let mut tasks = Vec::new();
-    for i in 0..8 {
-        let zk = if i % 2 == 0 { a.clone() } else { b.clone() };
-        let (inside, tokens) = (inside.clone(), tokens.clone());
-        tasks.push(tokio::spawn(async move {
-            for _ in 0..10 {
-                let g = zk.lock("hot").wait(Duration::from_secs(30)).await.unwrap();
-                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                tokens.lock().unwrap().push(g.token());
-                tokio::task::yield_now().await;
-                inside.fetch_sub(1, Ordering::SeqCst);
-                g.release().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let tokens = std::mem::take(&mut *tokens.lock().unwrap());
-    assert_eq!(tokens.len(), 80);
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "tokens not increasing"
-    );
+    common::excludes_with_increasing_tokens(&[a, b], "hot", 8, 10).await;
     let client = raw(&zk_addr()).await;
     assert_eq!(
         lock_nodes(&client, &root("contention")).await,
@@ -538,34 +513,23 @@ async fn an_unreachable_server_is_a_clear_error_within_the_timeout() {
 // ---- other processes -------------------------------------------------------
 
 /// Runs this test binary's `child_entry` as another OS process.
-fn child(role: &str, test: &str, extra: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "child_entry",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("TOWER_LOCK_CHILD", role)
-    .env("TOWER_LOCK_CHILD_ROOT", root(test))
-    .env("TOWER_LOCK_ZK_ADDR", zk_addr())
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped());
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
+fn child(role: &str, test: &str, extra: &[(&str, String)]) -> common::KillOnDrop {
+    let mut env = vec![
+        ("TOWER_LOCK_CHILD_ROOT", root(test)),
+        ("TOWER_LOCK_ZK_ADDR", zk_addr()),
+    ];
+    env.extend(extra.iter().cloned());
+    common::spawn_child(role, &env)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excludes_between_processes() {
     common::two_processes_exclude(|log| {
-        common::KillOnDrop(child(
+        child(
             "worker",
             "processes",
             &[("TOWER_LOCK_CHILD_LOG", log.to_owned())],
-        ))
+        )
     });
 }
 
@@ -573,7 +537,7 @@ async fn excludes_between_processes() {
 async fn a_release_reaches_the_server_when_the_process_exits_right_after() {
     let zk = backend("exit").await;
     for how in ["await", "drop_flush"] {
-        let mut c = common::KillOnDrop(child("release_and_exit", "exit", &[("HOW", how.into())]));
+        let mut c = child("release_and_exit", "exit", &[("HOW", how.into())]);
         common::expect_word(&mut BufReader::new(c.0.stdout.take().unwrap()), "held");
         assert!(c.0.wait().unwrap().success());
         // A lost delete would keep the node for the child's whole session.
@@ -587,7 +551,7 @@ async fn a_release_reaches_the_server_when_the_process_exits_right_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holder_is_replaced_after_its_session_times_out() {
-    let mut holder = common::KillOnDrop(child("holder", "killed", &[]));
+    let mut holder = child("holder", "killed", &[]);
     let mut out = BufReader::new(holder.0.stdout.take().unwrap());
     common::expect_word(&mut out, "held");
     let zk = backend("killed").await;

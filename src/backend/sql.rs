@@ -1,6 +1,66 @@
 //! What the database backends share.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use crate::error::LockError;
+
+/// How many connections a database backend has open, within its limit.
+pub(crate) struct Connections {
+    open: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl Connections {
+    pub(crate) fn new(max: usize) -> Self {
+        Connections {
+            open: Arc::default(),
+            max,
+        }
+    }
+
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::Acquire)
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn at_limit(&self) -> bool {
+        self.open() >= self.max
+    }
+
+    /// A place for one more connection, or an error saying the limit is
+    /// reached (`option` names the setting that raises it).
+    pub(crate) fn take(
+        &self,
+        backend: &'static str,
+        option: &str,
+        target: &str,
+    ) -> Result<Slot, LockError> {
+        let open = self.open.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot(self.open.clone());
+        if open >= self.max {
+            return Err(LockError::backend(
+                backend,
+                format!(
+                    "all {} connections to {target} are taken by held or waiting locks; \
+                     raise {option} (and the server's max_connections)",
+                    self.max
+                ),
+                None,
+            ));
+        }
+        Ok(slot)
+    }
+}
+
+/// One connection's place in the count, given back when dropped.
+pub(crate) struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
 
 /// Checks a table or sequence name given in the options, which goes into
 /// SQL as it is: `name` or `schema.name`, in lower-case letters, digits and

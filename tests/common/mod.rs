@@ -16,6 +16,27 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Runs this test binary's `child_entry` test as another OS process, with
+/// `TOWER_LOCK_CHILD=role` and `env`; its stdin and stdout are piped.
+pub fn spawn_child(role: &str, env: &[(&str, String)]) -> KillOnDrop {
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "child_entry",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("TOWER_LOCK_CHILD", role)
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    KillOnDrop(cmd.spawn().unwrap())
+}
+
 /// Reads a child's lines until one holds the word `word` (libtest may print
 /// on the same line).
 pub fn expect_word(out: &mut std::io::BufReader<std::process::ChildStdout>, word: &str) {
@@ -31,6 +52,48 @@ pub fn expect_word(out: &mut std::io::BufReader<std::process::ChildStdout>, word
             return;
         }
     }
+}
+
+/// `tasks` tasks, spread over `backends` in turn, each lock `key` `rounds`
+/// times: never two holders at once, and every holder's token above the
+/// one before.
+pub async fn excludes_with_increasing_tokens<B: tower_lock::Backend + Clone>(
+    backends: &[B],
+    key: &str,
+    tasks: usize,
+    rounds: usize,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use tower_lock::BackendExt;
+
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut running = Vec::new();
+    for i in 0..tasks {
+        let backend = backends[i % backends.len()].clone();
+        let (inside, tokens, key) = (inside.clone(), tokens.clone(), key.to_owned());
+        running.push(tokio::spawn(async move {
+            for _ in 0..rounds {
+                let wait = std::time::Duration::from_secs(30);
+                let g = backend.lock(key.as_str()).wait(wait).await.unwrap();
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                tokens.lock().unwrap().push(g.token());
+                tokio::task::yield_now().await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in running {
+        t.await.unwrap();
+    }
+    let tokens = std::mem::take(&mut *tokens.lock().unwrap());
+    assert_eq!(tokens.len(), tasks * rounds);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens not increasing"
+    );
 }
 
 /// Two `worker` children, made by `spawn` with the path of the log they

@@ -79,7 +79,7 @@
 mod session;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -256,11 +256,10 @@ impl MysqlBackend {
                 target,
                 lease: options.lease,
                 connect_timeout: options.connect_timeout,
-                max_connections: options.max_connections,
                 sequence: options.sequence,
                 sequence_ready: AtomicBool::new(false),
                 idle: Mutex::new(Vec::new()),
-                open: Arc::new(AtomicUsize::new(0)),
+                connections: super::sql::Connections::new(options.max_connections),
                 releases: Arc::default(),
             }),
         };
@@ -273,7 +272,7 @@ impl MysqlBackend {
 
     /// The connections open now (for diagnostics and tests).
     pub fn connections(&self) -> usize {
-        self.cohort.inner().inner.open.load(Ordering::Acquire)
+        self.cohort.inner().inner.connections.open()
     }
 }
 

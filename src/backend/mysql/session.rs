@@ -6,7 +6,7 @@
 //! a time, and a wait blocks it); released, the connection goes back to the
 //! pool.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use mysql_async::{Conn, Opts};
 
 use super::MysqlLock;
 use crate::backend::lease::{drift, known_until, Lease};
+use crate::backend::sql::{Connections, Slot};
 use crate::backend::InFlight;
 use crate::error::LockError;
 use crate::lost::Deadline;
@@ -28,12 +29,11 @@ pub(super) struct MyInner {
     pub(super) target: String,
     pub(super) lease: Duration,
     pub(super) connect_timeout: Duration,
-    pub(super) max_connections: usize,
     /// The token sequence, a plain (checked) identifier.
     pub(super) sequence: String,
     pub(super) sequence_ready: AtomicBool,
     pub(super) idle: Mutex<Vec<Arc<Session>>>,
-    pub(super) open: Arc<AtomicUsize>,
+    pub(super) connections: Connections,
     pub(super) releases: Arc<InFlight>,
 }
 
@@ -48,7 +48,7 @@ pub(super) struct Session {
     /// The server's uptime when this connection learnt it, and when.
     uptime: (Duration, Instant),
     lease: Duration,
-    open: Arc<AtomicUsize>,
+    _slot: Slot,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -91,12 +91,6 @@ impl Session {
     }
 }
 
-impl Drop for Session {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 impl MyInner {
     /// A connection for one acquisition: an idle one, or a new one within
     /// `max_connections`.
@@ -109,23 +103,11 @@ impl MyInner {
                 return Ok(s);
             }
         }
-        let open = self.open.fetch_add(1, Ordering::AcqRel);
-        if open >= self.max_connections {
-            self.open.fetch_sub(1, Ordering::AcqRel);
-            return Err(LockError::backend(
-                "mysql",
-                format!(
-                    "all {} connections to {} are taken by held or waiting locks; \
-                     raise MysqlOptions::max_connections (and the server's max_connections)",
-                    self.max_connections, self.target
-                ),
-                None,
-            ));
-        }
-        let counted = Counted(self.open.clone());
-        match tokio::time::timeout(self.connect_timeout, self.connect()).await {
+        let slot = self
+            .connections
+            .take("mysql", "MysqlOptions::max_connections", &self.target)?;
+        match tokio::time::timeout(self.connect_timeout, self.connect(slot)).await {
             Ok(Ok(session)) => {
-                std::mem::forget(counted);
                 let session = Arc::new(session);
                 tokio::spawn(keep_alive(Arc::downgrade(&session), self.lease));
                 Ok(session)
@@ -154,7 +136,7 @@ impl MyInner {
         }
     }
 
-    async fn connect(&self) -> Result<Session, LockError> {
+    async fn connect(&self, slot: Slot) -> Result<Session, LockError> {
         let doing = || format!("connecting to MariaDB at {}", self.target);
         let sent = Instant::now();
         let mut conn = Conn::new(self.opts.clone())
@@ -207,7 +189,7 @@ impl MyInner {
             hold: Mutex::new(None),
             uptime: (Duration::from_secs(uptime), learnt),
             lease: self.lease,
-            open: self.open.clone(),
+            _slot: slot,
         })
     }
 
@@ -222,15 +204,6 @@ impl MyInner {
         };
         // Bounded: `flush` waits for this.
         let _ = tokio::time::timeout(self.connect_timeout * 2, kill).await;
-    }
-}
-
-/// Counts a connection being opened; dropped, it is uncounted.
-struct Counted(Arc<AtomicUsize>);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -284,13 +284,12 @@ impl PostgresBackend {
                 config,
                 lease: options.lease,
                 connect_timeout: options.connect_timeout,
-                max_connections: options.max_connections,
                 sequence: options.sequence,
                 sequence_ready: std::sync::atomic::AtomicBool::new(false),
                 shared: Mutex::new(None),
                 opening: tokio::sync::Mutex::new(()),
                 idle: Mutex::new(Vec::new()),
-                open: Arc::new(AtomicUsize::new(0)),
+                connections: super::sql::Connections::new(options.max_connections),
                 releases: Arc::default(),
             }),
         };
@@ -303,7 +302,7 @@ impl PostgresBackend {
     /// The connections open now, the shared one included (for diagnostics
     /// and tests).
     pub fn connections(&self) -> usize {
-        self.cohort.inner().inner.open.load(Ordering::Acquire)
+        self.cohort.inner().inner.connections.open()
     }
 }
 

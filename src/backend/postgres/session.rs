@@ -8,7 +8,7 @@
 //! with it.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use tokio_postgres::{Client, NoTls};
 
 use super::advisory::{AdvisoryLock, Statements};
 use crate::backend::lease::{drift, known_until, Lease};
+use crate::backend::sql::{Connections, Slot};
 use crate::backend::InFlight;
 use crate::error::LockError;
 use crate::lost::Deadline;
@@ -31,7 +32,6 @@ pub(super) struct PgInner {
     pub(super) target: String,
     pub(super) lease: Duration,
     pub(super) connect_timeout: Duration,
-    pub(super) max_connections: usize,
     /// The token sequence, a plain (checked) identifier.
     pub(super) sequence: String,
     /// Set once the sequence is known to exist.
@@ -43,7 +43,7 @@ pub(super) struct PgInner {
     /// Sessions that hold nothing, for the next wait.
     pub(super) idle: Mutex<Vec<Arc<Session>>>,
     /// Sessions open, shared and idle ones included.
-    pub(super) open: Arc<AtomicUsize>,
+    pub(super) connections: Connections,
     /// Releases in flight, for `flush`.
     pub(super) releases: Arc<InFlight>,
 }
@@ -71,7 +71,7 @@ pub(super) struct Session {
     uptime: (Duration, Instant),
     lease: Duration,
     connection: JoinHandle<()>,
-    open: Arc<AtomicUsize>,
+    _slot: Slot,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -152,7 +152,6 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.connection.abort();
-        self.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -212,28 +211,16 @@ impl PgInner {
 
     async fn open_session(&self) -> Result<Arc<Session>, LockError> {
         // At the limit, idle sessions make room for the new one.
-        while self.open.load(Ordering::Acquire) >= self.max_connections {
+        while self.connections.at_limit() {
             let Some(idle) = lock(&self.idle).pop() else {
                 break;
             };
             idle.end("closed to make room for another connection");
         }
-        let open = self.open.fetch_add(1, Ordering::AcqRel);
-        if open >= self.max_connections {
-            self.open.fetch_sub(1, Ordering::AcqRel);
-            return Err(LockError::backend(
-                "postgres",
-                format!(
-                    "all {} connections to {} are taken by held or waiting locks; \
-                     raise PostgresOptions::max_connections (and the server's max_connections)",
-                    self.max_connections, self.target
-                ),
-                None,
-            ));
-        }
-        // Counted from here: dropped on any error below.
-        let counted = Counted(self.open.clone());
-        let opened = tokio::time::timeout(self.connect_timeout, self.connect(counted)).await;
+        let slot =
+            self.connections
+                .take("postgres", "PostgresOptions::max_connections", &self.target)?;
+        let opened = tokio::time::timeout(self.connect_timeout, self.connect(slot)).await;
         match opened {
             Ok(result) => result,
             Err(_) => Err(LockError::backend(
@@ -248,7 +235,7 @@ impl PgInner {
         }
     }
 
-    async fn connect(&self, counted: Counted) -> Result<Arc<Session>, LockError> {
+    async fn connect(&self, slot: Slot) -> Result<Arc<Session>, LockError> {
         let doing = || format!("connecting to PostgreSQL at {}", self.target);
         let (client, connection) = self
             .config
@@ -289,7 +276,6 @@ impl PgInner {
         }
         let statements = Statements::prepare(&client, &self.sequence).await?;
         let connection = guard.disarm();
-        std::mem::forget(counted);
         let session = Arc::new(Session {
             client,
             statements,
@@ -300,7 +286,7 @@ impl PgInner {
             uptime: (Duration::from_secs_f64(uptime.max(0.0)), learnt),
             lease: self.lease,
             connection,
-            open: self.open.clone(),
+            _slot: slot,
         });
         let _ = owner.set(Arc::downgrade(&session));
         if session.client.is_closed() {
@@ -370,15 +356,6 @@ impl PgInner {
              WHERE EXISTS (SELECT 1 FROM pg_settings s WHERE s.name = v.name)",
             values.join(", ")
         )
-    }
-}
-
-/// Counts a session being opened; dropped, it is uncounted.
-struct Counted(Arc<AtomicUsize>);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
