@@ -85,6 +85,38 @@ async fn excludes_under_contention_with_increasing_tokens() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_left_for_a_waiter_that_never_takes_it_goes_back_within_the_bound() {
+    // A waiter whose future is never polled again after the lock is passed
+    // to it: the lock left for it must not stay with this process (renewed
+    // all along) past the cohort's time bound.
+    let options = RedisOptions::default()
+        .prefix(prefix("parked"))
+        .cohort(CohortOptions::default().max_hold(Duration::from_millis(300)));
+    let here = RedisBackend::connect_with(&redis_url(), options)
+        .await
+        .unwrap();
+    let elsewhere = backend("parked").await;
+    let held = here.lock("k").await.unwrap();
+    let mut forgotten = Box::pin(std::future::IntoFuture::into_future(
+        here.lock("k").wait(tower_lock::Wait::Forever),
+    ));
+    // Polled until it is queued behind the holder, then never again.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut forgotten)
+            .await
+            .is_err()
+    );
+    drop(held);
+    let taken = elsewhere.lock("k").wait(Duration::from_secs(5)).await;
+    assert!(
+        taken.is_ok(),
+        "the lock stayed with the forgotten waiter: {taken:?}"
+    );
+    taken.unwrap().release().await.unwrap();
+    drop(forgotten);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lock_passes_to_local_waiters_with_one_redis_acquire_per_bound() {
     let cohort = CohortOptions::default()
         .max_grants(8)

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -311,6 +311,8 @@ struct Remote {
     tokens: u32,
     /// Local holders served so far.
     given: AtomicU32,
+    /// Set once a watch for it being left parked is running.
+    watched: AtomicBool,
     /// When the server granted it: the time bound counts from here.
     granted_at: Instant,
     /// How long the lease was known valid when granted: a renewal on time
@@ -335,6 +337,7 @@ impl Remote {
             first: token.get(),
             tokens,
             given: AtomicU32::new(0),
+            watched: AtomicBool::new(false),
             granted_at,
             validity,
         }
@@ -413,6 +416,9 @@ impl<B: Backend> CohortHold<B> {
         let passes = matches!(r.mode, LockMode::Exclusive | LockMode::Write);
         if passes && next == Some(r.mode) && r.may_pass_on(&shared.options) {
             lock(&shared.batons).insert(r.key.clone(), r.clone());
+            if !r.watched.swap(true, Ordering::Relaxed) {
+                watch_parked(shared, r);
+            }
             // Grants the next waiter, which takes the baton.
             lock(&self.local).take();
             // It left meanwhile, or the lock was lost: nobody takes it back.
@@ -554,6 +560,32 @@ impl<B: Backend> Drop for Unclaimed<'_, B> {
             }
         }
     }
+}
+
+/// Gives `remote` back to the server if it is still parked when its time
+/// bound ([`CohortOptions::max_hold`]) runs out. The waiter it was left for
+/// may never run to take it (a lock future nobody polls any more), and
+/// other processes must not wait on it for as long as it is renewed. One
+/// timer per server grant, not per hand-off: past the bound it is never
+/// parked again.
+fn watch_parked<B: Backend>(shared: &Arc<Shared<B>>, remote: &Arc<Remote>) {
+    let Some(deadline) = remote.granted_at.checked_add(shared.options.max_hold) else {
+        return;
+    };
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let (shared, remote) = (Arc::downgrade(shared), Arc::downgrade(remote));
+    rt.spawn(async move {
+        tokio::time::sleep_until(deadline.into()).await;
+        let (Some(shared), Some(remote)) = (shared.upgrade(), remote.upgrade()) else {
+            return;
+        };
+        if shared.take_back(&remote) {
+            tracing::debug!(key = %remote.key, "a lock left for a local waiter that never took it goes back to the server");
+            remote.release_on_drop();
+        }
+    });
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
