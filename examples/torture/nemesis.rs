@@ -458,6 +458,10 @@ impl Nemesis {
         let outside: &[&str] = match self.kind.as_str() {
             "redis" if !a.quarantine => &["server-kill"],
             "redlock" => &["clock"],
+            // A lock that lives with its connection is freed the moment the
+            // server sees the connection cut; the holder hears of the cut
+            // at about the same moment, but not surely before.
+            "postgres" | "mysql" => &["drop"],
             _ => &[],
         };
         Ok(summarize(

@@ -52,8 +52,12 @@
 //!   the old server has been told.
 //! - A holder process that dies closes its connections; the server frees
 //!   its locks at once.
-//! - Not covered: `KILL` of a holder's connection by an administrator
-//!   frees its lock at once; the holder hears of it at its next ping.
+//! - Not covered: a connection cut between holder and server (a reset, a
+//!   proxy closing it) frees the lock as soon as the server sees the cut,
+//!   and the holder hears of it at about that moment but not surely first;
+//!   `KILL` of a holder's connection by an administrator frees its lock at
+//!   once, and the holder hears of it at its next ping. Fencing tokens make
+//!   such a holder's late writes refusable.
 //!
 //! # Limits
 //!

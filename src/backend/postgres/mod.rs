@@ -61,7 +61,12 @@
 //!   the old server has been told.
 //! - A holder process that dies closes its connections; the server frees
 //!   its locks as soon as it sees that, and the next waiter gets the lock.
-//! - Not covered: an administrator terminating the session
+//! - Not covered: a connection cut between holder and server (a reset, a
+//!   proxy or pooler closing it) frees the lock as soon as the server sees
+//!   the cut; the holder hears of the same cut at about that moment and is
+//!   told, but not surely before another process is granted the lock (the
+//!   torture harness measured a few milliseconds). Nor an administrator
+//!   terminating the session
 //!   (`pg_terminate_backend`) frees its locks at once, and its holder hears
 //!   of it at its next keep-alive, within a quarter lease. Nor a server
 //!   that reinitialises after a crashed backend without restarting the
