@@ -1,7 +1,9 @@
 //! Session-level advisory locks: the statements, one attempt (undone when
 //! abandoned), and a held lock's release.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Instant;
 
 use tokio_postgres::{Client, NoTls, Statement};
@@ -161,7 +163,18 @@ impl AdvisoryLock {
     async fn unlock(&self) -> Result<(), LockError> {
         lock(&self.session.holds).remove(&self.id);
         let unlock = &self.session.statements.unlock[usize::from(self.read)];
-        let answer = self.session.client.query_one(unlock, &[&self.key]).await;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
+        let mut query = std::pin::pin!(self.session.client.query_one(unlock, &params));
+        // The first poll puts the unlock on the connection, and whatever is
+        // sent on it later is applied after it: the key may be claimed (and
+        // tried) on this session again at once, without waiting for the
+        // answer.
+        let first = std::future::poll_fn(|cx| Poll::Ready(query.as_mut().poll(cx))).await;
+        self.session.unclaim(&self.key);
+        let answer = match first {
+            Poll::Ready(answer) => answer,
+            Poll::Pending => query.await,
+        };
         let result = match answer {
             Ok(row) => {
                 if !row.get::<_, bool>(0) {
@@ -177,7 +190,6 @@ impl AdvisoryLock {
                 Err(pg_error("releasing an advisory lock", e))
             }
         };
-        self.session.unclaim(&self.key);
         self.pg.give_back(self.session.clone());
         result
     }

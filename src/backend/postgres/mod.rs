@@ -321,15 +321,19 @@ impl fmt::Debug for PostgresBackend {
 
 super::cohort::cohort_backend!(PostgresBackend, "postgres");
 
-// The server queues waiters from every process in order. A release and the
-// next acquisition may go out on different connections, so releases are
-// not ordered.
+// The server queues waiters from every process in order. A lock taken on
+// the shared connection is released on it, and the next try follows the
+// unlock there; a lock taken after a wait is released on its own
+// connection, and a try that overtakes that unlock finds the key busy and
+// waits for it in the server: either way the next local waiter may go as
+// soon as the unlock is sent.
 protocol_backend!(
     Pg,
     "postgres",
     Capabilities::new()
         .no_semaphore()
         .max_tokens(TOKEN_SPACING)
+        .ordered_release(true)
         .fifo(true)
 );
 
