@@ -2,8 +2,61 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use super::lease::{drift, known_until};
 use crate::error::LockError;
+use crate::lost::Deadline;
+
+/// How long a database connection, and every lock that lives with it, is
+/// known alive; and the server's uptime it learnt when it connected.
+pub(crate) struct Alive {
+    /// Until when the server surely keeps the connection: the send time of
+    /// the last request it answered, plus the lease, less drift. Its locks'
+    /// leases share it.
+    pub(crate) until: Arc<Deadline>,
+    lease: Duration,
+    /// The server's uptime, and when it was learnt. A restart ends every
+    /// connection, so a connection's server has not restarted since.
+    uptime: Duration,
+    learnt: Instant,
+}
+
+impl Alive {
+    /// A connection whose first request was sent at `sent`, and that
+    /// learnt the server's `uptime` at `learnt`.
+    pub(crate) fn new(sent: Instant, lease: Duration, uptime: Duration, learnt: Instant) -> Self {
+        Alive {
+            until: Arc::new(Deadline::new(known_until(sent, lease))),
+            lease,
+            uptime,
+            learnt,
+        }
+    }
+
+    /// One request answered, sent at `sent`.
+    pub(crate) fn answered(&self, sent: Instant) {
+        self.until.extend(known_until(sent, self.lease));
+    }
+
+    /// Whether a grant answering a request sent at `sent` (after a long
+    /// wait) leaves less than half a lease known ahead: then one more round
+    /// trip should make the connection known alive from now.
+    pub(crate) fn stale_after(&self, sent: Instant) -> bool {
+        known_until(sent, self.lease) < Instant::now() + self.lease / 2
+    }
+
+    /// Waits until the server has been up longer than a lease (plus
+    /// drift). A restart frees every lock at once, while the holders that
+    /// have not heard of it count on theirs until their lease is up; no
+    /// lock is granted before then.
+    pub(crate) async fn quarantine(&self) {
+        let safe = self.lease + drift(self.lease);
+        if let Some(left) = safe.checked_sub(self.uptime + self.learnt.elapsed()) {
+            tokio::time::sleep(left).await;
+        }
+    }
+}
 
 /// How many connections a database backend has open, within its limit.
 pub(crate) struct Connections {

@@ -91,7 +91,7 @@ use mysql_async::prelude::Queryable;
 use mysql_async::Opts;
 
 use self::session::{lock, my_error, MyInner, Session};
-use super::lease::{check_lease, known_until, protocol_backend, Lease, Protocol, Released};
+use super::lease::{check_lease, protocol_backend, Lease, Protocol, Released};
 use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
 use crate::mode::Wait;
@@ -112,6 +112,27 @@ pub const TOKEN_SPACING: u32 = 64;
 /// The lock name for the key given as the statement's first three
 /// parameters.
 const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256))";
+/// The texts of the two statements a lock takes, made once per backend
+/// (the driver prepares each once per connection).
+pub(super) struct Statements {
+    /// `g<token>` granted, `b` busy, NULL an error: one column that cannot
+    /// mistake a grant for busy, whatever the sequence holds.
+    lock: String,
+    release: String,
+}
+
+impl Statements {
+    fn new(sequence: &str) -> Self {
+        Statements {
+            lock: format!(
+                "SELECT CASE GET_LOCK({NAME}, ?) WHEN 1 THEN CONCAT('g', NEXTVAL({sequence})) \
+                 WHEN 0 THEN 'b' END"
+            ),
+            release: format!("SELECT RELEASE_LOCK({NAME})"),
+        }
+    }
+}
+
 /// `GET_LOCK` takes seconds; "forever" is a year (MariaDB refuses -1).
 const FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
 
@@ -260,6 +281,7 @@ impl MysqlBackend {
                 target,
                 lease: options.lease,
                 connect_timeout: options.connect_timeout,
+                statements: Statements::new(&options.sequence),
                 sequence: options.sequence,
                 sequence_ready: AtomicBool::new(false),
                 idle: Mutex::new(Vec::new()),
@@ -309,7 +331,7 @@ impl MyInner {
             Wait::Forever => FOREVER_SECS,
         };
         let session = self.session().await?;
-        session.quarantine().await;
+        session.alive.quarantine().await;
         let sent = Instant::now();
         let n = {
             let mut undo = Undo {
@@ -318,15 +340,11 @@ impl MyInner {
                 armed: true,
             };
             let mut conn = session.conn.lock().await;
-            // `g<token>` granted, `b` busy, NULL an error: one column that
-            // cannot mistake a grant for busy, whatever the sequence holds.
-            let sql = format!(
-                "SELECT CASE GET_LOCK({NAME}, ?) WHEN 1 THEN CONCAT('g', NEXTVAL({})) \
-                 WHEN 0 THEN 'b' END",
-                self.sequence
-            );
             let row: Result<Option<Option<String>>, _> = conn
-                .exec_first(sql, (key.as_str(), key.as_str(), key.as_str(), secs))
+                .exec_first(
+                    &self.statements.lock,
+                    (key.as_str(), key.as_str(), key.as_str(), secs),
+                )
                 .await;
             undo.armed = false;
             let outcome = match &row {
@@ -369,17 +387,17 @@ impl MyInner {
                 },
             });
         }
-        session.answered(sent);
+        session.alive.answered(sent);
         // A long wait: one more round trip makes the connection known
         // alive from now.
-        if known_until(sent, self.lease) < Instant::now() + self.lease / 2 {
+        if session.alive.stale_after(sent) {
             let sent = Instant::now();
             let ping = session.conn.lock().await.ping().await;
             if let Err(e) = ping {
                 session.end("the connection failed as the lock was granted");
                 return Err(my_error("checking the connection", e));
             }
-            session.answered(sent);
+            session.alive.answered(sent);
         }
         let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
         let held = MysqlLock {
@@ -390,7 +408,7 @@ impl MyInner {
         let lease = Lease::new(
             held,
             self.lease,
-            session.alive_until.clone(),
+            session.alive.until.clone(),
             self.releases.clone(),
         );
         *lock(&session.hold) = Some(Arc::downgrade(&lease));
@@ -435,11 +453,11 @@ impl MysqlLock {
     /// the lock.
     async fn unlock(&self) -> Result<(), LockError> {
         lock(&self.session.hold).take();
-        let sql = format!("SELECT RELEASE_LOCK({NAME})");
         let key = self.key.as_str();
         let released: Result<Option<Option<i64>>, _> = {
             let mut conn = self.session.conn.lock().await;
-            conn.exec_first(sql, (key, key, key)).await
+            conn.exec_first(&self.inner.statements.release, (key, key, key))
+                .await
         };
         match released {
             Ok(Some(Some(1))) => {}

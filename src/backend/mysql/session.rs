@@ -14,11 +14,10 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
 
 use super::MysqlLock;
-use crate::backend::lease::{drift, known_until, Lease};
-use crate::backend::sql::{Connections, Slot};
+use crate::backend::lease::Lease;
+use crate::backend::sql::{Alive, Connections, Slot};
 use crate::backend::InFlight;
 use crate::error::LockError;
-use crate::lost::Deadline;
 
 /// How many connections that hold nothing are kept open.
 const MAX_IDLE: usize = 4;
@@ -32,6 +31,7 @@ pub(super) struct MyInner {
     /// The token sequence, a plain (checked) identifier.
     pub(super) sequence: String,
     pub(super) sequence_ready: AtomicBool,
+    pub(super) statements: super::Statements,
     pub(super) idle: Mutex<Vec<Arc<Session>>>,
     pub(super) connections: Connections,
     pub(super) releases: Arc<InFlight>,
@@ -42,12 +42,11 @@ pub(super) struct Session {
     pub(super) conn: tokio::sync::Mutex<Conn>,
     /// The server's id of this connection, for `KILL QUERY`.
     pub(super) id: u32,
-    pub(super) alive_until: Arc<Deadline>,
+    /// How long the connection (and its lock) is known alive, and the
+    /// server's uptime for the restart quarantine.
+    pub(super) alive: Alive,
     pub(super) ended: AtomicBool,
     pub(super) hold: Mutex<Option<Weak<Lease<MysqlLock>>>>,
-    /// The server's uptime when this connection learnt it, and when.
-    uptime: (Duration, Instant),
-    lease: Duration,
     _slot: Slot,
 }
 
@@ -62,21 +61,6 @@ pub(super) fn my_error(doing: &str, e: mysql_async::Error) -> LockError {
 impl Session {
     fn usable(&self) -> bool {
         !self.ended.load(Ordering::Acquire)
-    }
-
-    /// Waits until the server has been up longer than a lease: a restart
-    /// frees every lock while their holders still count on them.
-    pub(super) async fn quarantine(&self) {
-        let (uptime, learnt) = self.uptime;
-        let safe = self.lease + drift(self.lease);
-        if let Some(left) = safe.checked_sub(uptime + learnt.elapsed()) {
-            tokio::time::sleep(left).await;
-        }
-    }
-
-    /// One request answered, sent at `sent`.
-    pub(super) fn answered(&self, sent: Instant) {
-        self.alive_until.extend(known_until(sent, self.lease));
     }
 
     /// Ends the connection: its lock is told, and nothing more runs on it.
@@ -184,11 +168,9 @@ impl MyInner {
         Ok(Session {
             conn: tokio::sync::Mutex::new(conn),
             id,
-            alive_until: Arc::new(Deadline::new(known_until(sent, self.lease))),
+            alive: Alive::new(sent, self.lease, Duration::from_secs(uptime), learnt),
             ended: AtomicBool::new(false),
             hold: Mutex::new(None),
-            uptime: (Duration::from_secs(uptime), learnt),
-            lease: self.lease,
             _slot: slot,
         })
     }
@@ -221,7 +203,7 @@ pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration) {
             return;
         }
         let held = lock(&s.hold).is_some();
-        let deadline = s.alive_until.get();
+        let deadline = s.alive.until.get();
         let sent = Instant::now();
         let ping = async {
             let mut conn = if held {
@@ -238,7 +220,7 @@ pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration) {
         };
         let deadline = if held { deadline } else { sent + lease };
         match tokio::time::timeout_at(deadline.into(), ping).await {
-            Ok(Ok(())) => s.answered(sent),
+            Ok(Ok(())) => s.alive.answered(sent),
             Ok(Err(e)) => {
                 s.end(&format!("the connection to MariaDB failed: {e}"));
                 return;

@@ -76,9 +76,9 @@ pub(super) async fn attempt(
     wait: bool,
 ) -> Result<Option<i64>, LockError> {
     let mut undo = Undo {
-        pg: pg.clone(),
-        session: session.clone(),
-        key: key.to_owned(),
+        pg,
+        session,
+        key,
         read,
         armed: true,
     };
@@ -102,15 +102,15 @@ pub(super) async fn attempt(
 }
 
 /// An attempt that may have granted a lock nobody will hold.
-struct Undo {
-    pg: Arc<PgInner>,
-    session: Arc<Session>,
-    key: String,
+struct Undo<'a> {
+    pg: &'a Arc<PgInner>,
+    session: &'a Arc<Session>,
+    key: &'a str,
     read: bool,
     armed: bool,
 }
 
-impl Drop for Undo {
+impl Drop for Undo<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -129,7 +129,7 @@ impl Drop for Undo {
             }
             return;
         }
-        let key = std::mem::take(&mut self.key);
+        let key = self.key.to_owned();
         let read = self.read;
         release_in_background(
             async move {

@@ -121,7 +121,7 @@ use std::time::{Duration, Instant};
 
 use self::advisory::{attempt, AdvisoryLock};
 use self::session::{lock, PgInner, Session};
-use super::lease::{check_lease, known_until, protocol_backend, Lease};
+use super::lease::{check_lease, protocol_backend, Lease};
 use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
 use crate::mode::{LockMode, Wait};
@@ -350,11 +350,11 @@ impl PgInner {
         let shared = self.shared().await?;
         // Before the claim: a caller that gives up while this waits leaves
         // no claim behind.
-        shared.quarantine().await;
+        shared.alive.quarantine().await;
         if shared.claim(key) {
             let sent = Instant::now();
             if let Some(n) = attempt(&self, &shared, key, read, false).await? {
-                shared.answered(sent);
+                shared.alive.answered(sent);
                 return Ok(self.held(shared, key, read, n, tokens));
             }
             if fail_fast {
@@ -365,16 +365,16 @@ impl PgInner {
         // wait in the server on a connection of its own.
         let session = self.dedicated().await?;
         session.claim(key);
-        session.quarantine().await;
+        session.alive.quarantine().await;
         let sent = Instant::now();
         let Some(n) = attempt(&self, &session, key, read, !fail_fast).await? else {
             self.give_back(session);
             return Err(LockError::Busy);
         };
-        session.answered(sent);
+        session.alive.answered(sent);
         // A long wait: the grant counts from a send time long past. One
         // more round trip makes the connection known alive from now.
-        if known_until(sent, self.lease) < Instant::now() + self.lease / 2 {
+        if session.alive.stale_after(sent) {
             if let Err(e) = session.ping().await {
                 session.end("the connection failed as the lock was granted");
                 return Err(e);
@@ -404,7 +404,7 @@ impl PgInner {
         let lease = Lease::new(
             held,
             self.lease,
-            session.alive_until.clone(),
+            session.alive.until.clone(),
             self.releases.clone(),
         );
         lock(&session.holds).insert(id, (Arc::downgrade(&lease), key.to_owned()));

@@ -17,11 +17,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
 use super::advisory::{AdvisoryLock, Statements};
-use crate::backend::lease::{drift, known_until, Lease};
-use crate::backend::sql::{Connections, Slot};
+use crate::backend::lease::Lease;
+use crate::backend::sql::{Alive, Connections, Slot};
 use crate::backend::InFlight;
 use crate::error::LockError;
-use crate::lost::Deadline;
 
 /// How many sessions that hold nothing are kept open for the next wait.
 const MAX_IDLE: usize = 2;
@@ -55,8 +54,9 @@ pub(super) type Held = (Weak<Lease<AdvisoryLock>>, String);
 pub(super) struct Session {
     pub(super) client: Client,
     pub(super) statements: Statements,
-    /// Until when the server surely keeps the session (and so its locks).
-    pub(super) alive_until: Arc<Deadline>,
+    /// Until when the server surely keeps the session (and so its locks),
+    /// and the server's uptime for the restart quarantine.
+    pub(super) alive: Alive,
     /// Set when the session ends or is given up: nothing new is taken on
     /// it, and every lock it holds is lost with it.
     pub(super) ended: AtomicBool,
@@ -66,10 +66,6 @@ pub(super) struct Session {
     /// re-entrant per session, so a second lock on one of them would be
     /// granted at once, and is taken on another session instead.
     claims: Mutex<HashSet<String>>,
-    /// The server's uptime when this session learnt it, and when: a restart
-    /// ends every session, so a session's server never restarted since.
-    uptime: (Duration, Instant),
-    lease: Duration,
     connection: JoinHandle<()>,
     _slot: Slot,
 }
@@ -101,24 +97,6 @@ impl Session {
         lock(&self.holds).is_empty()
     }
 
-    /// Waits until the server has been up longer than a lease. A restart
-    /// frees every lock at once, while the holders that have not heard of
-    /// it yet count on theirs until their lease is up; no lock is granted
-    /// before then.
-    pub(super) async fn quarantine(&self) {
-        let (uptime, learnt) = self.uptime;
-        let safe = self.lease + drift(self.lease);
-        if let Some(left) = safe.checked_sub(uptime + learnt.elapsed()) {
-            tokio::time::sleep(left).await;
-        }
-    }
-
-    /// One request answered (sent at `sent`): the session is known alive
-    /// a lease from then.
-    pub(super) fn answered(&self, sent: Instant) {
-        self.alive_until.extend(known_until(sent, self.lease));
-    }
-
     /// Asks the server once, so that the session is known alive from now.
     pub(super) async fn ping(&self) -> Result<(), LockError> {
         let sent = Instant::now();
@@ -126,7 +104,7 @@ impl Session {
             .query_one(&self.statements.ping, &[])
             .await
             .map_err(|e| pg_error("checking the connection", e))?;
-        self.answered(sent);
+        self.alive.answered(sent);
         Ok(())
     }
 
@@ -279,12 +257,15 @@ impl PgInner {
         let session = Arc::new(Session {
             client,
             statements,
-            alive_until: Arc::new(Deadline::new(known_until(sent, self.lease))),
+            alive: Alive::new(
+                sent,
+                self.lease,
+                Duration::from_secs_f64(uptime.max(0.0)),
+                learnt,
+            ),
             ended: AtomicBool::new(false),
             holds: Mutex::new(HashMap::new()),
             claims: Mutex::new(HashSet::new()),
-            uptime: (Duration::from_secs_f64(uptime.max(0.0)), learnt),
-            lease: self.lease,
             connection,
             _slot: slot,
         });
@@ -396,7 +377,7 @@ async fn keep_alive(session: Weak<Session>, lease: Duration) {
             tokio::time::sleep(every).await;
             continue;
         }
-        let deadline = s.alive_until.get();
+        let deadline = s.alive.until.get();
         let sent = Instant::now();
         let answer = tokio::time::timeout_at(deadline.into(), s.ping()).await;
         match answer {
