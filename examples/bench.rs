@@ -17,7 +17,9 @@
 //! PINGs through the `redis` crate's `ConnectionManager`
 //! (`impl=redis-rs-2xping`), on PostgreSQL two prepared `SELECT 1` through
 //! `tokio-postgres` (`impl=tokio-postgres-2xselect`), on MariaDB the same
-//! through `mysql_async` (`impl=mysql-async-2xselect`), printed as
+//! through `mysql_async` (`impl=mysql-async-2xselect`), on etcd one put
+//! and one delete through `etcd-client` (`impl=etcd-client-put-delete`),
+//! printed as
 //! `workload=uncontended` lines to sit beside the locks'.
 //!
 //! `--release drop` (the default) releases each lock by dropping its guard,
@@ -25,7 +27,8 @@
 //! and await its answer in the background, and the next acquire follows it
 //! on the same connection. `--release await` calls `guard.release().await`,
 //! which waits for the answer: one more round trip per cycle. Its lines carry
-//! `release=await` after the workload.
+//! `release=await` after the workload. Lines measured on a ZooKeeper
+//! ensemble or an etcd cluster carry `servers=N` there too.
 //!
 //! `http` on the memory backend also measures, in the same run and phases,
 //! the handler a user would write instead of the library: the route's SKU
@@ -281,14 +284,30 @@ async fn run(args: Args) -> ExitCode {
     } else {
         ""
     };
+    let servers = servers_setting(&args.backend);
     println!(
-        "impl={implementation} backend={name} workload={}{release} {line}",
+        "impl={implementation} backend={name} workload={}{release}{servers} {line}",
         args.workload
     );
     if let Some(peer_line) = peer_line {
         println!("{peer_line}");
     }
     ExitCode::SUCCESS
+}
+
+/// ` servers=N` for a ZooKeeper ensemble or an etcd cluster of N > 1 (the
+/// URL's hosts), so that its lines are not taken for a single server's.
+fn servers_setting(url: &str) -> String {
+    let Some(rest) = url
+        .strip_prefix("zk://")
+        .or_else(|| url.strip_prefix("etcd://"))
+    else {
+        return String::new();
+    };
+    match rest.split('/').next().unwrap_or(rest).split(',').count() {
+        1 => String::new(),
+        n => format!(" servers={n}"),
+    }
 }
 
 /// Microseconds, with two decimals below 10 µs (the memory backend's range)
@@ -359,12 +378,16 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
     if backend.starts_with("mysql://") {
         return mysql_floor(backend, n).await;
     }
+    if let Some(rest) = backend.strip_prefix("etcd://") {
+        let servers = servers_setting(backend);
+        return etcd_floor(rest.split('/').next().unwrap_or(rest), n, &servers).await;
+    }
     let Some(hosts) = backend
         .strip_prefix("zk://")
         .map(|r| r.split('/').next().unwrap_or(r))
     else {
         eprintln!(
-            "bench: the floor workload is measured for redis://, zk://, postgres:// and mysql:// backends only"
+            "bench: the floor workload is measured for redis://, zk://, postgres://, mysql:// and etcd:// backends only"
         );
         return ExitCode::from(2);
     };
@@ -384,7 +407,8 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
     })
     .await;
     println!(
-        "impl=raw-create-delete backend=zookeeper workload=uncontended {}",
+        "impl=raw-create-delete backend=zookeeper workload=uncontended{} {}",
+        servers_setting(backend),
         latencies(n, samples)
     );
     ExitCode::SUCCESS
@@ -447,6 +471,33 @@ async fn postgres_floor(url: &str, n: usize) -> ExitCode {
     .await;
     println!(
         "impl=tokio-postgres-2xselect backend=postgres workload=uncontended {}",
+        latencies(n, samples)
+    );
+    ExitCode::SUCCESS
+}
+
+/// One put and one delete per sample through `etcd-client` (the client the
+/// etcd backend uses): the writes any etcd lock needs at least.
+async fn etcd_floor(hosts: &str, n: usize, servers: &str) -> ExitCode {
+    let endpoints: Vec<&str> = hosts.split(',').collect();
+    let client = match etcd_client::Client::connect(&endpoints, None).await {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("bench: connecting to etcd at {hosts}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let key = format!("/bench-floor-{}", std::process::id());
+    let samples = timed(n, || {
+        let (mut kv, key) = (client.kv_client(), key.clone());
+        async move {
+            kv.put(key.as_str(), "", None).await.expect("put");
+            kv.delete(key.as_str(), None).await.expect("delete");
+        }
+    })
+    .await;
+    println!(
+        "impl=etcd-client-put-delete backend=etcd workload=uncontended{servers} {}",
         latencies(n, samples)
     );
     ExitCode::SUCCESS

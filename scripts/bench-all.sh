@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-5}
 # shellcheck source=scripts/servers.sh
 source scripts/servers.sh
-install_packages
+install_packages bench
 start_servers >&2
 
 bench=target/release/examples/bench
@@ -125,6 +125,33 @@ run "$bench" --backend "$my" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" "${contended[@]}" --no-lock
 run "$bench" --backend "$my" --workload contended --secs "$secs" --workers 4 --processes 2
 run "$bench" --backend "$my" --workload keys --secs "$secs" --workers 8 --keys 100
+
+# etcd: the floor is one put and one delete through the same client; the
+# peer is Go's concurrency.Mutex, etcd's own client (what `etcdctl lock`
+# runs).
+etcd=$TOWER_LOCK_ETCD_URL
+for _ in 1 2 3; do
+    run "$bench" --backend "$etcd" --workload floor --n 2000
+    run "$bench" --backend "$etcd" --workload uncontended --n 2000
+    run "$bench" --backend "$etcd" --workload uncontended --n 2000 --release await
+    run bench/peers/etcd_go/run --backend "$etcd" --workload uncontended --n 2000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$etcd" "${contended[@]}"
+    run bench/peers/etcd_go/run --backend "$etcd" "${contended[@]}"
+done
+run "$bench" --backend "$etcd" "${contended[@]}" --no-lock
+run bench/peers/etcd_go/run --backend "$etcd" "${contended[@]}" --no-lock
+run "$bench" --backend "$etcd" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$etcd" --workload keys --secs "$secs" --workers 8 --keys 100
+# The same on a three-member cluster, the client balanced over all three.
+start_etcd etcdc 3 >&2
+etcd3="etcd://$etcd_urls"
+run "$bench" --backend "$etcd3" --workload floor --n 2000
+run "$bench" --backend "$etcd3" --workload uncontended --n 2000
+run bench/peers/etcd_go/run --backend "$etcd3" --workload uncontended --n 2000
+run "$bench" --backend "$etcd3" "${contended[@]}"
+run bench/peers/etcd_go/run --backend "$etcd3" "${contended[@]}"
 
 # Memory.
 run "$bench" --backend memory --workload uncontended --n 5000

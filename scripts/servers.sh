@@ -6,7 +6,8 @@
 #
 # After `start_servers`: TOWER_LOCK_REDIS_URL (one redis-server),
 # TOWER_LOCK_REDLOCK_URL (three more), TOWER_LOCK_ZK_ADDR (ZooKeeper) and
-# TOWER_LOCK_POSTGRES_URL and TOWER_LOCK_MYSQL_URL are exported; `redlock`
+# TOWER_LOCK_POSTGRES_URL, TOWER_LOCK_MYSQL_URL and TOWER_LOCK_ETCD_URL
+# (one etcd member) are exported; `redlock`
 # holds the three Redlock addresses. PostgreSQL and MariaDB are the
 # machine's (127.0.0.1:5432, trust auth, database `test`; 127.0.0.1:3306,
 # root without password, database `test`) when they answer, otherwise
@@ -58,14 +59,28 @@ required_packages() {
 /usr/sbin/mariadbd mariadb-server
 /usr/bin/mariadb mariadb-client
 /usr/lib/python3/dist-packages/pymysql/__init__.py python3-pymysql
+/usr/bin/etcd etcd-server
+/usr/bin/etcdctl etcd-client
+/usr/bin/protoc protobuf-compiler
 EOF
 }
 
+# What only the benchmark's peers need: Go and etcd's Go client sources, for
+# the Go peer of the etcd backend (built without any download).
+bench_packages() {
+    cat <<'EOF'
+/usr/bin/go golang-go
+/usr/share/gocode/src/go.etcd.io/etcd/clientv3/concurrency/mutex.go golang-etcd-server-dev
+EOF
+}
+
+# install_packages [bench]: the test command's packages, and with `bench`
+# the benchmark peers' too.
 install_packages() {
     local missing=() file package
     while read -r file package; do
         [ -e "$file" ] || missing+=("$package")
-    done < <(required_packages)
+    done < <(required_packages; [ "${1:-}" != bench ] || bench_packages)
     [ "${#missing[@]}" -gt 0 ] || return 0
     if [ "$(id -u)" -eq 0 ]; then
         step "installing missing Debian packages: ${missing[*]}"
@@ -205,6 +220,34 @@ start_mariadb() {
     echo "MariaDB: a private one, on 127.0.0.1:$port"
 }
 
+# start_etcd NAME MEMBERS: an etcd cluster of MEMBERS members on free
+# loopback ports; its client URLs, comma-separated, are left in $etcd_urls.
+# A short heartbeat makes leader elections (and so fault tests) quick.
+start_etcd() {
+    local name=$1 members=$2 i cluster="" peers=() clients=()
+    for ((i = 1; i <= members; i++)); do
+        peers+=("$(free_port)")
+        clients+=("$(free_port)")
+        cluster+="${cluster:+,}$name$i=http://127.0.0.1:${peers[i - 1]}"
+    done
+    for ((i = 1; i <= members; i++)); do
+        mkdir -p "$work/$name$i"
+        etcd --name "$name$i" --data-dir "$work/$name$i/data" \
+            --listen-client-urls "http://127.0.0.1:${clients[i - 1]}" \
+            --advertise-client-urls "http://127.0.0.1:${clients[i - 1]}" \
+            --listen-peer-urls "http://127.0.0.1:${peers[i - 1]}" \
+            --initial-advertise-peer-urls "http://127.0.0.1:${peers[i - 1]}" \
+            --initial-cluster "$cluster" --initial-cluster-state new \
+            --heartbeat-interval 50 --election-timeout 500 \
+            >"$work/$name$i/etcd.log" 2>&1 &
+        pids+=("$!")
+    done
+    etcd_urls=$(for c in "${clients[@]}"; do printf '127.0.0.1:%s,' "$c"; done)
+    etcd_urls=${etcd_urls%,}
+    wait_for 60 "etcd $name (logs: $work/$name*/etcd.log)" \
+        env ETCDCTL_API=3 etcdctl --endpoints "$etcd_urls" endpoint health --cluster
+}
+
 start_servers() {
     step "starting servers"
     start_redis redis
@@ -221,4 +264,7 @@ start_servers() {
     start_zookeeper
     start_postgres
     start_mariadb
+    start_etcd etcd 1
+    export TOWER_LOCK_ETCD_URL="etcd://$etcd_urls"
+    echo "etcd on $etcd_urls"
 }

@@ -2,7 +2,7 @@
 # Runs every check and test of tower-lock, on a fresh machine too:
 #   1. installs the Debian packages it needs when they are missing (as root;
 #      otherwise it says which to install),
-#   2. starts its own Redis and ZooKeeper on free loopback ports, and uses
+#   2. starts its own Redis, ZooKeeper and etcd on free loopback ports, and uses
 #      the machine's PostgreSQL and MariaDB (or starts its own),
 #   3. runs cargo fmt --check, clippy with -D warnings, the whole test suite,
 #      and the order_service and bench examples end to end,
@@ -31,7 +31,7 @@ cargo clippy --all-targets --all-features -- -D warnings
 step "cargo clippy --lib -- -D warnings (default features, none, each backend alone)"
 cargo clippy --lib -- -D warnings
 cargo clippy --lib --no-default-features -- -D warnings
-for feature in redis zookeeper postgres mysql; do
+for feature in redis zookeeper postgres mysql etcd; do
     cargo clippy --lib --no-default-features --features "$feature" -- -D warnings
 done
 step "cargo doc (no broken links in the docs.rs pages)"
@@ -72,6 +72,13 @@ no_pg_locks() { [ "$(pg_locks_left)" = 0 ]; }
 wait_for 30 "no PostgreSQL advisory lock left after the tests ($(pg_locks_left) left)" no_pg_locks
 echo "no PostgreSQL advisory lock left after the tests"
 
+# Every etcd lock key is attached to its backend's lease, revoked when the
+# backend goes (a killed process's lease expires within its TTL).
+etcd_keys_left() { ETCDCTL_API=3 etcdctl --endpoints "${TOWER_LOCK_ETCD_URL#etcd://}" get "" --from-key --keys-only | grep -c . || true; }
+no_etcd_keys() { [ "$(etcd_keys_left)" = 0 ]; }
+wait_for 30 "no etcd lock key left after the tests ($(etcd_keys_left) left)" no_etcd_keys
+echo "no etcd lock key left after the tests"
+
 step "order_service example, end to end"
 expected="serialised: 10/10 requests, 10 unique order codes, max concurrent in critical section = 1"
 locked=$(cargo run -q --example order_service)
@@ -100,6 +107,9 @@ shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_MYSQL_UR
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over MariaDB with 2 instances did not serialise"
 [ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
+shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_ETCD_URL" --instances 2)
+echo "$shared"
+[ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over etcd with 2 instances did not serialise"
 if cargo run -q --example order_service -- --backend nonsense:// 2>/dev/null; then
     die "order_service accepted an unknown backend"
 fi
@@ -118,7 +128,7 @@ for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --
     [[ "$first" == impl=tower-lock\ backend=memory\ * ]] || die "bench printed an unexpected line: $line"
     [[ "$line" != *overlaps=* || "$line" == *overlaps=0* ]] || die "bench saw overlapping holders: $line"
 done
-for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL" "$TOWER_LOCK_MYSQL_URL"; do
+for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL" "$TOWER_LOCK_MYSQL_URL" "$TOWER_LOCK_ETCD_URL"; do
     for workload in "uncontended --n 300" "uncontended --n 300 --release await" "contended --secs 1 --workers 8" \
         "contended --secs 1 --workers 4 --processes 2" "keys --secs 1 --workers 8 --keys 16"; do
         # shellcheck disable=SC2086
@@ -130,7 +140,7 @@ for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LO
 done
 # Negative controls: the same workloads with a lock that excludes nobody must
 # show overlaps, or the overlaps=0 above prove nothing.
-for backend in memory "$TOWER_LOCK_REDIS_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL" "$TOWER_LOCK_MYSQL_URL"; do
+for backend in memory "$TOWER_LOCK_REDIS_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL" "$TOWER_LOCK_MYSQL_URL" "$TOWER_LOCK_ETCD_URL"; do
     for workload in "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 4"; do
         # shellcheck disable=SC2086
         line=$(cargo run -q --example bench -- --backend "$backend" --workload $workload --no-lock)
@@ -153,6 +163,7 @@ set -e
 [ "$code" -eq 2 ] || die "bench with an unreachable backend should exit 2, got $code"
 check_no_redis_locks "after the examples"
 wait_for 30 "no PostgreSQL advisory lock left after the examples ($(pg_locks_left) left)" no_pg_locks
+wait_for 30 "no etcd lock key left after the examples ($(etcd_keys_left) left)" no_etcd_keys
 
 step "torture harness, short runs (a fixed seed, then a random one; replay with --seed N)"
 # Each run starts its own servers, injects every fault that applies to the
@@ -178,5 +189,7 @@ torture --backend postgres --secs 30
 # MariaDB is the machine's (or this script's): client-side faults only.
 torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30 --seed 1
 torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30
+torture --backend etcd --secs 30 --seed 1
+torture --backend etcd --secs 30
 
 step "all checks passed in $((SECONDS - started))s"

@@ -23,6 +23,11 @@
     doc = "[`ZookeeperBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/struct.ZookeeperBackend.html",
     doc = "[`backend::zookeeper`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/index.html"
 )]
+#![cfg_attr(feature = "etcd", doc = "[`EtcdBackend`]: backend::EtcdBackend")]
+#![cfg_attr(
+    not(feature = "etcd"),
+    doc = "[`EtcdBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/etcd/struct.EtcdBackend.html"
+)]
 #![cfg_attr(feature = "mysql", doc = "[`MysqlBackend`]: backend::MysqlBackend")]
 #![cfg_attr(
     not(feature = "mysql"),

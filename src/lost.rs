@@ -354,7 +354,8 @@ impl Future for Lost {
     feature = "redis",
     feature = "zookeeper",
     feature = "postgres",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "etcd"
 ))]
 pub(crate) struct Deadline {
     base: std::time::Instant,
@@ -366,7 +367,8 @@ pub(crate) struct Deadline {
     feature = "redis",
     feature = "zookeeper",
     feature = "postgres",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "etcd"
 ))]
 impl Deadline {
     pub(crate) fn new(at: std::time::Instant) -> Self {

@@ -6,11 +6,12 @@
 //!     --keys 4 --lease-ms 2000 --nemesis all --seed 1
 //! ```
 //!
-//! `--backend` is `memory`, `redis`, `redlock`, `zk` or `postgres` (the harness starts
-//! its own servers, so that it can kill, restart and pause them), or a URL
-//! (`redis://..`, `redlock://..`, `zk://..`) of servers it does not own,
-//! which rules out the server faults (MariaDB is run only this way:
-//! `mysql://root@127.0.0.1:3306/test`).
+//! `--backend` is `memory`, `redis`, `redlock`, `zk`, `zk3` (a three-server
+//! ensemble), `postgres`, `etcd` or `etcd3` (a three-member etcd cluster):
+//! the harness starts its own servers, so that it can kill, restart and
+//! pause them. Or a URL (`redis://..`, `redlock://..`, `zk://..`) of
+//! servers it does not own, which rules out the server faults (MariaDB is
+//! run only this way: `mysql://root@127.0.0.1:3306/test`).
 //!
 //! P client processes of W workers each lock random keys among K with the
 //! given lease (ZooKeeper: session timeout) and, inside the critical
@@ -55,7 +56,8 @@ pub struct Args {
     pub client: Option<worker::ClientArgs>,
 }
 
-const USAGE: &str = "usage: torture --backend <memory|redis|redlock|zk|postgres|URL> [--secs S] \
+const USAGE: &str =
+    "usage: torture --backend <memory|redis|redlock|zk|zk3|postgres|etcd|etcd3|URL> [--secs S] \
 [--processes P] [--workers W] [--keys K] [--lease-ms L] [--nemesis all|none|LIST] [--seed N] \
 [--quarantine]";
 

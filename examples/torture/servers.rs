@@ -16,6 +16,9 @@ pub enum Kind {
     /// harness runs as root (PostgreSQL refuses root). Its processes form a
     /// group of their own, so that kill and pause reach every one of them.
     Postgres,
+    /// A one-member etcd cluster; its data directory survives a kill, so a
+    /// restart brings back its keys and leases.
+    Etcd,
 }
 
 /// The newest installed PostgreSQL's programs.
@@ -55,6 +58,15 @@ pub struct Server {
     pub addr: SocketAddr,
     dir: PathBuf,
     child: Option<Child>,
+    /// The peer port of an etcd member or ensemble server, the same across
+    /// restarts (an etcd member's URL is kept in its data).
+    peer: u16,
+    /// A ZooKeeper ensemble member's leader-election port.
+    election: u16,
+    /// etcd: this member's name and the whole cluster's `name=peer URL`
+    /// list.
+    member: String,
+    cluster: String,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -67,14 +79,67 @@ impl Server {
     /// Starts a server of `kind` on a free loopback port, with its files in
     /// a directory of its own under `work`.
     pub fn start(kind: Kind, work: &std::path::Path, name: &str) -> Result<Server, String> {
+        let mut server = Self::prepare(kind, work, name)?;
+        if kind == Kind::Etcd {
+            server.cluster = format!("{}=http://127.0.0.1:{}", server.member, server.peer);
+        }
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// Starts a cluster of `n` members (an etcd cluster or a ZooKeeper
+    /// ensemble), each like [`start`](Self::start)'s. They are all started
+    /// before any is waited for: a member serves only once a majority is up.
+    pub fn start_cluster(
+        kind: Kind,
+        work: &std::path::Path,
+        n: usize,
+    ) -> Result<Vec<Server>, String> {
+        let mut members = (0..n)
+            .map(|i| Self::prepare(kind, work, &format!("server{i}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.member, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let ensemble: String = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| format!("server.{}=127.0.0.1:{}:{}\n", i + 1, m.peer, m.election))
+            .collect();
+        for (i, m) in members.iter_mut().enumerate() {
+            m.cluster = cluster.clone();
+            if kind == Kind::ZooKeeper {
+                let cfg = m.dir.join("zoo.cfg");
+                let standalone = std::fs::read_to_string(&cfg).map_err(|e| e.to_string())?;
+                let cfg_text = format!("{standalone}initLimit=10\nsyncLimit=5\n{ensemble}");
+                std::fs::write(&cfg, cfg_text).map_err(|e| e.to_string())?;
+                std::fs::write(m.dir.join("data/myid"), format!("{}\n", i + 1))
+                    .map_err(|e| e.to_string())?;
+            }
+            m.launch()?;
+        }
+        for m in &members {
+            m.wait_up(Duration::from_secs(120))?;
+        }
+        Ok(members)
+    }
+
+    /// A server's directory and ports, not yet started.
+    fn prepare(kind: Kind, work: &std::path::Path, name: &str) -> Result<Server, String> {
         let port = free_port().map_err(|e| e.to_string())?;
         let dir = work.join(name);
         std::fs::create_dir_all(dir.join("data")).map_err(|e| e.to_string())?;
-        let mut server = Server {
+        let server = Server {
             kind,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             dir,
             child: None,
+            peer: free_port().map_err(|e| e.to_string())?,
+            election: free_port().map_err(|e| e.to_string())?,
+            member: name.to_owned(),
+            cluster: String::new(),
         };
         if kind == Kind::ZooKeeper {
             // A short tick so that short sessions are allowed.
@@ -106,12 +171,21 @@ impl Server {
                 return Err(format!("initdb: {}", String::from_utf8_lossy(&out.stderr)));
             }
         }
-        server.spawn()?;
         Ok(server)
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let log = std::fs::File::create(self.dir.join("server.log")).map_err(|e| e.to_string())?;
+        self.launch()?;
+        self.wait_up(Duration::from_secs(120))
+    }
+
+    /// Starts the process, without waiting for it to serve.
+    fn launch(&mut self) -> Result<(), String> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .map_err(|e| e.to_string())?;
         let mut cmd = Command::new("env");
         if self.kind == Kind::Postgres {
             use std::os::unix::process::CommandExt;
@@ -134,6 +208,19 @@ impl Server {
                     .arg("--dir")
                     .arg(self.dir.join("data"));
             }
+            Kind::Etcd => {
+                let client = format!("http://{}", self.addr);
+                let peer = format!("http://127.0.0.1:{}", self.peer);
+                cmd.arg("etcd")
+                    .args(["--name", &self.member, "--data-dir"])
+                    .arg(self.dir.join("data"))
+                    .args(["--listen-client-urls", &client])
+                    .args(["--advertise-client-urls", &client])
+                    .args(["--listen-peer-urls", &peer])
+                    .args(["--initial-advertise-peer-urls", &peer])
+                    .args(["--initial-cluster", &self.cluster])
+                    .args(["--heartbeat-interval", "50", "--election-timeout", "500"]);
+            }
             Kind::ZooKeeper => {
                 cmd.arg("java")
                     .arg(format!("-Dzookeeper.log.dir={}", self.dir.display()))
@@ -150,7 +237,7 @@ impl Server {
             .spawn()
             .map_err(|e| format!("starting {:?}: {e}", self.kind))?;
         self.child = Some(child);
-        self.wait_up(Duration::from_secs(120))
+        Ok(())
     }
 
     /// Waits until the server answers on its port.
@@ -159,6 +246,7 @@ impl Server {
         let (probe, expect): (&[u8], &str) = match self.kind {
             Kind::Redis => (b"PING\r\n", "+PONG"),
             Kind::ZooKeeper => (b"isro", "rw"),
+            Kind::Etcd => (b"GET /health HTTP/1.0\r\n\r\n", "\"health\":\"true\""),
             Kind::Postgres => (b"", ""),
         };
         loop {
@@ -175,7 +263,11 @@ impl Server {
                 let mut reply = String::new();
                 if s.write_all(probe).is_ok() {
                     let mut buf = [0u8; 64];
-                    if let Ok(n) = s.read(&mut buf) {
+                    if self.kind == Kind::Etcd {
+                        // HTTP/1.0: the body comes after the headers, then
+                        // the server closes.
+                        let _ = s.read_to_string(&mut reply);
+                    } else if let Ok(n) = s.read(&mut buf) {
                         reply = String::from_utf8_lossy(&buf[..n]).into_owned();
                     }
                 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_lock::backend::{
-    MysqlBackend, MysqlOptions, PostgresBackend, PostgresOptions, RedisBackend, RedisOptions,
-    RedlockBackend, ZookeeperBackend, ZookeeperOptions,
+    EtcdBackend, EtcdOptions, MysqlBackend, MysqlOptions, PostgresBackend, PostgresOptions,
+    RedisBackend, RedisOptions, RedlockBackend, ZookeeperBackend, ZookeeperOptions,
 };
 use tower_lock::{Backend, BackendExt, LockError, Wait};
 
@@ -313,12 +313,22 @@ pub async fn open(
             Arc::new(RedisBackend::connect_with(&format!("redis://{servers}"), options).await?)
         }
         "redlock" => Arc::new(RedlockBackend::connect(&format!("redlock://{servers}")).await?),
-        "zk" => Arc::new(
+        "zk" | "zk3" => Arc::new(
             ZookeeperBackend::connect_with(
                 &format!("zk://{servers}"),
                 ZookeeperOptions::default()
                     .root(format!("/{root}"))
                     .session_timeout(lease),
+            )
+            .await?,
+        ),
+        // A lease TTL is whole seconds.
+        "etcd" | "etcd3" => Arc::new(
+            EtcdBackend::connect_with(
+                &format!("etcd://{servers}"),
+                EtcdOptions::default()
+                    .root(format!("/{root}"))
+                    .lease_ttl(Duration::from_secs(lease.as_secs().max(1))),
             )
             .await?,
         ),

@@ -598,7 +598,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     feature = "redis",
     feature = "zookeeper",
     feature = "postgres",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "etcd"
 ))]
 macro_rules! cohort_backend {
     ($backend:ty, $name:literal) => {
@@ -638,6 +639,7 @@ macro_rules! cohort_backend {
     feature = "redis",
     feature = "zookeeper",
     feature = "postgres",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "etcd"
 ))]
 pub(crate) use cohort_backend;

@@ -56,7 +56,8 @@ impl InFlight {
     feature = "redis",
     feature = "zookeeper",
     feature = "postgres",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "etcd"
 ))]
 impl InFlight {
     /// A backend's [`flush`](super::Backend::flush): completes once no

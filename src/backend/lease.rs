@@ -134,7 +134,12 @@ impl<P: Protocol> Lease<P> {
     /// Fires from outside the lease (a ZooKeeper session or PostgreSQL
     /// connection that ended).
     #[cfg_attr(
-        not(any(feature = "zookeeper", feature = "postgres", feature = "mysql")),
+        not(any(
+            feature = "zookeeper",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "etcd"
+        )),
         allow(dead_code)
     )]
     pub(crate) fn lost(&self) -> &LostState {

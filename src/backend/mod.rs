@@ -69,13 +69,16 @@
 
 mod capabilities;
 mod cohort;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod future;
 mod in_flight;
 #[cfg(any(
     feature = "redis",
     feature = "zookeeper",
     feature = "postgres",
-    feature = "mysql"
+    feature = "mysql",
+    feature = "etcd"
 ))]
 mod lease;
 mod memory;
@@ -88,11 +91,15 @@ pub mod redis;
 #[cfg(feature = "redis")]
 pub mod redlock;
 mod registry;
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+mod retry;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
+#[cfg(feature = "etcd")]
+pub use self::etcd::{EtcdBackend, EtcdOptions};
 #[cfg(feature = "mysql")]
 pub use self::mysql::{MysqlBackend, MysqlOptions};
 #[cfg(feature = "postgres")]

@@ -51,6 +51,7 @@ const REGISTRY: &[Row] = &[
     row!("postgresql", "postgres", super::PostgresBackend),
     row!("mysql", "mysql", super::MysqlBackend),
     row!("mariadb", "mysql", super::MysqlBackend),
+    row!("etcd", "etcd", super::EtcdBackend),
 ];
 
 /// Opens the backend a URL names, for services that take it from their
@@ -66,6 +67,7 @@ const REGISTRY: &[Row] = &[
 /// | `zk://host:port[,host:port...][/root]` | ZooKeeper (feature `zookeeper`) |
 /// | `postgres://user@host:port/db` (or `postgresql://`) | PostgreSQL advisory locks (feature `postgres`) |
 /// | `mysql://user@host:port/db` (or `mariadb://`) | MariaDB `GET_LOCK` (feature `mysql`) |
+/// | `etcd://host:port[,host:port...][/root]` | etcd's lock protocol (feature `etcd`) |
 ///
 /// # Errors
 ///

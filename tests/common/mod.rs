@@ -6,6 +6,9 @@
 #[path = "../../examples/torture/fault_proxy.rs"]
 pub mod fault_proxy;
 
+/// Three-server clusters on loopback, and what is checked on them.
+pub mod cluster;
+
 /// A child process that does not outlive a failed test.
 pub struct KillOnDrop(pub std::process::Child);
 
@@ -346,4 +349,46 @@ pub fn assert_neither_starved((a, b): (u64, u64)) {
         a.min(b) * 10 >= a.max(b),
         "one side was starved: {a} against {b} holds"
     );
+}
+
+/// Cuts a holder off one way (`proxy`, through which it reaches the server,
+/// stops passing its requests; answers would still come) while `other`
+/// waits for `key`: the holder must be told its lock is lost before
+/// `other` is granted it, with a higher token. Returns how long after the
+/// cut each happened, in milliseconds; heals the proxy.
+pub async fn cut_off_holder_is_told_first<B: tower_lock::Backend + Clone + 'static>(
+    held: &tower_lock::LockGuard,
+    proxy: &fault_proxy::FaultProxy,
+    other: &B,
+    key: &str,
+) -> (u128, u128) {
+    use std::time::{Duration, Instant};
+    use tower_lock::BackendExt;
+
+    let waiting = {
+        let (other, key) = (other.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let g = other.lock(key.as_str()).wait(Duration::from_secs(30)).await;
+            (g, Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cut_at = proxy
+        .set(fault_proxy::Fault::FreezeUp)
+        .await
+        .unwrap_or_else(Instant::now);
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the holder was not told");
+    let told_at = Instant::now();
+    let (g, granted_at) = waiting.await.unwrap();
+    let g = g.unwrap();
+    assert!(told_at < granted_at, "granted before the holder was told");
+    assert!(g.token() > held.token());
+    g.release().await.unwrap();
+    proxy.heal().await;
+    (
+        told_at.duration_since(cut_at).as_millis(),
+        granted_at.duration_since(cut_at).as_millis(),
+    )
 }

@@ -271,20 +271,11 @@ pub(super) fn alive(session: &Session) -> bool {
 pub(super) async fn retry_while<T, F, Fut>(
     session: &Session,
     go_on: impl Fn(&Session) -> bool,
-    mut call: F,
+    call: F,
 ) -> Result<T, zk::Error>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, zk::Error>>,
 {
-    let mut pause = Duration::from_millis(10);
-    loop {
-        match call().await {
-            Err(e) if uncertain(&e) && go_on(session) => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
-            }
-            result => return result,
-        }
-    }
+    crate::backend::retry::retry_uncertain(uncertain, || go_on(session), call).await
 }

@@ -1,0 +1,90 @@
+//! The ZooKeeper backend on a three-server ensemble that each test starts
+//! on loopback (`common::cluster`), so that it can kill and pause servers:
+//! what a holder keeps, and what it is told, when the leader dies, when its
+//! own server is cut off, when a follower stops, and during a rolling
+//! restart.
+
+#[cfg(not(feature = "zookeeper"))]
+compile_error!(
+    "tests/zookeeper_ensemble.rs needs the `zookeeper` feature (Cargo.toml's self \
+     dev-dependency enables it); run scripts/test-all.sh"
+);
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{Cluster, Engine};
+use common::fault_proxy::FaultProxy;
+use tower_lock::backend::{CohortOptions, ZookeeperBackend, ZookeeperOptions};
+use tower_lock::BackendExt;
+
+async fn backend(hosts: &str) -> ZookeeperBackend {
+    let url = format!("zk://{hosts}");
+    let options = ZookeeperOptions::default()
+        .root("/ensemble")
+        .session_timeout(Duration::from_secs(4))
+        .cohort(CohortOptions::off());
+    ZookeeperBackend::connect_with(&url, options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach ZooKeeper at {url}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_killed_mid_hold_is_kept_or_told_before_anyone_else_is_granted() {
+    let mut cluster = Cluster::start(Engine::ZooKeeper, "leader").await;
+    let (holder, other) = (
+        backend(&cluster.hosts()).await,
+        backend(&cluster.hosts()).await,
+    );
+    // The session lives in the ensemble, not in one server: the client
+    // moves it to another server. Whether the holder keeps its lock depends
+    // on whether the election and the reconnect end within the two thirds
+    // of the session timeout the backend counts a session alive after its
+    // last answered request; if not, the holder is told first.
+    let outcome = common::cluster::kill_the_leader_mid_hold(
+        &mut cluster,
+        &holder,
+        &other,
+        Duration::from_secs(6),
+    )
+    .await;
+    eprintln!("ZooKeeper leader killed mid-hold (4 s session): {outcome:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holders_server_cut_off_tells_it_before_anyone_else_is_granted() {
+    let cluster = Cluster::start(Engine::ZooKeeper, "cutoff").await;
+    let follower = cluster.follower().await;
+    let proxy = FaultProxy::start(cluster.host(follower).parse().unwrap())
+        .await
+        .unwrap();
+    let holder = backend(&proxy.addr().to_string()).await;
+    let other = backend(&cluster.hosts()).await;
+    let held = holder.lock("k").await.unwrap();
+    let (told, granted) = common::cut_off_holder_is_told_first(&held, &proxy, &other, "k").await;
+    eprintln!(
+        "holder's server cut off: told after {told} ms, the other granted after {granted} ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_follower_changes_nothing() {
+    let cluster = Cluster::start(Engine::ZooKeeper, "minority").await;
+    let follower = cluster.follower().await;
+    let hosts = cluster.hosts_except(follower);
+    let (a, b) = (backend(&hosts).await, backend(&hosts).await);
+    common::cluster::a_paused_follower_changes_nothing(&cluster, follower, &a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_under_load_keeps_exclusion() {
+    let mut cluster = Cluster::start(Engine::ZooKeeper, "rolling").await;
+    let (a, b) = (
+        backend(&cluster.hosts()).await,
+        backend(&cluster.hosts()).await,
+    );
+    let held = common::cluster::rolling_restart_under_load(&mut cluster, [&a, &b]).await;
+    eprintln!("rolling restart of 3 servers: {held} holds, one at a time");
+    assert!(held > 0);
+}
