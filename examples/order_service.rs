@@ -13,6 +13,7 @@
 //! cargo run --example order_service -- --backend zk://127.0.0.1:2181 --instances 2
 //! cargo run --example order_service -- --backend postgres://postgres@127.0.0.1:5432/test --instances 2
 //! cargo run --example order_service -- --backend mysql://root@127.0.0.1:3306/test --instances 2
+//! cargo run --example order_service -- --backend etcd://127.0.0.1:2379 --instances 2
 //! ```
 //!
 //! Flags: `--backend <url>` (`memory`, `redis://host:port`, `redlock://h1:p1,h2:p2,h3:p3`,
@@ -51,6 +52,9 @@ enum Numbers {
     Postgres(tokio_postgres::Client),
     /// The same table in MariaDB.
     Mysql(tokio::sync::Mutex<mysql_async::Conn>),
+    /// A key per SKU, `/order_service/last/<sku>`, as decimal text (the
+    /// same path as ZooKeeper's node).
+    Etcd(etcd_client::KvClient),
 }
 
 /// The ZooKeeper node holding a SKU's last order number, as decimal text.
@@ -93,6 +97,16 @@ impl Numbers {
                     .await
                     .expect("read the order number");
                 n.unwrap_or(0)
+            }
+            Numbers::Etcd(kv) => {
+                let got = kv
+                    .clone()
+                    .get(zk_node(sku), None)
+                    .await
+                    .expect("read the order number");
+                got.kvs().first().map_or(0, |kv| {
+                    String::from_utf8_lossy(kv.value()).parse().unwrap_or(0)
+                })
             }
         }
     }
@@ -156,6 +170,12 @@ impl Numbers {
                     .await
                     .expect("write the order number");
             }
+            Numbers::Etcd(kv) => {
+                kv.clone()
+                    .put(zk_node(sku), n.to_string(), None)
+                    .await
+                    .expect("write the order number");
+            }
         }
     }
 
@@ -187,13 +207,16 @@ impl Numbers {
                     .exec_drop("DELETE FROM order_service_last WHERE sku = ?", (sku,))
                     .await;
             }
+            Numbers::Etcd(kv) => {
+                let _ = kv.clone().delete(zk_node(sku), None).await;
+            }
         }
     }
 }
 
 /// Where the instances keep the order numbers when they share a backend: the
-/// Redis server (with Redlock, the first server), the ZooKeeper ensemble or
-/// the PostgreSQL database.
+/// Redis server (with Redlock, the first server), the ZooKeeper ensemble, the
+/// PostgreSQL or MariaDB database, or the etcd cluster.
 async fn shared_store(backend: &str) -> Result<Numbers, String> {
     let redis_url = if backend.starts_with("redis://") {
         Some(backend.to_owned())
@@ -242,6 +265,13 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
         .await
         .map_err(|e| format!("creating the order numbers' table: {e}"))?;
         return Ok(Numbers::Mysql(tokio::sync::Mutex::new(conn)));
+    }
+    if let Some(rest) = backend.strip_prefix("etcd://") {
+        let hosts: Vec<&str> = rest.split('/').next().unwrap_or(rest).split(',').collect();
+        let etcd = etcd_client::Client::connect(&hosts, None)
+            .await
+            .map_err(|e| format!("connecting to etcd at {hosts:?}: {e}"))?;
+        return Ok(Numbers::Etcd(etcd.kv_client()));
     }
     Ok(Numbers::Local(Mutex::new(HashMap::new())))
 }
