@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, WatchOptions,
+    TxnOp, TxnOpResponse,
 };
 
 use super::session::{etcd_error, lock, retry, retry_while, Session};
@@ -34,8 +34,8 @@ pub(super) struct Contender {
 enum Ahead {
     /// Nothing blocks it: the lock is granted.
     Nothing,
-    /// Wait for this key's deletion, seen at this store revision.
-    Key(Vec<u8>, i64),
+    /// Wait for this key's deletion.
+    Key(Vec<u8>),
 }
 
 impl Session {
@@ -71,9 +71,9 @@ impl Session {
                 ahead = contender.ahead(prefix, reader).await?;
             }
         }
-        while let Ahead::Key(blocker, seen) = ahead {
+        while let Ahead::Key(blocker) = ahead {
             waited = true;
-            self.deleted(&blocker, seen).await?;
+            self.deleted(&blocker).await?;
             ahead = contender.ahead(prefix, reader).await?;
         }
         if waited {
@@ -82,31 +82,46 @@ impl Session {
         Ok(contender)
     }
 
-    /// Waits until `key`, which existed at store revision `seen`, is
-    /// deleted (or is found gone).
-    async fn deleted(&self, key: &[u8], seen: i64) -> Result<(), LockError> {
+    /// Waits until `key` is deleted (or is found gone).
+    ///
+    /// The watch starts at the current revision, not at `seen`: etcd serves
+    /// a watch that starts in the past from a catch-up loop that runs every
+    /// 100 ms, which would add that much to every handoff between
+    /// processes. Once the watch is registered, one read tells whether the
+    /// key went in between.
+    async fn deleted(&self, key: &[u8]) -> Result<(), LockError> {
         let watch = self.client.watch_client();
-        let options = WatchOptions::new().with_start_revision(seen + 1);
         let mut stream = retry(self, "watching the key ahead", || {
-            let (mut watch, options) = (watch.clone(), options.clone());
-            async move { watch.watch(key.to_vec(), Some(options)).await }
+            let mut watch = watch.clone();
+            async move { watch.watch(key.to_vec(), None).await }
         })
         .await?;
+        let kv = self.client.kv_client();
         self.unless_ended(async {
+            let mut registered = false;
             loop {
-                match stream.message().await {
-                    Ok(Some(answer)) => {
-                        let gone = answer
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete);
-                        // Cancelled (compacted past `seen`): look again.
-                        if gone || answer.canceled() {
-                            return;
-                        }
-                    }
+                let answer = match stream.message().await {
+                    Ok(Some(answer)) => answer,
                     // The stream broke: look again.
                     Ok(None) | Err(_) => return,
+                };
+                let gone = answer
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete);
+                if gone || answer.canceled() {
+                    return;
+                }
+                if answer.created() && !registered {
+                    registered = true;
+                    let read = kv
+                        .clone()
+                        .get(key.to_vec(), Some(GetOptions::new().with_count_only()))
+                        .await;
+                    // Gone already, or unknown: look again.
+                    if read.map_or(true, |r| r.count() == 0) {
+                        return;
+                    }
                 }
             }
         })
@@ -173,7 +188,7 @@ impl Contender {
         let Some(TxnOpResponse::Get(queue)) = responses.next() else {
             return Err(unexpected());
         };
-        Ok(self.blocker(queue.kvs().iter().rev(), reader, store))
+        Ok(self.blocker(queue.kvs().iter().rev(), reader))
     }
 
     /// Reads the queue before our key again.
@@ -188,21 +203,15 @@ impl Contender {
             async move { kv.get(prefix, Some(options)).await }
         })
         .await?;
-        let store = answer.header().map_or(0, |h| h.revision());
-        Ok(self.blocker(answer.kvs().iter(), reader, store))
+        Ok(self.blocker(answer.kvs().iter(), reader))
     }
 
     /// The nearest key before ours that blocks us, from `kvs` nearest
-    /// first, read at store revision `store`.
-    fn blocker<'a>(
-        &self,
-        kvs: impl Iterator<Item = &'a KeyValue>,
-        reader: bool,
-        store: i64,
-    ) -> Ahead {
+    /// first.
+    fn blocker<'a>(&self, kvs: impl Iterator<Item = &'a KeyValue>, reader: bool) -> Ahead {
         kvs.filter(|kv| kv.create_revision() < self.revision)
             .find(|kv| !reader || kv.value() != READER)
-            .map_or(Ahead::Nothing, |kv| Ahead::Key(kv.key().to_vec(), store))
+            .map_or(Ahead::Nothing, |kv| Ahead::Key(kv.key().to_vec()))
     }
 
     /// After a wait: our key must still be there, under our lease, and the

@@ -15,9 +15,12 @@
 //!    retry after a lost answer finds the key it made) and reads the head
 //!    of the queue. Our key first: the lock is held, in one round trip.
 //! 2. Otherwise the contender watches the deletion of the key just before
-//!    its own (for a reader, of the nearest writer before it), from the
-//!    revision it read it at, so a deletion in between is not missed. One
-//!    release wakes one waiter.
+//!    its own (for a reader, of the nearest writer before it), then reads
+//!    whether that key went before the watch began, so a deletion in
+//!    between is not missed. The watch starts at the current revision:
+//!    etcd serves one that starts in the past from a catch-up loop that
+//!    runs every 100 ms (which is what a handoff costs Go's
+//!    `concurrency.Mutex`). One release wakes one waiter.
 //! 3. After a wait, the key is read again: it must still exist, under our
 //!    lease, with the create revision we had. Jepsen's analysis of etcd
 //!    3.4.3 found etcd's lock service granting after the lease had expired
