@@ -90,6 +90,14 @@
 //! The `lease` of a [`LockRequest`] does not apply: a lock ends when it is
 //! released or its lease does.
 //!
+//! # History
+//!
+//! Each acquisition puts a key of a name of its own, and etcd keeps every
+//! key name it has seen in its index until its history is compacted; the
+//! queue read in the acquiring transaction scans the lock's prefix, so an
+//! uncontended acquisition slows as names pile up. Run etcd with history
+//! compaction (`--auto-compaction-retention`, as Kubernetes clusters do).
+//!
 //! # Examples
 //!
 //! ```no_run
