@@ -195,7 +195,9 @@ impl EtcdInner {
             holds: Mutex::new(HashMap::new()),
             releases: self.releases.clone(),
         });
-        tokio::spawn(keep_alive(Arc::downgrade(&session), known_alive));
+        // Under the root: a role limited to it may read there.
+        let confirm = format!("{}/\0term", self.root);
+        tokio::spawn(keep_alive(Arc::downgrade(&session), known_alive, confirm));
         *lock(&self.current) = Some(session.clone());
         Ok(session)
     }
@@ -241,7 +243,7 @@ enum Round {
 /// Only one leader holds a term, and a read is answered in the current term
 /// only once a quorum confirms it, so equal terms mean the leader that
 /// renewed was still the leader after the renewal.
-async fn keep_alive(session: Weak<Session>, known_alive: Duration) {
+async fn keep_alive(session: Weak<Session>, known_alive: Duration, confirm: String) {
     let every = known_alive / 4;
     let mut stream: Option<(etcd::LeaseKeeper, etcd::LeaseKeepAliveStream)> = None;
     loop {
@@ -275,7 +277,10 @@ async fn keep_alive(session: Weak<Session>, known_alive: Duration) {
             }
             let renewed_in = answer.header().map_or(0, |h| h.raft_term());
             let read = client
-                .get(CONFIRM_KEY, Some(etcd::GetOptions::new().with_count_only()))
+                .get(
+                    confirm.as_str(),
+                    Some(etcd::GetOptions::new().with_count_only()),
+                )
                 .await?;
             let current = read.header().map_or(0, |h| h.raft_term());
             Ok(if renewed_in != 0 && renewed_in == current {
@@ -321,10 +326,6 @@ async fn keep_alive(session: Weak<Session>, known_alive: Duration) {
         }
     }
 }
-
-/// What the keep-alive's confirming read asks for (the count of a key no
-/// one writes): the answer's header is all it needs.
-const CONFIRM_KEY: &str = "\0tower-lock-term";
 
 /// Runs an etcd call again after an [uncertain] failure, while `go_on`.
 pub(super) async fn retry_while<T, F, Fut>(
