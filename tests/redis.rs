@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::check_two_process_log;
 use common::fault_proxy::{Fault as ProxyFault, FaultProxy};
+use common::{check_two_process_log, free_port};
 
 use redis::AsyncCommands;
 use tower_lock::backend::{CohortOptions, RedisBackend, RedisOptions};
@@ -1139,14 +1139,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn redlock_url(servers: &[Server]) -> String {

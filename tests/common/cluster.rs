@@ -18,13 +18,7 @@ pub enum Engine {
     ZooKeeper,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use super::free_port;
 
 struct Member {
     client: u16,

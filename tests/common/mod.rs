@@ -9,6 +9,16 @@ pub mod fault_proxy;
 /// Three-server clusters on loopback, and what is checked on them.
 pub mod cluster;
 
+/// A free loopback port, for a server a test starts (or for one that is
+/// surely not listening).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A child process that does not outlive a failed test.
 pub struct KillOnDrop(pub std::process::Child);
 
