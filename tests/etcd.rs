@@ -61,6 +61,15 @@ async fn backend(test: &str) -> EtcdBackend {
     backend_with(&etcd_url(), options(test)).await
 }
 
+/// A backend that reaches the (first) server through a fault proxy.
+async fn proxied(options: EtcdOptions) -> (FaultProxy, EtcdBackend) {
+    let url = etcd_url();
+    let server = endpoints(&url).split(',').next().unwrap().parse().unwrap();
+    let proxy = FaultProxy::start(server).await.unwrap();
+    let etcd = backend_with(&format!("etcd://{}", proxy.addr()), options).await;
+    (proxy, etcd)
+}
+
 /// Every acquisition puts a key, as `etcdctl lock` does.
 async fn plain_backend(test: &str) -> EtcdBackend {
     backend_with(&etcd_url(), options(test).cohort(CohortOptions::off())).await
@@ -179,6 +188,97 @@ async fn timed_out_and_cancelled_waits_leave_no_key_on_the_server() {
     settle_empty("cancel").await;
 }
 
+/// Key names are reused per lease: etcd keeps every name it has seen in
+/// its index until compaction, and the queue reads scan the prefix.
+#[tokio::test]
+async fn acquisitions_on_one_lease_reuse_key_names() {
+    let etcd = plain_backend("names").await;
+    let mut names = Vec::new();
+    for _ in 0..3 {
+        let g = etcd.lock("k").await.unwrap();
+        names.extend(keys_under("names").await);
+        g.release().await.unwrap();
+    }
+    assert_eq!(names.len(), 3);
+    assert!(names.iter().all(|n| *n == names[0]), "{names:?}");
+    // Two at once take two names; released, the first is used again.
+    let r1 = etcd.lock("k").read().await.unwrap();
+    let r2 = etcd.lock("k").read().await.unwrap();
+    assert_eq!(keys_under("names").await.len(), 2);
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let g = etcd.lock("k").await.unwrap();
+    assert_eq!(keys_under("names").await, names[..1]);
+    g.release().await.unwrap();
+    settle_empty("names").await;
+}
+
+/// A key of our own lease that no acquisition owns (a create applied after
+/// the delete of a cancelled attempt) would block the lock for as long as
+/// the lease lives: the next acquisition that meets it deletes it, whether
+/// it has the name it is about to put or stands in the queue.
+#[tokio::test]
+async fn stray_keys_of_our_own_lease_are_deleted_not_waited_for() {
+    let etcd = plain_backend("stray").await;
+    let g = etcd.lock("k").await.unwrap();
+    let name = keys_under("stray").await.pop().unwrap();
+    g.release().await.unwrap();
+    let lease = etcd.lease_id().unwrap();
+    let prefix = name.rsplit_once('-').unwrap().0;
+    let mut raw = raw().await;
+    let on_lease = || Some(etcd_client::PutOptions::new().with_lease(lease));
+    raw.put(name.as_str(), "left over", on_lease())
+        .await
+        .unwrap();
+    raw.put(format!("{prefix}-7"), "left over", on_lease())
+        .await
+        .unwrap();
+    let g = etcd
+        .lock("k")
+        .wait(Duration::from_secs(3))
+        .await
+        .expect("a stray of our own lease blocked the lock");
+    assert_eq!(keys_under("stray").await, [name]);
+    g.release().await.unwrap();
+    settle_empty("stray").await;
+}
+
+/// Go's mutex names its key after its lease alone: a Go client that
+/// unlocks and locks again puts a key of the same name, behind us. Deleted
+/// and put again before our watch begins, it must not be mistaken for the
+/// key we wait for. The waiter talks through a proxy with latency, so that
+/// the test can act between its queue read and its watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_put_again_under_its_name_is_behind_the_waiter() {
+    let (proxy, etcd) = proxied(options("reput").cohort(CohortOptions::off())).await;
+    let latency = Duration::from_millis(150);
+    proxy
+        .set(common::fault_proxy::Fault::Latency(latency))
+        .await;
+    let blocker = format!("{}/go-style", etcd.lock_name(&LockKey::new("k").unwrap()));
+    let mut raw = raw().await;
+    raw.put(blocker.as_str(), "", None).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let got = etcd.lock("k").wait(Duration::from_secs(20)).await;
+        (etcd, got)
+    });
+    // Our key reaches the server one latency after it is sent; the queue
+    // read three, the watch five: put the blocker again at four.
+    while keys_under("reput").await.len() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(latency * 3).await;
+    raw.delete(blocker.as_str(), None).await.unwrap();
+    raw.put(blocker.as_str(), "", None).await.unwrap();
+    let (_etcd, got) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter waits for a key put after its own")
+        .unwrap();
+    got.unwrap().release().await.unwrap();
+    raw.delete(blocker.as_str(), None).await.unwrap();
+    settle_empty("reput").await;
+}
+
 /// `etcdctl lock NAME`: holds until interrupted, printing its key.
 fn etcdctl_lock(name: &str) -> common::KillOnDrop {
     let child = Command::new("etcdctl")
@@ -263,15 +363,8 @@ async fn tokens_are_create_revisions_and_rise_across_backends() {
 async fn a_silent_server_tells_the_holder_before_anyone_else_is_granted() {
     // The holder reaches etcd through a proxy whose requests stop getting
     // through (a one-way partition: answers would still come back).
-    let url = etcd_url();
-    let server = endpoints(&url).split(',').next().unwrap().parse().unwrap();
-    let proxy = FaultProxy::start(server).await.unwrap();
     let ttl = Duration::from_secs(2);
-    let holder = backend_with(
-        &format!("etcd://{}", proxy.addr()),
-        options("silent").lease_ttl(ttl),
-    )
-    .await;
+    let (proxy, holder) = proxied(options("silent").lease_ttl(ttl)).await;
     let other = plain_backend("silent").await;
     let held = holder.lock("k").await.unwrap();
     let (told, granted) = common::cut_off_holder_is_told_first(&held, &proxy, &other, "k").await;

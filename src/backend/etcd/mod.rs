@@ -29,8 +29,20 @@
 //! `etcdctl lock <root>/K` (and any Go program with
 //! `concurrency.NewMutex(session, "<root>/K")`) queues with this backend on
 //! the same prefix: each waits for the other (tested in both directions).
-//! A reader's key holds the value `read`; any other key, `etcdctl`'s
-//! included, counts as a writer. There is no semaphore mode.
+//! A reader's key holds a value starting with `read`; any other key,
+//! `etcdctl`'s included, counts as a writer. There is no semaphore mode.
+//!
+//! A key is named `<lease>-<n>` (hexadecimal lease id, `n` the lowest
+//! number this process has not in use under the prefix), so that one
+//! process's acquisitions reuse a name. A name is put again only after the
+//! delete of its previous key has been answered; a create whose
+//! acquisition is cancelled is still awaited before its key is deleted
+//! (one client's requests travel on concurrent streams, so a delete sent
+//! earlier could be applied first). A key of our lease that no acquisition
+//! owns (an uncertain create that applied late) is deleted by the next
+//! acquisition that meets it. A key ahead that is deleted and put again
+//! under its name (a Go client locking again) is a new contender behind
+//! us: the waiter compares create revisions, not names.
 //!
 //! # Fencing tokens
 //!
@@ -92,10 +104,10 @@
 //!
 //! # History
 //!
-//! Each acquisition puts a key of a name of its own, and etcd keeps every
-//! key name it has seen in its index until its history is compacted; the
-//! queue read in the acquiring transaction scans the lock's prefix, so an
-//! uncontended acquisition slows as names pile up. Run etcd with history
+//! etcd keeps every key name it has seen in its index, and every revision
+//! of it, until its history is compacted. Names are reused per lease, so
+//! they pile up only with new leases (a process started, a lease lost);
+//! revisions pile up with every acquisition. Run etcd with history
 //! compaction (`--auto-compaction-retention`, as Kubernetes clusters do).
 //!
 //! # Examples
@@ -106,7 +118,7 @@
 //! use tower_lock::BackendExt;
 //!
 //! let etcd = EtcdBackend::connect("etcd://127.0.0.1:2379/locks").await?;
-//! let guard = etcd.lock("order:42").await?; // key /locks/order:42/<lease>-<n>
+//! let guard = etcd.lock("order:42").await?; // key /locks/order:42/<lease>-0
 //! println!("fencing token {}", guard.token());
 //! guard.release().await?;
 //! # Ok(()) }
@@ -411,16 +423,20 @@ impl EtcdInner {
         };
         let session = self.session().await?;
         let prefix = format!("{}/", self.name(&request.key));
-        // Unique per acquisition, even on one lease: Go's mutex names its
-        // key after the lease alone, which two acquisitions would share.
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let key = format!("{prefix}{:x}-{n}", session.lease);
-        let contender = session.contend(&prefix, key, reader, request.wait).await?;
+        let value = if reader {
+            format!("read {n:x}")
+        } else {
+            format!("{n:x}")
+        };
+        let contender = session
+            .contend(&prefix, value.into_bytes(), request.wait)
+            .await?;
         let tokens = if reader { 1 } else { request.tokens };
         let tokens = tokens.clamp(1, TOKEN_SPACING);
         let token = FencingToken::new(contender.revision as u64 * u64::from(TOKEN_SPACING));
         let held = contender.into_lock();
-        let key = held.key.clone();
+        let key = held.key().to_owned();
         let lease = Lease::new(
             held,
             self.ttl,

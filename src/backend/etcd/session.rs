@@ -1,7 +1,7 @@
 //! The etcd lease every lock of a backend is attached to: granting it,
 //! knowing it alive from keep-alive answers, and ending it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -28,7 +28,8 @@ pub(super) struct EtcdInner {
     pub(super) opening: tokio::sync::Mutex<()>,
     /// Deletes sent and not yet answered, on every session.
     pub(super) releases: Arc<InFlight>,
-    /// Numbers the contender keys, which are unique per acquisition.
+    /// Numbers the contender keys' values, unique per acquisition: a
+    /// create sent again finds by it whether the key is its own.
     pub(super) next: std::sync::atomic::AtomicU64,
 }
 
@@ -48,6 +49,8 @@ pub(super) struct Session {
     pub(super) holds: Mutex<HashMap<String, Weak<Lease<EtcdLock>>>>,
     /// The backend's deletes in flight.
     pub(super) releases: Arc<InFlight>,
+    /// The contender key names in use (see [`Slot`](super::contender::Slot)).
+    pub(super) slots: Mutex<HashSet<String>>,
 }
 
 pub(super) fn etcd_error(doing: &str, e: etcd::Error) -> LockError {
@@ -194,6 +197,7 @@ impl EtcdInner {
             ended_notify: tokio::sync::Notify::new(),
             holds: Mutex::new(HashMap::new()),
             releases: self.releases.clone(),
+            slots: Mutex::default(),
         });
         // Under the root: a role limited to it may read there.
         let confirm = format!("{}/\0term", self.root);
