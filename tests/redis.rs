@@ -150,12 +150,22 @@ async fn a_held_lock_passes_to_local_waiters_with_one_redis_acquire_per_bound() 
         w.await.unwrap();
     }
     // 17 grants from three Redis acquisitions, each reserving 8 tokens:
-    // consecutive tokens, the counter two blocks further.
+    // consecutive within a block; between blocks the counter may jump to
+    // the server's clock, which it never falls behind.
     let tokens = tokens.lock().unwrap().clone();
-    let t0 = tokens[0];
-    assert_eq!(tokens, (t0..t0 + 17).collect::<Vec<_>>());
+    let mut runs = vec![1];
+    for pair in tokens.windows(2) {
+        assert!(pair[1] > pair[0], "tokens rise: {tokens:?}");
+        if pair[1] == pair[0] + 1 {
+            *runs.last_mut().unwrap() += 1;
+        } else {
+            runs.push(1);
+        }
+    }
+    assert_eq!(runs, [8, 8, 1], "{tokens:?}");
     let after: u64 = conn.get(&fence).await.unwrap();
-    assert_eq!(after, counter + 16);
+    assert!(after >= counter + 16);
+    assert_eq!(after, tokens[16] + 7, "the last block's end");
     assert_eq!(keys_under(&url, &prefix("baton")).await, [fence]);
 }
 

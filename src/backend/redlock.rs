@@ -348,7 +348,7 @@ impl RedlockInner {
             let (layout, token) = (layout.clone(), token.clone());
             async move {
                 layout
-                    .release_until(&conn, &token, deadline)
+                    .release_until(|| conn.clone(), &token, deadline)
                     .await
                     .map_err(|e| redis_error("releasing a lock", e))
             }

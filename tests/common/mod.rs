@@ -9,6 +9,9 @@ pub mod fault_proxy;
 /// Three-server clusters on loopback, and what is checked on them.
 pub mod cluster;
 
+/// A Redis master, replicas and Sentinels on loopback.
+pub mod sentinel;
+
 /// A free loopback port, for a server a test starts (or for one that is
 /// surely not listening).
 pub fn free_port() -> u16 {

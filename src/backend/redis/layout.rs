@@ -208,19 +208,19 @@ impl Layout {
         Ok(())
     }
 
-    /// [Releases](Self::release) through `conn`. With a `deadline` (when the
+    /// [Releases](Self::release) through `conn()`. With a `deadline` (when the
     /// lease would have ended anyway), again on a reconnected connection
     /// while the release fails without an answer from the server (a dropped
     /// connection, a timeout): compare-and-delete by a unique token is safe
     /// to repeat.
     pub(crate) async fn release_until(
         &self,
-        conn: &ConnectionManager,
+        conn: impl Fn() -> ConnectionManager,
         token: &str,
         deadline: Option<std::time::Instant>,
     ) -> redis::RedisResult<()> {
         loop {
-            match self.release(&mut conn.clone(), token).await {
+            match self.release(&mut conn(), token).await {
                 Err(e)
                     if uncertain(&e)
                         && deadline

@@ -1,9 +1,11 @@
-//! Redis, one instance (feature `redis`).
+//! Redis, one instance or a master followed through Sentinel (feature
+//! `redis`).
 //!
 //! # Layout
 //!
 //! For a key `K` and the prefix `lock:` (the default), every Redis key shares
-//! the hash tag `{K}`, so that each script touches one Cluster slot:
+//! the hash tag `{K}`, so that each script touches one hash slot (ready for
+//! Redis Cluster, which the backend does not speak yet):
 //!
 //! | mode | Redis keys |
 //! |---|---|
@@ -23,13 +25,15 @@
 //! lock by the number of tokens the acquisition reserves for the holders it
 //! may serve within this process (see [Passing a lock on](#passing-a-lock-on);
 //! [`CohortOptions::DEFAULT_MAX_GRANTS`] by default), by 1 otherwise. A
-//! counter that does not exist yet starts at the server's clock in
-//! microseconds, not at 1, and the counter expires a day after the key was
-//! last locked. So counters do not pile up as keys come and go, and a token
-//! never goes backwards when a counter is lost (expired, or a restart without
-//! persistence): the new start is above any value the old counter reached,
-//! unless the key's tokens were used up faster than one per microsecond on
-//! average, or the server clock stepped back.
+//! counter never falls behind the server's clock in microseconds (a new
+//! one starts there, not at 1), and it expires a day after the key was last
+//! locked. So counters do not pile up as keys come and go, and a token never
+//! goes backwards when a counter is lost (expired, a restart without
+//! persistence, a failover to a replica that lacked its last increments):
+//! it starts again above any value the old counter reached, unless the
+//! key's tokens were used up faster than one per microsecond on average, or
+//! the new server's clock is behind the old one's by more than the time
+//! between the two acquisitions.
 //!
 //! # Waiting
 //!
@@ -90,6 +94,26 @@
 //! answered: call it before the process exits, or a release still in flight
 //! is lost and its key stays taken until its lease ends.
 //!
+//! # Sentinel
+//!
+//! `redis+sentinel://s1:p1,s2:p2,s3:p3/<master>` asks every Sentinel which
+//! server is the master `<master>` and works on the one named under the
+//! highest config epoch (a Sentinel that has not heard of the last failover
+//! names the old master under an older one). The backend listens for the
+//! Sentinels' `+switch-master` messages and asks again when a command
+//! fails; on a new master it moves its
+//! connection there, subscribes there to the release channels in use, and
+//! has every holder renew at once. Credentials and database in the URL are
+//! the Redis servers' (the Sentinels are asked without).
+//!
+//! Replication is asynchronous: a lock (or renewal) the old master had not
+//! yet passed on is lost in a failover, and the next client can be granted
+//! the lock while its holder still counts on it. The holder learns at its
+//! next renewal, and its fencing token is below the new holder's (the
+//! counter follows the clock, above). [`RedisOptions::wait_for_replicas`]
+//! (or `?wait_replicas=N&wait_timeout_ms=T` in the URL) closes that gap at
+//! the cost of the replicas' acknowledgement on each acquire and renewal.
+//!
 //! # What it does not guarantee
 //!
 //! A single Redis is a single point of failure. Without persistence, a
@@ -105,10 +129,14 @@
 //! Waiters in every mode are served first come first served within a process,
 //! but not across processes (see [Passing a lock on](#passing-a-lock-on)).
 
+mod connection;
 mod layout;
+mod master;
 mod options;
 mod pubsub;
+mod replicas;
 mod scripts;
+mod sentinel;
 mod server;
 
 use std::fmt;
@@ -116,8 +144,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
-use redis::PushInfo;
+use redis::{PushInfo, PushKind};
 
+use self::connection::{Connection, Doubt};
 pub(crate) use self::layout::{redis_error, Attempt, Layout, Tokens};
 pub(crate) use self::options::check_tls_support;
 use self::options::tls_mismatch_hint;
@@ -130,7 +159,7 @@ use super::CohortOptions;
 use crate::error::LockError;
 use crate::key::LockKey;
 
-/// Locks in one Redis server (or one Cluster, through hash tags).
+/// Locks in one Redis server, or in the master that Redis Sentinel names.
 ///
 /// See the [module documentation](self) for the layout, the fencing tokens,
 /// and what it guarantees.
@@ -167,6 +196,7 @@ impl RedisBackend {
     /// | `redis://[user][:password@]host[:port][/db]` | plain TCP, port 6379 unless given |
     /// | `rediss://[user][:password@]host[:port][/db]` | TLS (feature `redis-tls`): the server's certificate must be valid for `host` and chain to a CA of the system's trust store (OpenSSL's: `/etc/ssl/certs`, or what `SSL_CERT_FILE` / `SSL_CERT_DIR` name), or to the one given by `RedisOptions::tls_root_certificate` |
     /// | `rediss://host:port/#insecure` | TLS that checks neither the certificate nor the host name: encrypted, but an impostor is not detected. For tests |
+    /// | `redis+sentinel://[user[:password]@]s1:p1[,s2:p2...]/master[/db][?wait_replicas=N&wait_timeout_ms=T]` | the master the Sentinels `s1`, `s2`... name `master`, followed through failovers (see [Sentinel](self#sentinel)); user, password and database are the Redis servers', `wait_replicas` is [`RedisOptions::wait_for_replicas`] |
     ///
     /// Without the `redis-tls` feature a `rediss://` URL is a
     /// [`LockError::Config`] that says so. Client certificates (mutual TLS)
@@ -190,11 +220,16 @@ impl RedisBackend {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self, LockError> {
-        let client = options.client(url)?;
         let watches = Arc::new(Watches::default());
+        let doubt = Arc::new(Doubt::default());
         let push = {
-            let watches = Arc::downgrade(&watches);
+            let (watches, doubt) = (Arc::downgrade(&watches), Arc::downgrade(&doubt));
             move |info: PushInfo| {
+                if info.kind == PushKind::Disconnection {
+                    if let Some(d) = doubt.upgrade() {
+                        d.broke();
+                    }
+                }
                 if let Some(w) = watches.upgrade() {
                     w.on_push(info);
                 }
@@ -208,17 +243,52 @@ impl RedisBackend {
             .set_max_delay(Duration::from_millis(500))
             .set_push_sender(push)
             .set_automatic_resubscription();
-        let conn = client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(|e| {
-                let hint = tls_mismatch_hint(url, &e);
-                redis_error(&format!("connecting to {url}{hint}"), e)
-            })?;
-        tokio::spawn(sweep_subscriptions(Arc::downgrade(&watches), conn.clone()));
+        let sentinel = match url.starts_with(sentinel::SCHEME) {
+            true => Some(sentinel::parse_url(url)?),
+            false => None,
+        };
+        let replicas = options.replicas.or(sentinel.as_ref().and_then(|s| s.wait));
+        if let Some(r) = replicas {
+            // `WAIT n 0` waits forever, and holds up the connection it shares.
+            if r.timeout < Duration::from_millis(1) || r.timeout >= options.response_timeout {
+                return Err(LockError::Config(format!(
+                    "the time to wait for replicas ({} ms) must be at least 1 ms and below the \
+                     response timeout ({} ms)",
+                    r.timeout.as_millis(),
+                    options.response_timeout.as_millis()
+                )));
+            }
+        }
+        let conn = if let Some(sentinel) = sentinel {
+            options.check_sentinel()?;
+            let (master, conn) = master::Master::connect(&sentinel, config).await?;
+            let conn = Arc::new(Connection::new(conn, doubt, true));
+            tokio::spawn(master::follow(
+                master,
+                Arc::downgrade(&conn),
+                Arc::downgrade(&watches),
+            ));
+            conn
+        } else {
+            let client = options.client(url)?;
+            let conn = client
+                .get_connection_manager_with_config(config)
+                .await
+                .map_err(|e| {
+                    let hint = tls_mismatch_hint(url, &e);
+                    redis_error(&format!("connecting to {url}{hint}"), e)
+                })?;
+            Arc::new(Connection::new(conn, doubt, false))
+        };
+        tokio::spawn(sweep_subscriptions(
+            Arc::downgrade(&watches),
+            Arc::downgrade(&conn),
+        ));
         let server = Server {
             inner: Arc::new(ServerInner {
                 conn,
+                replicas,
+                response_timeout: options.response_timeout,
                 prefix: options.prefix,
                 quarantine: options.restart_quarantine,
                 watches,

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use redis::{IntoConnectionInfo, ProtocolVersion};
 
+use super::replicas::Replicas;
 use crate::backend::CohortOptions;
 use crate::error::LockError;
 
@@ -31,6 +32,7 @@ pub struct RedisOptions {
     pub(super) connect_timeout: Duration,
     pub(super) response_timeout: Duration,
     pub(super) restart_quarantine: Option<Duration>,
+    pub(super) replicas: Option<Replicas>,
     pub(super) cohort: CohortOptions,
     #[cfg(feature = "redis-tls")]
     tls_root_certificate: Option<Vec<u8>>,
@@ -43,6 +45,7 @@ impl Default for RedisOptions {
             connect_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
             restart_quarantine: None,
+            replicas: None,
             cohort: CohortOptions::default(),
             #[cfg(feature = "redis-tls")]
             tls_root_certificate: None,
@@ -94,6 +97,51 @@ impl RedisOptions {
         self
     }
 
+    /// Counts a lock taken or renewed only once `replicas` replicas have
+    /// it, waiting up to `timeout` for them: `WAIT replicas timeout` sent
+    /// behind each acquire and renewal, in the same round trip (what
+    /// Redisson's `syncSlaves` does). Off by default; a
+    /// `redis+sentinel://` URL can ask for it with
+    /// `?wait_replicas=N&wait_timeout_ms=T` (this option wins).
+    ///
+    /// Replication is asynchronous: without this, a failover to a replica
+    /// that had not yet received a lock loses it, and the next client is
+    /// granted the lock while its holder still counts on it (its fencing
+    /// token stays below the new holder's). With it, an acquisition that
+    /// too few replicas acknowledge in time is released and fails
+    /// ([`LockError::Backend`], 503 through the layer), and a renewal that
+    /// too few acknowledge tells the holder the lock is lost. Give the
+    /// number of replicas the master has: Sentinel promotes one of them,
+    /// and only a write all of them have survives any choice. It costs the
+    /// replicas' acknowledgement on every acquire and renewal, and the
+    /// `WAIT` holds up the commands behind it on the backend's connection.
+    /// `timeout` must be at least 1 ms and below the response timeout
+    /// (else [`connect_with`](super::RedisBackend::connect_with) refuses it
+    /// with [`LockError::Config`]): `WAIT n 0` would wait forever.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use std::time::Duration;
+    /// use tower_lock::backend::{RedisBackend, RedisOptions};
+    ///
+    /// let options = RedisOptions::default().wait_for_replicas(2, Duration::from_millis(100));
+    /// let redis = RedisBackend::connect_with(
+    ///     "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379,10.0.0.3:26379/orders",
+    ///     options,
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then_some(Replicas {
+            count: replicas,
+            timeout,
+        });
+        self
+    }
+
     /// For a `rediss://` URL: trust the CA certificate(s) in `pem` (PEM
     /// text, one or more certificates), and only them, instead of the
     /// system's trust store. For a server whose certificate a private CA
@@ -109,6 +157,19 @@ impl RedisOptions {
 }
 
 impl RedisOptions {
+    /// Refuses options a Sentinel URL cannot honour (TLS is not supported
+    /// there yet).
+    pub(super) fn check_sentinel(&self) -> Result<(), LockError> {
+        #[cfg(feature = "redis-tls")]
+        if self.tls_root_certificate.is_some() {
+            return Err(LockError::Config(
+                "a TLS root certificate was given, but redis+sentinel:// connects without TLS"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The client for `url`, over TLS if it asks for it.
     pub(super) fn client(&self, url: &str) -> Result<redis::Client, LockError> {
         if wants_tls(url) {

@@ -9,6 +9,7 @@ use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
+use super::connection::Connection;
 use super::lock;
 
 /// Idle subscriptions are dropped after this long.
@@ -44,16 +45,18 @@ impl Watches {
                     }
                 }
             }
-            PushKind::Disconnection => {
-                // Messages may have been missed: every waiter looks again,
-                // and every holder checks its lease.
-                for c in lock(&self.channels).values() {
-                    c.notify.notify_waiters();
-                }
-                self.reconnected.notify_waiters();
-            }
+            PushKind::Disconnection => self.disconnected(),
             _ => {}
         }
+    }
+
+    /// Messages may have been missed: every waiter looks again, and every
+    /// holder checks its lease.
+    fn disconnected(&self) {
+        for c in lock(&self.channels).values() {
+            c.notify.notify_waiters();
+        }
+        self.reconnected.notify_waiters();
     }
 
     /// Registers interest in `channel`, subscribing on `conn` if nobody
@@ -95,9 +98,25 @@ impl Watches {
     }
 }
 
+impl Watches {
+    /// The commands now go to `conn` (a new master): subscribes there to
+    /// every channel in use, and wakes every waiter and holder, since
+    /// messages may have been missed and locks lost with the old master.
+    pub(super) async fn moved(&self, conn: &ConnectionManager) {
+        let channels: Vec<String> = lock(&self.channels).keys().cloned().collect();
+        for channel in channels {
+            let subscribed = conn.clone().subscribe(&channel).await.is_ok();
+            if let Some(c) = lock(&self.channels).get_mut(&channel) {
+                c.subscribed = subscribed;
+            }
+        }
+        self.disconnected();
+    }
+}
+
 /// Unsubscribes from channels nobody has waited on for a while. Stops when
 /// the backend is dropped.
-pub(super) async fn sweep_subscriptions(watches: Weak<Watches>, conn: ConnectionManager) {
+pub(super) async fn sweep_subscriptions(watches: Weak<Watches>, conn: Weak<Connection>) {
     loop {
         tokio::time::sleep(SUBSCRIPTION_LINGER).await;
         let Some(watches) = watches.upgrade() else {
@@ -119,7 +138,9 @@ pub(super) async fn sweep_subscriptions(watches: Weak<Watches>, conn: Connection
             idle
         };
         drop(watches);
-        let mut conn = conn.clone();
+        let Some(mut conn) = conn.upgrade().map(|c| c.get()) else {
+            return;
+        };
         for name in idle {
             let _ = conn.unsubscribe(&name).await;
         }

@@ -18,14 +18,17 @@ end
 local function int(x) return string.format('%.0f', x) end
 "#;
 
-/// Reserves `n` fencing tokens, returns the last.
+/// Reserves `n` fencing tokens, returns the last. The counter never falls
+/// behind the server's clock in microseconds: a counter lost (expired, a
+/// restart without persistence, a failover to a replica without its last
+/// increments) starts again above anything it reached.
 const FENCE: &str = r#"
 local function fence(key, ttl, n)
   local f = redis.call('INCRBY', key, n)
-  if f == n then
-    -- A new counter starts at the clock, above anything a lost one reached.
-    local t = redis.call('TIME')
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if f < now then
+    f = now
     redis.call('SET', key, string.format('%.0f', f))
   end
   redis.call('PEXPIRE', key, ttl)

@@ -5,11 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
 
+use super::connection::Connection;
 use super::layout::{redis_error, uncertain, Attempt, Layout, Tokens};
 use super::pubsub::Watches;
+use super::replicas::{Acked, Replicas};
 use crate::backend::lease::protocol_backend;
 use crate::backend::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
@@ -33,7 +34,11 @@ pub(super) struct Server {
 }
 
 pub(super) struct ServerInner {
-    pub(super) conn: ConnectionManager,
+    pub(super) conn: Arc<Connection>,
+    /// Writes count only once this many replicas have them.
+    pub(super) replicas: Option<Replicas>,
+    /// How long an acquire waits for the master to be confirmed.
+    pub(super) response_timeout: Duration,
     pub(super) prefix: String,
     pub(super) quarantine: Option<Duration>,
     pub(super) watches: Arc<Watches>,
@@ -70,7 +75,7 @@ impl ServerInner {
             return Err(LockError::Busy);
         }
         if let Attempt::Busy(_) = attempt {
-            let watch = self.watches.watch(&self.conn, layout.channel()).await;
+            let watch = self.watches.watch(&self.conn.get(), layout.channel()).await;
             loop {
                 // Armed before the attempt, so a release published between
                 // the attempt and the wait is not missed.
@@ -120,6 +125,7 @@ impl ServerInner {
         lease: Duration,
         tokens: u32,
     ) -> Result<Attempt, LockError> {
+        let (mut conn, breaks) = self.conn.for_locking(self.response_timeout).await?;
         let mut in_flight = Attempting {
             inner: self,
             layout,
@@ -127,9 +133,32 @@ impl ServerInner {
             lease,
             armed: true,
         };
-        let result = layout
-            .try_acquire(&mut self.conn.clone(), token, lease, tokens)
-            .await;
+        let result = match self.replicas {
+            None => layout.try_acquire(&mut conn, token, lease, tokens).await,
+            Some(replicas) => {
+                let mut acked = Acked::new(&mut conn, replicas);
+                match layout.try_acquire(&mut acked, token, lease, tokens).await {
+                    // Not on enough replicas: released when `in_flight` drops.
+                    Ok(Attempt::Granted(last)) => {
+                        acked.check("the lock").map(|()| Attempt::Granted(last))
+                    }
+                    other => other,
+                }
+            }
+        };
+        // Reconnected meanwhile, maybe to a server that is no longer the
+        // master: not trusted (released when `in_flight` drops).
+        let result = result.and_then(|attempt| match attempt {
+            Attempt::Granted(_) if self.conn.broke_since(breaks) => Err(LockError::backend(
+                "redis",
+                "the connection to the master broke while the lock was taken",
+                None,
+            )),
+            attempt => Ok(attempt),
+        });
+        if result.is_err() {
+            self.conn.suspect();
+        }
         in_flight.armed = result.is_err();
         result
     }
@@ -161,7 +190,7 @@ impl Drop for Attempting<'_> {
         release_in_background(
             async move {
                 layout
-                    .release_until(&inner.conn, &token, Some(deadline))
+                    .release_until(|| inner.conn.get(), &token, Some(deadline))
                     .await
                     .map_err(|e| redis_error("releasing an abandoned attempt", e))
             },
@@ -187,11 +216,24 @@ impl Protocol for RedisLock {
     }
 
     async fn renew(&self, lease: Duration) -> Result<(), String> {
-        let mut conn = self.server.conn.clone();
-        match self.layout.extend(&mut conn, &self.token, lease).await {
+        let mut conn = self.server.conn.get();
+        let extended = match self.server.replicas {
+            None => self.layout.extend(&mut conn, &self.token, lease).await,
+            Some(replicas) => {
+                let mut acked = Acked::new(&mut conn, replicas);
+                match self.layout.extend(&mut acked, &self.token, lease).await {
+                    Ok(true) => acked.check("the renewal").map(|()| true),
+                    other => other,
+                }
+            }
+        };
+        match extended {
             Ok(true) => Ok(()),
             Ok(false) => Err("the lock expired or another owner took it".to_owned()),
-            Err(e) => Err(format!("renewing the lease failed: {e}")),
+            Err(e) => {
+                self.server.conn.suspect();
+                Err(format!("renewing the lease failed: {e}"))
+            }
         }
     }
 
@@ -202,7 +244,7 @@ impl Protocol for RedisLock {
     async fn release(&self) -> Released {
         match self
             .layout
-            .release_until(&self.server.conn, &self.token, None)
+            .release_until(|| self.server.conn.get(), &self.token, None)
             .await
         {
             Ok(()) => Released {
@@ -219,7 +261,7 @@ impl Protocol for RedisLock {
 
     async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {
         self.layout
-            .release_until(&self.server.conn, &self.token, Some(deadline))
+            .release_until(|| self.server.conn.get(), &self.token, Some(deadline))
             .await
             .map_err(|e| redis_error("releasing a lock", e))
     }

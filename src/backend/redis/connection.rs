@@ -1,0 +1,146 @@
+//! The connection commands go on: to one server, or (with Sentinel) to
+//! whichever server is the master now.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio::sync::Notify;
+
+use super::lock;
+use crate::error::LockError;
+
+/// One RESP3 connection, reconnected by the `redis` crate's
+/// `ConnectionManager`; under Sentinel, replaced by one to the new master
+/// after a failover.
+pub(super) struct Connection {
+    current: Mutex<ConnectionManager>,
+    /// Under Sentinel: whether the master must be confirmed after a broken
+    /// connection before a lock is taken.
+    follows: bool,
+    pub(super) doubt: Arc<Doubt>,
+}
+
+/// What the connection knows of its server after failures, shared with the
+/// push handler (which hears of disconnections) and the master follower.
+#[derive(Default)]
+pub(super) struct Doubt {
+    /// A command failed or the connection broke since the Sentinels last
+    /// confirmed the master.
+    unconfirmed: AtomicBool,
+    /// Counts the connection's breaks and replacements.
+    breaks: AtomicU64,
+    /// Wakes the master follower (see `master.rs`).
+    pub(super) ask: Notify,
+    /// Wakes acquisitions waiting for the master to be confirmed.
+    confirmed: Notify,
+}
+
+impl Doubt {
+    /// A command failed: maybe the server is no longer the master.
+    pub(super) fn suspect(&self) {
+        self.unconfirmed.store(true, Ordering::Release);
+        self.ask.notify_one();
+    }
+
+    /// The connection broke. Under Sentinel, the `ConnectionManager`
+    /// reconnects to the same address, where a restarted server may now
+    /// be an empty master the Sentinels have already replaced.
+    pub(super) fn broke(&self) {
+        self.breaks.fetch_add(1, Ordering::AcqRel);
+        self.suspect();
+    }
+
+    /// How many times the connection broke or moved so far.
+    pub(super) fn breaks(&self) -> u64 {
+        self.breaks.load(Ordering::Acquire)
+    }
+
+    /// The Sentinels named the master, and the connection goes there.
+    pub(super) fn confirm(&self) {
+        self.unconfirmed.store(false, Ordering::Release);
+        self.confirmed.notify_waiters();
+    }
+}
+
+impl Drop for Connection {
+    /// Wakes the master follower, which then finds the backend gone and
+    /// stops (with its Sentinel connection).
+    fn drop(&mut self) {
+        self.doubt.ask.notify_one();
+    }
+}
+
+impl Connection {
+    pub(super) fn new(conn: ConnectionManager, doubt: Arc<Doubt>, follows: bool) -> Self {
+        Connection {
+            current: Mutex::new(conn),
+            follows,
+            doubt,
+        }
+    }
+
+    /// The connection to use now (a cheap clone of a handle).
+    pub(super) fn get(&self) -> ConnectionManager {
+        lock(&self.current).clone()
+    }
+
+    /// The connection to take a lock on, and its break count, to compare
+    /// after the answer with [`broke_since`](Self::broke_since). Under
+    /// Sentinel, after a failure, waits (up to `within`) until the
+    /// Sentinels have confirmed the master.
+    pub(super) async fn for_locking(
+        &self,
+        within: Duration,
+    ) -> Result<(ConnectionManager, u64), LockError> {
+        let doubt = &self.doubt;
+        if self.follows {
+            let deadline = tokio::time::Instant::now() + within;
+            loop {
+                let confirmed = doubt.confirmed.notified();
+                tokio::pin!(confirmed);
+                confirmed.as_mut().enable();
+                if !doubt.unconfirmed.load(Ordering::Acquire) {
+                    break;
+                }
+                doubt.ask.notify_one();
+                if tokio::time::timeout_at(deadline, confirmed).await.is_err() {
+                    return Err(LockError::backend(
+                        "redis",
+                        format!(
+                            "the connection to the master failed, and the Sentinels have not \
+                             named the master again within {} ms",
+                            within.as_millis()
+                        ),
+                        None,
+                    ));
+                }
+            }
+        }
+        Ok((self.get(), doubt.breaks()))
+    }
+
+    /// Under Sentinel, whether the connection broke (and may have been
+    /// reconnected to another server) or was moved to a new master since
+    /// [`for_locking`](Self::for_locking) returned `breaks`: a lock granted
+    /// meanwhile cannot be trusted.
+    pub(super) fn broke_since(&self, breaks: u64) -> bool {
+        self.follows && self.doubt.breaks() != breaks
+    }
+
+    /// A command failed: maybe the server is no longer the master.
+    pub(super) fn suspect(&self) {
+        self.doubt.suspect();
+    }
+
+    /// From now on, commands go to `conn`. An answer still to come on the
+    /// old connection is not trusted: a master paused through a failover
+    /// may run a request it queued, and grant, once it runs again.
+    ///
+    /// Returns the break count that the replacement made.
+    pub(super) fn replace(&self, conn: ConnectionManager) -> u64 {
+        *lock(&self.current) = conn;
+        self.doubt.breaks.fetch_add(1, Ordering::AcqRel) + 1
+    }
+}

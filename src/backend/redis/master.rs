@@ -1,0 +1,308 @@
+//! Following the master through failovers, with Redis Sentinel.
+
+use std::collections::HashMap;
+use std::sync::Weak;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{
+    AsyncConnectionConfig, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind,
+    RedisConnectionInfo, Value,
+};
+use tokio::sync::mpsc;
+
+use super::connection::Connection;
+use super::layout::redis_error;
+use super::pubsub::Watches;
+use super::sentinel::SentinelUrl;
+use crate::error::LockError;
+
+/// The channel on which Sentinels announce a new master.
+const SWITCH_MASTER: &str = "+switch-master";
+/// The longest pause before asking the Sentinels again after they could
+/// not be reached.
+const RETRY_CAP: Duration = Duration::from_secs(1);
+/// How long one Sentinel may take to connect or answer.
+const SENTINEL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Finds the master, connects to it, and keeps following it.
+pub(super) struct Master {
+    sentinels: Vec<ConnectionInfo>,
+    name: String,
+    /// Database, credentials and protocol for the master.
+    redis: RedisConnectionInfo,
+    config: ConnectionManagerConfig,
+    /// The master's address as last connected to, and its config epoch.
+    address: String,
+    epoch: u64,
+}
+
+/// What one Sentinel says of the master: its address and the config epoch
+/// of that configuration.
+struct Named {
+    host: String,
+    port: u16,
+    epoch: u64,
+    /// The Sentinels agree it is down (`o_down`): a failover is under way.
+    down: bool,
+}
+
+impl Master {
+    /// Asks the Sentinels for the master and connects to it.
+    pub(super) async fn connect(
+        url: &SentinelUrl,
+        config: ConnectionManagerConfig,
+    ) -> Result<(Master, ConnectionManager), LockError> {
+        let sentinels = url
+            .sentinels
+            .iter()
+            .map(|h| format!("redis://{h}").into_connection_info())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| redis_error("reading the Sentinel addresses", e))?;
+        let mut master = Master {
+            sentinels,
+            name: url.master.clone(),
+            redis: url.redis.clone(),
+            config,
+            address: String::new(),
+            epoch: 0,
+        };
+        let conn = master
+            .find(false)
+            .await?
+            .ok_or_else(|| LockError::backend("redis", "the Sentinels named no master", None))?;
+        Ok((master, conn))
+    }
+
+    /// Asks every Sentinel at once; the answer with the highest config
+    /// epoch wins. A Sentinel that has not yet heard of a failover names
+    /// the old master under an older epoch, and the old master (paused, or
+    /// cut off) may still call itself master: the first answer, or a
+    /// `ROLE` check alone, could lead back to it.
+    async fn ask(&self) -> Result<Named, LockError> {
+        let mut asking = tokio::task::JoinSet::new();
+        for info in &self.sentinels {
+            let (info, name) = (info.clone(), self.name.clone());
+            asking.spawn(async move {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(SENTINEL_TIMEOUT))
+                    .set_response_timeout(Some(SENTINEL_TIMEOUT));
+                let mut conn = redis::Client::open(info)?
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                let fields: HashMap<String, String> = redis::cmd("SENTINEL")
+                    .arg("MASTER")
+                    .arg(&name)
+                    .query_async(&mut conn)
+                    .await?;
+                let field = |k: &str| fields.get(k).cloned().unwrap_or_default();
+                Ok::<_, redis::RedisError>(Named {
+                    host: field("ip"),
+                    port: field("port").parse().unwrap_or(0),
+                    epoch: field("config-epoch").parse().unwrap_or(0),
+                    down: field("flags").contains("o_down"),
+                })
+            });
+        }
+        let mut answers = Vec::new();
+        let mut last_error = None;
+        while let Some(answer) = asking.join_next().await {
+            match answer {
+                Ok(Ok(named)) if named.port != 0 => answers.push(named),
+                Ok(Err(e)) => last_error = Some(e),
+                _ => {}
+            }
+        }
+        let newest = answers.iter().map(|n| n.epoch).max();
+        let mut newest = answers.into_iter().filter(|n| Some(n.epoch) == newest);
+        let best = newest.next();
+        // A master the Sentinels agree is down is not confirmed: it may be
+        // paused and about to be replaced, and run what it queued once it
+        // resumes.
+        if best.as_ref().is_some_and(|b| b.down) || newest.any(|n| n.down) {
+            return Err(LockError::backend(
+                "redis",
+                format!("the Sentinels find the master {:?} down", self.name),
+                None,
+            ));
+        }
+        best.ok_or_else(|| match last_error {
+            Some(e) => redis_error(
+                &format!("asking the Sentinels for the master {:?}", self.name),
+                e,
+            ),
+            None => LockError::backend(
+                "redis",
+                format!("no Sentinel knows the master {:?}", self.name),
+                None,
+            ),
+        })
+    }
+
+    /// Connects to the master the Sentinels name, if it is not the one
+    /// connected to already.
+    ///
+    /// With `again`, connects anew even to the same address: after the
+    /// connection broke, the `ConnectionManager` would reconnect to that
+    /// address whatever runs there now, such as a restarted, empty server
+    /// that calls itself master until the Sentinels convert it.
+    async fn find(&mut self, again: bool) -> Result<Option<ConnectionManager>, LockError> {
+        let named = self.ask().await?;
+        if named.epoch < self.epoch {
+            return Err(LockError::backend(
+                "redis",
+                "the Sentinels that answered have not heard of the last failover",
+                None,
+            ));
+        }
+        let address = if named.host.contains(':') {
+            format!("[{}]:{}", named.host, named.port)
+        } else {
+            format!("{}:{}", named.host, named.port)
+        };
+        if address == self.address && !again {
+            self.epoch = named.epoch;
+            return Ok(None);
+        }
+        let info = format!("redis://{address}")
+            .into_connection_info()
+            .map_err(|e| redis_error("reading the master's address", e))?
+            .set_redis_settings(self.redis.clone());
+        let mut conn = redis::Client::open(info)
+            .map_err(|e| redis_error("reading the master's address", e))?
+            .get_connection_manager_with_config(self.config.clone())
+            .await
+            .map_err(|e| redis_error(&format!("connecting to the master at {address}"), e))?;
+        // Not yet promoted (the Sentinels are mid-failover): ask again later.
+        let role: Vec<Value> = redis::cmd("ROLE")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| redis_error(&format!("asking {address} for its role"), e))?;
+        if !matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
+            return Err(LockError::backend(
+                "redis",
+                format!("{address}, named master by the Sentinels, is not (yet) a master"),
+                None,
+            ));
+        }
+        if !self.address.is_empty() && address != self.address {
+            tracing::warn!(
+                master = self.name,
+                from = self.address,
+                to = address,
+                "Redis master moved: locks not replicated before the failover are lost"
+            );
+        }
+        self.address = address;
+        self.epoch = named.epoch;
+        Ok(Some(conn))
+    }
+
+    /// A connection to one of the Sentinels, subscribed to master switches,
+    /// whose messages and disconnection come on `pushes`.
+    async fn subscribe(
+        &self,
+        pushes: mpsc::UnboundedSender<PushInfo>,
+    ) -> Option<redis::aio::MultiplexedConnection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(SENTINEL_TIMEOUT))
+            .set_response_timeout(Some(SENTINEL_TIMEOUT))
+            .set_push_sender(pushes);
+        for info in &self.sentinels {
+            let info = info.clone().set_redis_settings(
+                RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3),
+            );
+            let Ok(client) = redis::Client::open(info) else {
+                continue;
+            };
+            let Ok(mut conn) = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+            else {
+                continue;
+            };
+            if conn.subscribe(SWITCH_MASTER).await.is_ok() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Whether a push announces a new master for this name.
+    fn switched(&self, push: &PushInfo) -> bool {
+        let payload = match (&push.kind, push.data.as_slice()) {
+            (PushKind::Message, [_, Value::BulkString(payload)]) => payload,
+            _ => return false,
+        };
+        // "<name> <old ip> <old port> <new ip> <new port>"
+        payload.split(|b| *b == b' ').next() == Some(self.name.as_bytes())
+    }
+}
+
+/// Follows the master: asks the Sentinels again when one announces a
+/// switch, when a command failed, and after (re)subscribing; moves the
+/// connection (and the release subscriptions) to a new master. Stops when
+/// the backend is dropped.
+pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: Weak<Watches>) {
+    let Some(doubt) = conn.upgrade().map(|c| c.doubt.clone()) else {
+        return;
+    };
+    let mut pause = Duration::from_millis(50);
+    // The connection's breaks and moves when the master was last confirmed.
+    // From 0: a break between connecting and this task is not missed.
+    let mut seen = 0;
+    loop {
+        let (tx, mut pushes) = mpsc::unbounded_channel();
+        let subscription = master.subscribe(tx).await;
+        // A switch may have been missed while not subscribed.
+        let mut ask = true;
+        loop {
+            if ask {
+                let (Some(conn), Some(watches)) = (conn.upgrade(), watches.upgrade()) else {
+                    return;
+                };
+                match master.find(doubt.breaks() != seen).await {
+                    Ok(found) => {
+                        if let Some(new) = found {
+                            seen = conn.replace(new.clone());
+                            watches.moved(&new).await;
+                        }
+                        pause = Duration::from_millis(50);
+                        // Broken again meanwhile: not confirmed, ask again.
+                        if doubt.breaks() != seen {
+                            continue;
+                        }
+                        doubt.confirm();
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "asking the Sentinels failed");
+                        drop((conn, watches));
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(RETRY_CAP);
+                        continue;
+                    }
+                }
+            }
+            if conn.strong_count() == 0 {
+                return;
+            }
+            // Every branch decides whether to ask again.
+            tokio::select! {
+                push = pushes.recv(), if subscription.is_some() => match push {
+                    Some(push) if push.kind == PushKind::Disconnection => break,
+                    // No lock on the old master while the new one is sought.
+                    Some(push) if master.switched(&push) => {
+                        doubt.suspect();
+                        ask = true;
+                    }
+                    Some(_) => ask = false,
+                    None => break,
+                },
+                _ = doubt.ask.notified() => ask = true,
+                // No Sentinel to listen to: try to subscribe again soon.
+                _ = tokio::time::sleep(RETRY_CAP), if subscription.is_none() => break,
+            }
+        }
+        drop(subscription);
+    }
+}

@@ -1,0 +1,227 @@
+//! A Redis master, two replicas and three Sentinels on loopback (Debian's
+//! `redis-server`, which runs as a Sentinel with `--sentinel`), started by
+//! a test so that it can kill the master. The replicas replicate through a
+//! fault proxy, so that a test can cut replication while clients still
+//! reach the master.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::fault_proxy::FaultProxy;
+use super::free_port;
+
+/// The name the Sentinels monitor the master under.
+pub const MASTER: &str = "locks";
+
+pub struct SentinelGroup {
+    dir: PathBuf,
+    /// The Redis servers' ports; server 0 starts as the master.
+    pub redis: Vec<u16>,
+    redis_children: Vec<Option<Child>>,
+    sentinels: Vec<u16>,
+    sentinel_children: Vec<Child>,
+    /// The first master's replication traffic goes through this.
+    pub replication: FaultProxy,
+}
+
+impl SentinelGroup {
+    pub async fn start(test: &str) -> SentinelGroup {
+        let dir =
+            std::env::temp_dir().join(format!("tower-lock-sentinel-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let redis: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let replication = FaultProxy::start(([127, 0, 0, 1], redis[0]).into())
+            .await
+            .unwrap();
+        let mut group = SentinelGroup {
+            dir,
+            redis_children: (0..3).map(|_| None).collect(),
+            redis,
+            sentinels: (0..3).map(|_| free_port()).collect(),
+            sentinel_children: Vec::new(),
+            replication,
+        };
+        for i in 0..3 {
+            group.spawn_redis(i);
+        }
+        for i in 0..3 {
+            group.spawn_sentinel(i);
+        }
+        group.wait_ready().await;
+        group
+    }
+
+    fn log(&self, name: &str) -> std::fs::File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))
+            .unwrap()
+    }
+
+    /// Starts Redis server `i` (again: empty, no persistence). Server 0
+    /// starts as the master, the others as its replicas through the proxy.
+    pub fn spawn_redis(&mut self, i: usize) {
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.redis[i].to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            // A full resynchronisation at once, not after 5 s; a replica's
+            // files in the group's directory.
+            .args(["--repl-diskless-sync-delay", "0", "--dir"])
+            .arg(&self.dir);
+        if i > 0 {
+            cmd.args([
+                "--replicaof",
+                "127.0.0.1",
+                &self.replication.addr().port().to_string(),
+            ]);
+        }
+        let child = cmd
+            .stdout(self.log(&format!("redis{i}")))
+            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (scripts/test-all.sh installs Debian's redis-server)");
+        self.redis_children[i] = Some(child);
+    }
+
+    fn spawn_sentinel(&mut self, i: usize) {
+        let conf = self.dir.join(format!("sentinel{i}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor {MASTER} 127.0.0.1 {} 2\n\
+                 sentinel down-after-milliseconds {MASTER} 1000\n\
+                 sentinel failover-timeout {MASTER} 3000\n",
+                self.sentinels[i],
+                self.dir.display(),
+                self.redis[0]
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-server")
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(self.log(&format!("sentinel{i}")))
+            .stderr(Stdio::null())
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("redis-server runs as a Sentinel");
+        self.sentinel_children.push(child);
+    }
+
+    /// `redis+sentinel://...` for the group, with `query` after it.
+    pub fn url(&self, query: &str) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+sentinel://{}/{MASTER}{query}", hosts.join(","))
+    }
+
+    /// What the Sentinel `i` says about the master: its port.
+    pub async fn master_port(&self, i: usize) -> Option<u16> {
+        let addr: Vec<String> = self.ask_sentinel(i, "get-master-addr-by-name").await?;
+        addr.get(1)?.parse().ok()
+    }
+
+    /// `SENTINEL <what> <MASTER>` to Sentinel `i`; `None` if it does not
+    /// answer.
+    async fn ask_sentinel<T: redis::FromRedisValue>(&self, i: usize, what: &str) -> Option<T> {
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}", self.sentinels[i])).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        redis::cmd("SENTINEL")
+            .arg(what)
+            .arg(MASTER)
+            .query_async(&mut conn)
+            .await
+            .ok()
+    }
+
+    /// A connection to Redis server `port`.
+    pub async fn redis_conn(&self, port: u16) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// Every Sentinel knows the master and both replicas.
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut ready = true;
+            for i in 0..3 {
+                ready &= self.master_port(i).await == Some(self.redis[0]);
+                ready &= self.replicas_known(i).await == 2;
+            }
+            if ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the Sentinels did not come up (logs in {})",
+                self.dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn replicas_known(&self, i: usize) -> usize {
+        let replicas: Option<Vec<redis::Value>> = self.ask_sentinel(i, "replicas").await;
+        replicas.map_or(0, |r| r.len())
+    }
+
+    /// `kill -9` of Redis server `i`.
+    pub fn kill_redis(&mut self, i: usize) {
+        if let Some(mut child) = self.redis_children[i].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits until every Sentinel names a master other than `old`; returns
+    /// its port.
+    pub async fn failed_over_from(&self, old: u16) -> u16 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut named = Vec::new();
+            for i in 0..3 {
+                named.push(self.master_port(i).await);
+            }
+            if let Some(Some(port)) = named.first().copied() {
+                if port != old && named.iter().all(|n| *n == Some(port)) {
+                    return port;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no failover from port {old} within 30 s (logs in {})",
+                self.dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for SentinelGroup {
+    fn drop(&mut self) {
+        for child in self.redis_children.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for child in &mut self.sentinel_children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The Redis backend under Sentinel: a master, two replicas and three
+//! Sentinels that each test starts on loopback (`tests/common/sentinel.rs`),
+//! so that it can kill the master and cut replication.
+
+#[cfg(not(feature = "redis"))]
+compile_error!(
+    "tests/redis_sentinel.rs needs the `redis` feature (Cargo.toml's self \
+     dev-dependency enables it); run scripts/test-all.sh"
+);
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::fault_proxy::Fault;
+use common::sentinel::SentinelGroup;
+use tower_lock::backend::{CohortOptions, RedisBackend, RedisOptions};
+use tower_lock::{Backend, BackendExt, LockError};
+
+fn options() -> RedisOptions {
+    RedisOptions::default().cohort(CohortOptions::off())
+}
+
+async fn backend(url: &str, options: RedisOptions) -> RedisBackend {
+    RedisBackend::connect_with(url, options)
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect through the Sentinels at {url}: {e}"))
+}
+
+/// The lock keys left on the Redis server `port` (fencing counters aside).
+async fn lock_keys(group: &SentinelGroup, port: u16) -> Vec<String> {
+    let mut conn = group.redis_conn(port).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("lock:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.into_iter()
+        .filter(|k| !k.ends_with(":fence"))
+        .collect()
+}
+
+/// Acquires `key`, retrying through the failover's refusals, within 30 s.
+async fn lock_after_failover(b: &RedisBackend, key: &str) -> tower_lock::LockGuard {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match b.lock(key).wait(Duration::from_secs(1)).await {
+            Ok(g) => return g,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("during the failover: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no lock 30 s after the failover: {e}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_follows_the_master_through_a_failover() {
+    let mut group = SentinelGroup::start("follows").await;
+    let b = backend(&group.url(""), options()).await;
+    let g = b.lock("k").await.unwrap();
+    let first = g.token();
+    g.release().await.unwrap();
+    let old = group.redis[0];
+    group.kill_redis(0);
+    let new = group.failed_over_from(old).await;
+    let g = lock_after_failover(&b, "k").await;
+    assert!(g.token() > first, "tokens rise across the failover");
+    assert_eq!(
+        lock_keys(&group, new).await.len(),
+        1,
+        "held on the new master"
+    );
+    g.release().await.unwrap();
+    b.flush().await;
+    assert!(
+        lock_keys(&group, new).await.is_empty(),
+        "released there too"
+    );
+}
+
+/// Replication is asynchronous: a lock the replicas never received is gone
+/// after a failover, and the next client is granted it while its holder
+/// still counts on it. The holder is told at its next renewal, and its
+/// fencing token is below the new holder's, so a fenced store refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
+    let mut group = SentinelGroup::start("loses").await;
+    let url = group.url("");
+    let (a, b) = (
+        backend(&url, options()).await,
+        backend(&url, options()).await,
+    );
+    // The key's fencing counter reaches the replicas; the increments made
+    // while replication is cut do not.
+    a.lock("k").await.unwrap().release().await.unwrap();
+    group.replication.set(Fault::Freeze).await;
+    for _ in 0..3 {
+        a.lock("k").await.unwrap().release().await.unwrap();
+    }
+    let held = a
+        .lock("k")
+        .lease(Duration::from_secs(20))
+        .await
+        .expect("the master grants without its replicas");
+    let old = group.redis[0];
+    group.kill_redis(0);
+    group.failed_over_from(old).await;
+    group.replication.heal().await;
+    let other = lock_after_failover(&b, "k").await;
+    assert!(
+        other.token() > held.token(),
+        "the new holder's token {} must exceed the lost one's {}",
+        other.token().get(),
+        held.token().get()
+    );
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the holder whose lock the failover lost was not told");
+    drop(held);
+    other.release().await.unwrap();
+}
+
+/// With `wait_for_replicas`, a lock the replicas do not acknowledge is
+/// refused (and released), so a failover cannot lose it; a lock they do
+/// acknowledge stays taken on the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_replicas_refuses_what_a_failover_could_lose() {
+    let mut group = SentinelGroup::start("waits").await;
+    let url = group.url("?wait_replicas=2&wait_timeout_ms=200");
+    let a = backend(&url, options()).await;
+    let b = backend(&group.url(""), options()).await;
+    group.replication.set(Fault::Freeze).await;
+    match a.lock("cut").fail_fast().await {
+        Err(LockError::Backend { .. }) => {}
+        other => panic!("expected a refusal naming the replicas, got {other:?}"),
+    }
+    a.flush().await;
+    assert!(
+        lock_keys(&group, group.redis[0]).await.is_empty(),
+        "the refused lock was released"
+    );
+    group.replication.heal().await;
+    // Refused until both replicas have caught up (one may reconnect).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let held = loop {
+        match a.lock("kept").lease(Duration::from_secs(30)).await {
+            Ok(held) => break held,
+            Err(LockError::Backend { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("both replicas acknowledge once replication flows: {e}"),
+        }
+    };
+    let old = group.redis[0];
+    group.kill_redis(0);
+    group.failed_over_from(old).await;
+    // The new master has the lock: nobody else gets it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match b.lock("kept").fail_fast().await {
+            Err(LockError::Busy) => break,
+            Ok(g) => panic!("the failover lost an acknowledged lock: {:?}", g.token()),
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no answer after the failover: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    drop(held);
+    a.flush().await;
+}
+
+#[tokio::test]
+async fn sentinel_urls_are_checked_and_unreachable_sentinels_fail_in_time() {
+    for bad in [
+        "redis+sentinel://127.0.0.1:1",
+        "redis+sentinel://127.0.0.1/m",
+        "redis+sentinel://127.0.0.1:1/m?wait_replicas=two",
+        // WAIT n 0 would wait forever.
+        "redis+sentinel://127.0.0.1:1/m?wait_replicas=1&wait_timeout_ms=0",
+        "redis+sentinel://127.0.0.1:1/m?wait_replicas=1&wait_timeout_ms=5000",
+    ] {
+        assert!(
+            matches!(RedisBackend::connect(bad).await, Err(LockError::Config(_))),
+            "{bad}"
+        );
+    }
+    let port = common::free_port();
+    let started = Instant::now();
+    let unreachable = RedisBackend::connect(&format!("redis+sentinel://127.0.0.1:{port}/m")).await;
+    assert!(matches!(unreachable, Err(LockError::Backend { .. })));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+/// Dropped, the backend leaves no task running: not the master follower,
+/// not its Sentinel connection, not the connections' own tasks.
+#[tokio::test]
+async fn a_dropped_backend_leaves_no_task_behind() {
+    let group = SentinelGroup::start("tasks").await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let b = backend(&group.url(""), options()).await;
+    b.lock("k").await.unwrap().release().await.unwrap();
+    assert!(metrics.num_alive_tasks() > before);
+    drop(b);
+    // The release-subscription sweeper looks every 10 s.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while metrics.num_alive_tasks() > before {
+        assert!(
+            Instant::now() < deadline,
+            "{} tasks left behind",
+            metrics.num_alive_tasks() - before
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
