@@ -298,6 +298,21 @@ async fn run(args: Args) -> ExitCode {
 /// ` servers=N` for a ZooKeeper ensemble or an etcd cluster of N > 1 (the
 /// URL's hosts), so that its lines are not taken for a single server's.
 fn servers_setting(url: &str) -> String {
+    // Redis under Sentinel: ` sentinels=N`, and the replicas each write
+    // waits for.
+    if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+        let hosts = rest.split('/').next().unwrap_or(rest);
+        let hosts = hosts.rsplit('@').next().unwrap_or(hosts);
+        let mut setting = format!(" sentinels={}", hosts.split(',').count());
+        let query = rest.split_once('?').map_or("", |(_, q)| q);
+        if let Some(n) = query
+            .split('&')
+            .find_map(|p| p.strip_prefix("wait_replicas="))
+        {
+            setting += &format!(" wait_replicas={n}");
+        }
+        return setting;
+    }
     let Some(rest) = url
         .strip_prefix("zk://")
         .or_else(|| url.strip_prefix("etcd://"))

@@ -57,6 +57,21 @@ run "$bench" --backend "$redis" --workload contended --secs "$secs" --workers 4 
 run "$bench" --backend "$redis" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$redis" --workload http --secs "$secs" --conns 32
 
+# Redis through three Sentinels (a master and two replicas): the floor is
+# the master's, and the cost of waiting for both replicas (WAIT) beside it.
+start_sentinel bench-sentinel >&2
+sentinel="redis+sentinel://$sentinel_urls/locks"
+acked="$sentinel?wait_replicas=2&wait_timeout_ms=100"
+for _ in 1 2 3; do
+    run "$bench" --backend "redis://$sentinel_master" --workload floor --n 5000
+    run "$bench" --backend "$sentinel" --workload uncontended --n 5000
+    run "$bench" --backend "$acked" --workload uncontended --n 5000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$sentinel" "${contended[@]}"
+    run "$bench" --backend "$acked" "${contended[@]}"
+done
+
 # Redlock over three servers.
 for _ in 1 2 3; do
     run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload uncontended --n 5000

@@ -248,6 +248,53 @@ start_etcd() {
         env ETCDCTL_API=3 etcdctl --endpoints "$etcd_urls" endpoint health --cluster
 }
 
+# start_sentinel NAME: a Redis master, two replicas and three Sentinels
+# monitoring it as `locks`; sets $sentinel_urls (the Sentinels' host:port
+# list) and $sentinel_master (the master's host:port).
+start_sentinel() {
+    local name=$1 i master port sentinels=()
+    start_redis "$name-redis0"
+    master=$redis_port
+    for i in 1 2; do
+        port=$(free_port)
+        mkdir -p "$work/$name-redis$i"
+        redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+            --replicaof 127.0.0.1 "$master" --repl-diskless-sync-delay 0 \
+            --dir "$work/$name-redis$i" --logfile "$work/$name-redis$i/redis.log" >/dev/null &
+        pids+=("$!")
+        wait_for 10 "redis replica on port $port" redis-cli -p "$port" ping
+    done
+    for i in 1 2 3; do
+        port=$(free_port)
+        mkdir -p "$work/$name-sentinel$i"
+        printf '%s\n' "port $port" "bind 127.0.0.1" "dir $work/$name-sentinel$i" \
+            "sentinel monitor locks 127.0.0.1 $master 2" \
+            "sentinel down-after-milliseconds locks 1000" \
+            "sentinel failover-timeout locks 3000" >"$work/$name-sentinel$i/sentinel.conf"
+        redis-server "$work/$name-sentinel$i/sentinel.conf" --sentinel \
+            --logfile "$work/$name-sentinel$i/sentinel.log" >/dev/null &
+        pids+=("$!")
+        sentinels+=("127.0.0.1:$port")
+        wait_for 10 "Sentinel on port $port" redis-cli -p "$port" ping
+    done
+    wait_for 30 "both replicas in sync with the master on port $master" replicas_online "$master" 2
+    for i in "${sentinels[@]}"; do
+        wait_for 30 "Sentinel $i finding both replicas" sentinel_knows_replicas "${i##*:}" 2
+    done
+    sentinel_urls=$(IFS=,; echo "${sentinels[*]}")
+    sentinel_master=127.0.0.1:$master
+}
+
+# replicas_online PORT N: the master on PORT streams to N replicas.
+replicas_online() {
+    [ "$(redis-cli -p "$1" info replication | grep -c 'state=online')" = "$2" ]
+}
+
+# sentinel_knows_replicas PORT N: the Sentinel on PORT knows N replicas.
+sentinel_knows_replicas() {
+    [ "$(redis-cli -p "$1" sentinel master locks | grep -A1 '^num-slaves$' | tail -1)" = "$2" ]
+}
+
 start_servers() {
     step "starting servers"
     start_redis redis
