@@ -12,7 +12,6 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::fault_proxy::Fault;
 use common::sentinel::SentinelGroup;
 use tower_lock::backend::{CohortOptions, RedisBackend, RedisOptions};
 use tower_lock::{Backend, BackendExt, LockError};
@@ -83,7 +82,8 @@ async fn the_backend_follows_the_master_through_a_failover() {
 /// Replication is asynchronous: a lock the replicas never received is gone
 /// after a failover, and the next client is granted it while its holder
 /// still counts on it. The holder is told at its next renewal, and its
-/// fencing token is below the new holder's, so a fenced store refuses it.
+/// fencing token is below the new holder's (the new master's config epoch
+/// is in the token), so a fenced store refuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
     let mut group = SentinelGroup::start("loses").await;
@@ -95,7 +95,7 @@ async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
     // The key's fencing counter reaches the replicas; the increments made
     // while replication is cut do not.
     a.lock("k").await.unwrap().release().await.unwrap();
-    group.replication.set(Fault::Freeze).await;
+    group.signal_replicas("STOP");
     for _ in 0..3 {
         a.lock("k").await.unwrap().release().await.unwrap();
     }
@@ -106,12 +106,23 @@ async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
         .expect("the master grants without its replicas");
     let old = group.redis[0];
     group.kill_redis(0);
+    // Running again, the replicas have what they had when stopped.
+    group.signal_replicas("CONT");
     group.failed_over_from(old).await;
-    group.replication.heal().await;
     let other = lock_after_failover(&b, "k").await;
     assert!(
         other.token() > held.token(),
         "the new holder's token {} must exceed the lost one's {}",
+        other.token().get(),
+        held.token().get()
+    );
+    // Above whatever the replaced master could still hand out: the
+    // failover's config epoch is in the token's high part.
+    let epoch = group.config_epoch(0).await.expect("Sentinel 0 answers");
+    assert!(epoch > 0, "a failover raises the config epoch");
+    assert!(
+        other.token().get() > held.token().get() + (epoch << 40),
+        "the new holder's token {} carries the config epoch {epoch} (the lost one's: {})",
         other.token().get(),
         held.token().get()
     );
@@ -131,7 +142,7 @@ async fn waiting_for_replicas_refuses_what_a_failover_could_lose() {
     let url = group.url("?wait_replicas=2&wait_timeout_ms=200");
     let a = backend(&url, options()).await;
     let b = backend(&group.url(""), options()).await;
-    group.replication.set(Fault::Freeze).await;
+    group.signal_replicas("STOP");
     match a.lock("cut").fail_fast().await {
         Err(LockError::Backend { .. }) => {}
         other => panic!("expected a refusal naming the replicas, got {other:?}"),
@@ -141,7 +152,7 @@ async fn waiting_for_replicas_refuses_what_a_failover_could_lose() {
         lock_keys(&group, group.redis[0]).await.is_empty(),
         "the refused lock was released"
     );
-    group.replication.heal().await;
+    group.signal_replicas("CONT");
     // Refused until both replicas have caught up (one may reconnect).
     let deadline = Instant::now() + Duration::from_secs(20);
     let held = loop {

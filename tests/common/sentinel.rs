@@ -1,14 +1,15 @@
 //! A Redis master, two replicas and three Sentinels on loopback (Debian's
 //! `redis-server`, which runs as a Sentinel with `--sentinel`), started by
-//! a test so that it can kill the master. The replicas replicate through a
-//! fault proxy, so that a test can cut replication while clients still
-//! reach the master.
+//! a test so that it can kill the master, and stop the replicas to cut
+//! replication while clients still reach the master. (Not a proxy between
+//! master and replicas: the Sentinels point replicas that replicate from
+//! another address than the master's back at the master itself, some ten
+//! seconds in.)
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::fault_proxy::FaultProxy;
 use super::free_port;
 
 /// The name the Sentinels monitor the master under.
@@ -21,8 +22,6 @@ pub struct SentinelGroup {
     redis_children: Vec<Option<Child>>,
     sentinels: Vec<u16>,
     sentinel_children: Vec<Child>,
-    /// The first master's replication traffic goes through this.
-    pub replication: FaultProxy,
 }
 
 impl SentinelGroup {
@@ -32,16 +31,12 @@ impl SentinelGroup {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let redis: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let replication = FaultProxy::start(([127, 0, 0, 1], redis[0]).into())
-            .await
-            .unwrap();
         let mut group = SentinelGroup {
             dir,
             redis_children: (0..3).map(|_| None).collect(),
             redis,
             sentinels: (0..3).map(|_| free_port()).collect(),
             sentinel_children: Vec::new(),
-            replication,
         };
         for i in 0..3 {
             group.spawn_redis(i);
@@ -62,7 +57,7 @@ impl SentinelGroup {
     }
 
     /// Starts Redis server `i` (again: empty, no persistence). Server 0
-    /// starts as the master, the others as its replicas through the proxy.
+    /// starts as the master, the others as its replicas.
     pub fn spawn_redis(&mut self, i: usize) {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.redis[i].to_string()])
@@ -72,11 +67,7 @@ impl SentinelGroup {
             .args(["--repl-diskless-sync-delay", "0", "--dir"])
             .arg(&self.dir);
         if i > 0 {
-            cmd.args([
-                "--replicaof",
-                "127.0.0.1",
-                &self.replication.addr().port().to_string(),
-            ]);
+            cmd.args(["--replicaof", "127.0.0.1", &self.redis[0].to_string()]);
         }
         let child = cmd
             .stdout(self.log(&format!("redis{i}")))
@@ -129,6 +120,13 @@ impl SentinelGroup {
         addr.get(1)?.parse().ok()
     }
 
+    /// The config epoch under which Sentinel `i` names the master.
+    pub async fn config_epoch(&self, i: usize) -> Option<u64> {
+        let fields: std::collections::HashMap<String, String> =
+            self.ask_sentinel(i, "master").await?;
+        fields.get("config-epoch")?.parse().ok()
+    }
+
     /// `SENTINEL <what> <MASTER>` to Sentinel `i`; `None` if it does not
     /// answer.
     async fn ask_sentinel<T: redis::FromRedisValue>(&self, i: usize, what: &str) -> Option<T> {
@@ -176,6 +174,19 @@ impl SentinelGroup {
     async fn replicas_known(&self, i: usize) -> usize {
         let replicas: Option<Vec<redis::Value>> = self.ask_sentinel(i, "replicas").await;
         replicas.map_or(0, |r| r.len())
+    }
+
+    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) both first replicas: while
+    /// stopped they receive nothing and acknowledge nothing.
+    pub fn signal_replicas(&self, signal: &str) {
+        for child in self.redis_children[1..].iter().flatten() {
+            let status = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status()
+                .expect("kill runs");
+            assert!(status.success(), "kill -{signal} {}", child.id());
+        }
     }
 
     /// `kill -9` of Redis server `i`.

@@ -15,7 +15,9 @@ use crate::error::LockError;
 /// `ConnectionManager`; under Sentinel, replaced by one to the new master
 /// after a failover.
 pub(super) struct Connection {
-    current: Mutex<ConnectionManager>,
+    /// The connection, and the config epoch under which the Sentinels named
+    /// its server master (0 without Sentinel).
+    current: Mutex<(ConnectionManager, u64)>,
     /// Under Sentinel: whether the master must be confirmed after a broken
     /// connection before a lock is taken.
     follows: bool,
@@ -73,9 +75,14 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    pub(super) fn new(conn: ConnectionManager, doubt: Arc<Doubt>, follows: bool) -> Self {
+    pub(super) fn new(
+        conn: ConnectionManager,
+        epoch: u64,
+        doubt: Arc<Doubt>,
+        follows: bool,
+    ) -> Self {
         Connection {
-            current: Mutex::new(conn),
+            current: Mutex::new((conn, epoch)),
             follows,
             doubt,
         }
@@ -83,17 +90,17 @@ impl Connection {
 
     /// The connection to use now (a cheap clone of a handle).
     pub(super) fn get(&self) -> ConnectionManager {
-        lock(&self.current).clone()
+        lock(&self.current).0.clone()
     }
 
-    /// The connection to take a lock on, and its break count, to compare
-    /// after the answer with [`broke_since`](Self::broke_since). Under
-    /// Sentinel, after a failure, waits (up to `within`) until the
-    /// Sentinels have confirmed the master.
+    /// The connection to take a lock on, its break count (to compare after
+    /// the answer with [`broke_since`](Self::broke_since)) and its master's
+    /// config epoch. Under Sentinel, after a failure, waits (up to
+    /// `within`) until the Sentinels have confirmed the master.
     pub(super) async fn for_locking(
         &self,
         within: Duration,
-    ) -> Result<(ConnectionManager, u64), LockError> {
+    ) -> Result<(ConnectionManager, u64, u64), LockError> {
         let doubt = &self.doubt;
         if self.follows {
             let deadline = tokio::time::Instant::now() + within;
@@ -118,7 +125,9 @@ impl Connection {
                 }
             }
         }
-        Ok((self.get(), doubt.breaks()))
+        let breaks = doubt.breaks();
+        let (conn, epoch) = lock(&self.current).clone();
+        Ok((conn, breaks, epoch))
     }
 
     /// Under Sentinel, whether the connection broke (and may have been
@@ -139,8 +148,15 @@ impl Connection {
     /// may run a request it queued, and grant, once it runs again.
     ///
     /// Returns the break count that the replacement made.
-    pub(super) fn replace(&self, conn: ConnectionManager) -> u64 {
-        *lock(&self.current) = conn;
+    pub(super) fn replace(&self, conn: ConnectionManager, epoch: u64) -> u64 {
+        *lock(&self.current) = (conn, epoch);
         self.doubt.breaks.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The Sentinels name the same master under a later config epoch (this
+    /// process missed the failovers in between).
+    pub(super) fn raise_epoch(&self, epoch: u64) {
+        let mut current = lock(&self.current);
+        current.1 = current.1.max(epoch);
     }
 }

@@ -74,6 +74,12 @@ impl Master {
         Ok((master, conn))
     }
 
+    /// The config epoch under which the Sentinels named the master last
+    /// connected to (or confirmed).
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Asks every Sentinel at once; the answer with the highest config
     /// epoch wins. A Sentinel that has not yet heard of a failover names
     /// the old master under an older epoch, and the old master (paused, or
@@ -263,9 +269,12 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
                 };
                 match master.find(doubt.breaks() != seen).await {
                     Ok(found) => {
-                        if let Some(new) = found {
-                            seen = conn.replace(new.clone());
-                            watches.moved(&new).await;
+                        match found {
+                            Some(new) => {
+                                seen = conn.replace(new.clone(), master.epoch());
+                                watches.moved(&new).await;
+                            }
+                            None => conn.raise_epoch(master.epoch()),
                         }
                         pause = Duration::from_millis(50);
                         // Broken again meanwhile: not confirmed, ask again.

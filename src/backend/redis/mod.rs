@@ -110,7 +110,18 @@
 //! yet passed on is lost in a failover, and the next client can be granted
 //! the lock while its holder still counts on it. The holder learns at its
 //! next renewal, and its fencing token is below the new holder's (the
-//! counter follows the clock, above). [`RedisOptions::wait_for_replicas`]
+//! counter follows the clock, above).
+//!
+//! For a while two servers can both grant: a master the Sentinels replaced
+//! (paused, cut off, or failed over twice in a row) serves as master until
+//! they convert it, to clients that have not yet heard of the switch. Both
+//! counters follow the same clock, so their tokens could meet; through
+//! Sentinel a token is therefore the counter plus the master's config epoch
+//! times 2^40: a newer master's tokens are above anything an older one
+//! hands out (unless the two clocks are some 12 days apart), and the
+//! fenced store refuses the older master's holders.
+//!
+//! [`RedisOptions::wait_for_replicas`]
 //! (or `?wait_replicas=N&wait_timeout_ms=T` in the URL) closes that gap at
 //! the cost of the replicas' acknowledgement on each acquire and renewal.
 //!
@@ -262,7 +273,7 @@ impl RedisBackend {
         let conn = if let Some(sentinel) = sentinel {
             options.check_sentinel()?;
             let (master, conn) = master::Master::connect(&sentinel, config).await?;
-            let conn = Arc::new(Connection::new(conn, doubt, true));
+            let conn = Arc::new(Connection::new(conn, master.epoch(), doubt, true));
             tokio::spawn(master::follow(
                 master,
                 Arc::downgrade(&conn),
@@ -278,7 +289,7 @@ impl RedisBackend {
                     let hint = tls_mismatch_hint(url, &e);
                     redis_error(&format!("connecting to {url}{hint}"), e)
                 })?;
-            Arc::new(Connection::new(conn, doubt, false))
+            Arc::new(Connection::new(conn, 0, doubt, false))
         };
         tokio::spawn(sweep_subscriptions(
             Arc::downgrade(&watches),

@@ -46,6 +46,13 @@ pub(super) struct ServerInner {
     pub(super) releases: Arc<InFlight>,
 }
 
+/// Under Sentinel, a fencing token is the key's counter plus the master's
+/// config epoch times this (2^40 µs, some 12 days): while a replaced master
+/// still serves until the Sentinels convert it, both grant, each from a
+/// counter that follows its clock, and the newer master's tokens must be
+/// above the older one's, not among them.
+const EPOCH_STRIDE: u64 = 1 << 40;
+
 // One connection: a release sent lands before the next acquire.
 protocol_backend!(
     Server,
@@ -125,7 +132,7 @@ impl ServerInner {
         lease: Duration,
         tokens: u32,
     ) -> Result<Attempt, LockError> {
-        let (mut conn, breaks) = self.conn.for_locking(self.response_timeout).await?;
+        let (mut conn, breaks, epoch) = self.conn.for_locking(self.response_timeout).await?;
         let mut in_flight = Attempting {
             inner: self,
             layout,
@@ -154,6 +161,19 @@ impl ServerInner {
                 "the connection to the master broke while the lock was taken",
                 None,
             )),
+            Attempt::Granted(last) => epoch
+                .checked_mul(EPOCH_STRIDE)
+                .and_then(|base| base.checked_add(last))
+                .map(Attempt::Granted)
+                .ok_or_else(|| {
+                    LockError::backend(
+                        "redis",
+                        format!(
+                            "the Sentinels' config epoch {epoch} is too high for fencing tokens"
+                        ),
+                        None,
+                    )
+                }),
             attempt => Ok(attempt),
         });
         if result.is_err() {
