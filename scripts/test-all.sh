@@ -192,5 +192,7 @@ torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30 --seed 1
 torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30
 torture --backend etcd --secs 30 --seed 1
 torture --backend etcd --secs 30
+torture --backend sentinel-wait --secs 30
+torture --backend sentinel --secs 30 --seed 1
 
 step "all checks passed in $((SECONDS - started))s"

@@ -39,7 +39,7 @@ pub enum Event {
         at: u64,
     },
     /// The critical section's last act (its write, or the decision to
-    /// skip it), and when it was done.
+    /// skip it), and when it began (the write sent).
     Wrote {
         hold: String,
         outcome: String,
@@ -123,6 +123,41 @@ pub struct History {
     windows: Vec<(&'static str, u64, u64)>,
     pub failed_acquisitions: u64,
     pub writes_skipped: u64,
+}
+
+impl History {
+    /// Every hold in grant order, and the fault windows, one per line
+    /// (times in ms from the first grant): kept beside the logs of a run
+    /// that broke a guarantee.
+    pub fn dump(&self) -> String {
+        let mut holds: Vec<_> = self.holds.iter().collect();
+        holds.sort_by_key(|(_, h)| h.granted);
+        let zero = holds.first().map_or(0, |(_, h)| h.granted);
+        let ms = |t: Option<u64>| {
+            t.map_or("-".into(), |t| {
+                format!("{:.1}", (t as f64 - zero as f64) / 1e6)
+            })
+        };
+        let mut out = String::from("hold key token granted told wrote released\n");
+        for (id, h) in holds {
+            out += &format!(
+                "{id} {} {} {} {} {} {}\n",
+                h.key,
+                h.token,
+                ms(Some(h.granted)),
+                ms(h.told),
+                ms(h.wrote),
+                ms(h.released)
+            );
+        }
+        for (name, start, end) in &self.windows {
+            out += &format!("fault {name} {} {}\n", ms(Some(*start)), ms(Some(*end)));
+        }
+        for (process, faults) in &self.faults {
+            out += &format!("process {process} {faults:?}\n");
+        }
+        out
+    }
 }
 
 /// What the checker found.

@@ -6,7 +6,9 @@
 //!     --keys 4 --lease-ms 2000 --nemesis all --seed 1
 //! ```
 //!
-//! `--backend` is `memory`, `redis`, `redlock`, `zk`, `zk3` (a three-server
+//! `--backend` is `memory`, `redis`, `sentinel` (a Redis master, two
+//! replicas and three Sentinels), `sentinel-wait` (the same, every lock and
+//! renewal waiting for one replica), `redlock`, `zk`, `zk3` (a three-server
 //! ensemble), `postgres`, `etcd` or `etcd3` (a three-member etcd cluster):
 //! the harness starts its own servers, so that it can kill, restart and
 //! pause them. Or a URL (`redis://..`, `redlock://..`, `zk://..`) of
@@ -57,7 +59,7 @@ pub struct Args {
 }
 
 const USAGE: &str =
-    "usage: torture --backend <memory|redis|redlock|zk|zk3|postgres|etcd|etcd3|URL> [--secs S] \
+    "usage: torture --backend <memory|redis|sentinel|sentinel-wait|redlock|zk|zk3|postgres|etcd|etcd3|URL> [--secs S] \
 [--processes P] [--workers W] [--keys K] [--lease-ms L] [--nemesis all|none|LIST] [--seed N] \
 [--quarantine]";
 
@@ -121,6 +123,16 @@ fn main() -> ExitCode {
         .build()
         .expect("tokio runtime");
     if let Some(client) = args.client {
+        // Warnings (a lock lost, a master moved) go to the process's log,
+        // which the harness keeps when a guarantee broke.
+        tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
         return rt.block_on(worker::client_main(client));
     }
     let nemesis = match Nemesis::plan(&args) {

@@ -85,6 +85,8 @@ pub struct Summary {
     pub broken: Vec<&'static str>,
     pub examples: Vec<String>,
     pub seed: u64,
+    /// The history, when a guarantee broke (see [`History::dump`]).
+    pub history: Option<String>,
 }
 
 impl Nemesis {
@@ -106,7 +108,17 @@ impl Nemesis {
             }
         };
         if ![
-            "memory", "redis", "redlock", "zk", "zk3", "postgres", "mysql", "etcd", "etcd3",
+            "memory",
+            "redis",
+            "sentinel",
+            "sentinel-wait",
+            "redlock",
+            "zk",
+            "zk3",
+            "postgres",
+            "mysql",
+            "etcd",
+            "etcd3",
         ]
         .contains(&kind.as_str())
         {
@@ -124,6 +136,17 @@ impl Nemesis {
             .filter(|k| match (kind.as_str(), k) {
                 ("memory", FaultKind::Cancel | FaultKind::Panic) => true,
                 ("memory", _) | (_, FaultKind::Cancel | FaultKind::Panic) => false,
+                // Clients reach the Redis servers at the addresses the
+                // Sentinels give, not through the proxies: the faults are
+                // the master's (kill, pause) and the clients'.
+                (
+                    "sentinel" | "sentinel-wait",
+                    FaultKind::Partition
+                    | FaultKind::PartitionUp
+                    | FaultKind::PartitionDown
+                    | FaultKind::Drop
+                    | FaultKind::Latency,
+                ) => false,
                 (_, FaultKind::ServerKill | FaultKind::ServerPause) => given.is_none(),
                 (kind, FaultKind::Clock) => kind == "redlock" && given.is_none(),
                 _ => true,
@@ -171,7 +194,16 @@ impl Nemesis {
             Ok(summary) if summary.broken.is_empty() => {
                 let _ = std::fs::remove_dir_all(&work);
             }
-            _ => eprintln!("torture: logs kept in {}", work.display()),
+            _ => {
+                if let Ok(Summary {
+                    history: Some(history),
+                    ..
+                }) = &result
+                {
+                    let _ = std::fs::write(work.join("history.txt"), history);
+                }
+                eprintln!("torture: logs kept in {}", work.display())
+            }
         }
         result
     }
@@ -273,8 +305,16 @@ impl Nemesis {
     ) -> Result<Summary, String> {
         let a = &self.args;
         let mut servers = Vec::new();
+        let sentinel = self.kind.starts_with("sentinel");
         let addrs = match &self.given {
             Some(addrs) => addrs.clone(),
+            None if sentinel => {
+                let work = work.to_owned();
+                servers = tokio::task::spawn_blocking(move || Server::start_sentinel_group(&work))
+                    .await
+                    .map_err(|e| e.to_string())??;
+                servers.iter().map(|s| s.addr).collect()
+            }
             None => {
                 let (kind, n) = match self.kind.as_str() {
                     "zk" => (Kind::ZooKeeper, 1),
@@ -304,6 +344,15 @@ impl Nemesis {
                 servers.iter().map(|s| s.addr).collect()
             }
         };
+        // Under Sentinel, clients are given the Sentinels; the Redis
+        // servers are where the keys are, and the faults go.
+        let (addrs, data) = if sentinel && self.given.is_none() {
+            (addrs[3..].to_vec(), addrs[..3].to_vec())
+        } else {
+            (addrs.clone(), addrs)
+        };
+        // Kept running to the end of the run (dropped, a server stops).
+        let _sentinels = servers.split_off(data.len().min(servers.len()));
         let servers: Vec<Arc<Mutex<Server>>> = servers
             .into_iter()
             .map(|s| Arc::new(Mutex::new(s)))
@@ -400,6 +449,41 @@ impl Nemesis {
                             .process_fault(&id, ProcessFault::Paused(stop, cont));
                     }
                 }
+                FaultKind::ServerKill if sentinel => {
+                    // The master, so that the Sentinels fail over; it comes
+                    // back empty, once they have, as a replica.
+                    let Some(master) = sentinel_master(&addrs, &data).await else {
+                        continue;
+                    };
+                    let server = servers[master].clone();
+                    server.lock().unwrap().kill();
+                    if !failed_over(&addrs, data[master], Duration::from_secs(30)).await {
+                        eprintln!("torture: the Sentinels did not fail over within 30 s");
+                    }
+                    tokio::task::spawn_blocking(move || server.lock().unwrap().restart())
+                        .await
+                        .map_err(|e| e.to_string())??;
+                    // Restarted, it calls itself master (empty) until the
+                    // Sentinels convert it; a failover may also be followed
+                    // by another (a Sentinel finding the new master slow to
+                    // answer): the fault lasts until the group has settled.
+                    settled(&addrs, &data, Duration::from_secs(30)).await;
+                }
+                FaultKind::ServerPause if sentinel => {
+                    let Some(master) = sentinel_master(&addrs, &data).await else {
+                        continue;
+                    };
+                    let server = &servers[master];
+                    server.lock().unwrap().signal("STOP");
+                    tokio::time::sleep(lease * 3 / 2).await;
+                    server.lock().unwrap().signal("CONT");
+                    // Failed over meanwhile (or in the moments after: the
+                    // Sentinels may be finishing), it still serves as master
+                    // until they convert it (up to ten seconds here).
+                    if failed_over(&addrs, data[master], lease * 2).await {
+                        settled(&addrs, &data, Duration::from_secs(30)).await;
+                    }
+                }
                 FaultKind::ServerKill => {
                     let server = servers[rng.below(servers.len() as u64) as usize].clone();
                     server.lock().unwrap().kill();
@@ -459,13 +543,7 @@ impl Nemesis {
         .await;
         backend.flush().await;
         drop(backend);
-        let leaked = leaks(
-            &self.kind,
-            &addrs,
-            root,
-            lease * 3 + Duration::from_secs(10),
-        )
-        .await?;
+        let leaked = leaks(&self.kind, &data, root, lease * 3 + Duration::from_secs(10)).await?;
         let history = std::mem::take(&mut *history.lock().unwrap());
         // Faults the backend documents as outside its guarantees: there the
         // fenced register must refuse every stale write instead.
@@ -483,6 +561,10 @@ impl Nemesis {
             // upstream by pull request 16822): a server bug no client can
             // see coming.
             "etcd3" => &["server-pause"],
+            // Replication is asynchronous: a failover can lose a lock or a
+            // renewal the replicas did not have (`sentinel-wait` claims it
+            // cannot).
+            "sentinel" => &["server-kill", "server-pause"],
             _ => &[],
         };
         Ok(summarize(
@@ -505,7 +587,7 @@ fn backend_name(kind: &str) -> &'static str {
         "postgres" => "postgres",
         "mysql" => "mysql",
         "etcd" | "etcd3" => "etcd",
-        "redis" => "redis",
+        "redis" | "sentinel" | "sentinel-wait" => "redis",
         "redlock" => "redlock",
         _ => "memory",
     }
@@ -711,6 +793,98 @@ async fn leaks(
     }
 }
 
+/// Which of the Redis servers `data` the Sentinels (any of `sentinels`)
+/// name as the master.
+async fn sentinel_master(sentinels: &[SocketAddr], data: &[SocketAddr]) -> Option<usize> {
+    for s in sentinels {
+        let Ok(client) = redis::Client::open(format!("redis://{s}")) else {
+            continue;
+        };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        let addr: Result<Vec<String>, _> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(crate::servers::SENTINEL_MASTER)
+            .query_async(&mut conn)
+            .await;
+        let port = addr.ok().and_then(|a| a.get(1)?.parse::<u16>().ok());
+        if let Some(i) = data.iter().position(|d| Some(d.port()) == port) {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Waits (up to `within`) until the Sentinels name a master other than
+/// `old`; whether they do.
+async fn failed_over(sentinels: &[SocketAddr], old: SocketAddr, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let mut named = Vec::new();
+        for s in sentinels {
+            named.push(sentinel_master(&[*s], &[old]).await);
+        }
+        if named.iter().all(Option::is_none) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (up to `within`) until the Sentinel group has settled: every
+/// Sentinel names the same master, which says it is master, and every
+/// other Redis server of `data` says it is a replica of it. Until then two
+/// servers may both serve as master (one the Sentinels have replaced but
+/// not yet converted).
+async fn settled(sentinels: &[SocketAddr], data: &[SocketAddr], within: Duration) {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        let mut named = Vec::new();
+        for s in sentinels {
+            named.push(sentinel_master(&[*s], data).await);
+        }
+        if let Some(master) = named[0].filter(|_| named.iter().all(|n| *n == named[0])) {
+            let mut agree = true;
+            for (i, addr) in data.iter().enumerate() {
+                let role = role(*addr).await;
+                agree &= match role.as_slice() {
+                    [redis::Value::BulkString(r), ..] if i == master => r == b"master",
+                    [redis::Value::BulkString(r), _, port, ..] if i != master => {
+                        r == b"slave"
+                            && redis::from_redis_value::<u16>(port.clone()).ok()
+                                == Some(data[master].port())
+                    }
+                    _ => false,
+                };
+            }
+            if agree {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("torture: the Sentinel group did not settle within {within:?}");
+}
+
+/// What `ROLE` says on the Redis server `addr`; empty if it cannot be
+/// asked.
+async fn role(addr: SocketAddr) -> Vec<redis::Value> {
+    let Ok(client) = redis::Client::open(format!("redis://{addr}")) else {
+        return Vec::new();
+    };
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return Vec::new();
+    };
+    redis::cmd("ROLE")
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_default()
+}
+
 /// What a forward step of a Redis server's wall clock by `step` does to
 /// locks: every key's time to live, which Redis counts on that clock, ends
 /// `step` sooner. Emulated by shortening the TTLs, because Debian's
@@ -864,10 +1038,11 @@ fn summarize(
         .kill_recovery_ms
         .map_or("none".into(), |m| format!("{m:.0}"));
     // A cluster's line says so, as the bench's do.
-    let servers = if args.backend == "etcd3" || args.backend == "zk3" {
-        " servers=3"
-    } else {
-        ""
+    let servers = match args.backend.as_str() {
+        "etcd3" | "zk3" => " servers=3",
+        "sentinel" => " servers=3 sentinels=3",
+        "sentinel-wait" => " servers=3 sentinels=3 wait_replicas=1",
+        _ => "",
     };
     let line = format!(
         "impl=tower-lock backend={backend} workload=torture{servers} secs={} processes={} workers={} keys={} \
@@ -911,10 +1086,12 @@ fn summarize(
     if v.holds == 0 {
         broken.push("no hold at all");
     }
+    let history = (!broken.is_empty()).then(|| history.dump());
     Summary {
         line,
         broken,
-        examples: v.examples,
+        examples: v.examples.into_iter().chain(t.examples).collect(),
         seed,
+        history,
     }
 }

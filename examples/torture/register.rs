@@ -36,6 +36,8 @@ struct State {
     cells: HashMap<String, Cell>,
     stale_refused: u64,
     stale_accepted: u64,
+    /// The first few stale writes accepted, said in words.
+    examples: Vec<String>,
 }
 
 /// What the register counted, at the end of a run.
@@ -45,6 +47,8 @@ pub struct Tally {
     pub stale_refused: u64,
     pub stale_accepted: u64,
     pub lost_updates: u64,
+    /// The first few stale writes accepted, said in words.
+    pub examples: Vec<String>,
 }
 
 pub struct Register {
@@ -76,6 +80,7 @@ impl Register {
         let mut t = Tally {
             stale_refused: state.stale_refused,
             stale_accepted: state.stale_accepted,
+            examples: state.examples.clone(),
             ..Tally::default()
         };
         for cell in state.cells.values() {
@@ -130,6 +135,12 @@ fn handle(line: &str, state: &Mutex<State>) -> String {
         ("W", Some(Ok(value))) => {
             if shared_token {
                 state.stale_accepted += 1;
+                if state.examples.len() < 5 {
+                    state.examples.push(format!(
+                        "key {key}: {hold} wrote with token {token}, which {} used first",
+                        cell.top_hold
+                    ));
+                }
             }
             cell.value = value;
             cell.accepted += 1;

@@ -19,7 +19,13 @@ pub enum Kind {
     /// A one-member etcd cluster; its data directory survives a kill, so a
     /// restart brings back its keys and leases.
     Etcd,
+    /// A Redis Sentinel (`redis-server --sentinel`) monitoring the master
+    /// [`SENTINEL_MASTER`].
+    Sentinel,
 }
+
+/// The name the Sentinels monitor the master under.
+pub const SENTINEL_MASTER: &str = "locks";
 
 /// The newest installed PostgreSQL's programs.
 fn postgres_bin() -> Result<PathBuf, String> {
@@ -67,6 +73,9 @@ pub struct Server {
     /// list.
     member: String,
     cluster: String,
+    /// A Redis replica's master port (started with `--replicaof`); a
+    /// Sentinel's master port (its `sentinel monitor`).
+    master: Option<u16>,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -126,6 +135,37 @@ impl Server {
         Ok(members)
     }
 
+    /// A Redis master, two replicas and three Sentinels: the first three
+    /// servers are the Redis ones (the first starts as the master), the
+    /// last three the Sentinels. The master fails over after a second
+    /// without an answer.
+    pub fn start_sentinel_group(work: &std::path::Path) -> Result<Vec<Server>, String> {
+        let mut servers = Vec::new();
+        for i in 0..6 {
+            let kind = if i < 3 { Kind::Redis } else { Kind::Sentinel };
+            let mut server = Self::prepare(kind, work, &format!("server{i}"))?;
+            if i > 0 {
+                server.master = Some(servers.first().map_or(0, |m: &Server| m.addr.port()));
+            }
+            if kind == Kind::Sentinel {
+                let conf = format!(
+                    "port {}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                     sentinel failover-timeout {SENTINEL_MASTER} 3000\n",
+                    server.addr.port(),
+                    server.dir.display(),
+                    server.master.unwrap_or(0)
+                );
+                std::fs::write(server.dir.join("sentinel.conf"), conf)
+                    .map_err(|e| e.to_string())?;
+            }
+            server.spawn()?;
+            servers.push(server);
+        }
+        Ok(servers)
+    }
+
     /// A server's directory and ports, not yet started.
     fn prepare(kind: Kind, work: &std::path::Path, name: &str) -> Result<Server, String> {
         let port = free_port().map_err(|e| e.to_string())?;
@@ -140,6 +180,7 @@ impl Server {
             election: free_port().map_err(|e| e.to_string())?,
             member: name.to_owned(),
             cluster: String::new(),
+            master: None,
         };
         if kind == Kind::ZooKeeper {
             // A short tick so that short sessions are allowed.
@@ -207,6 +248,19 @@ impl Server {
                     .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                     .arg("--dir")
                     .arg(self.dir.join("data"));
+                // A replica restarted after a failover names the first
+                // master; the Sentinels point it at the current one.
+                if let Some(master) = self.master {
+                    cmd.args(["--replicaof", "127.0.0.1", &master.to_string()]);
+                }
+                // A replica resynchronised in full after a failover gets
+                // the data at once, not after the default 5 s.
+                cmd.args(["--repl-diskless-sync-delay", "0"]);
+            }
+            Kind::Sentinel => {
+                cmd.arg("redis-server")
+                    .arg(self.dir.join("sentinel.conf"))
+                    .arg("--sentinel");
             }
             Kind::Etcd => {
                 let client = format!("http://{}", self.addr);
@@ -244,7 +298,7 @@ impl Server {
     fn wait_up(&self, limit: Duration) -> Result<(), String> {
         let deadline = Instant::now() + limit;
         let (probe, expect): (&[u8], &str) = match self.kind {
-            Kind::Redis => (b"PING\r\n", "+PONG"),
+            Kind::Redis | Kind::Sentinel => (b"PING\r\n", "+PONG"),
             Kind::ZooKeeper => (b"isro", "rw"),
             Kind::Etcd => (b"GET /health HTTP/1.0\r\n\r\n", "\"health\":\"true\""),
             Kind::Postgres => (b"", ""),

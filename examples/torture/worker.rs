@@ -156,7 +156,12 @@ impl Worker {
                 lost
             };
             // The critical section: read, think, write what was read plus one.
-            let outcome = if told_now() {
+            // Its last act is dated when it starts (the write sent, or the
+            // write skipped): a holder stopped between sending its write and
+            // reading the answer acted before it was stopped.
+            let told = told_now();
+            let mut last_act = now_ns();
+            let outcome = if told {
                 "skip"
             } else {
                 match register.read(key, token, &hold).await.expect("register") {
@@ -169,7 +174,9 @@ impl Worker {
                             rng.between(Duration::ZERO, self.lease / 20)
                         };
                         tokio::time::sleep(think).await;
-                        if told_now() {
+                        let told = told_now();
+                        last_act = now_ns();
+                        if told {
                             "skip"
                         } else {
                             match register.write(key, token, &hold, v + 1).await {
@@ -187,7 +194,7 @@ impl Worker {
                 Event::Wrote {
                     hold: hold.clone(),
                     outcome: outcome.into(),
-                    at: now_ns(),
+                    at: last_act,
                 },
             );
             if self
@@ -311,6 +318,19 @@ pub async fn open(
                 options = options.restart_quarantine(lease);
             }
             Arc::new(RedisBackend::connect_with(&format!("redis://{servers}"), options).await?)
+        }
+        // One replica's acknowledgement: the Sentinels promote the replica
+        // with the most of the stream, which then has every lock granted.
+        "sentinel" | "sentinel-wait" => {
+            let mut options = RedisOptions::default();
+            if kind == "sentinel-wait" {
+                options = options.wait_for_replicas(1, Duration::from_millis(100));
+            }
+            let url = format!(
+                "redis+sentinel://{servers}/{}",
+                crate::servers::SENTINEL_MASTER
+            );
+            Arc::new(RedisBackend::connect_with(&url, options).await?)
         }
         "redlock" => Arc::new(RedlockBackend::connect(&format!("redlock://{servers}")).await?),
         "zk" | "zk3" => Arc::new(
