@@ -314,7 +314,11 @@ impl RedlockInner {
         let results = self
             .on_all(|mut conn| {
                 let (layout, token) = (layout.clone(), token.clone());
-                async move { layout.try_acquire(&mut conn, &token, lease, tokens).await }
+                async move {
+                    layout
+                        .try_acquire(&mut conn, &token, lease, tokens, 0)
+                        .await
+                }
             })
             .await;
         let mut round = Round {

@@ -120,13 +120,15 @@ impl Layout {
         matches!(self.kind, Kind::Exclusive | Kind::Write)
     }
 
-    /// One attempt to take the lock for `token` on `conn`.
+    /// One attempt to take the lock for `token` on `conn`; the key's fencing
+    /// counter is raised to at least `floor` plus the server's clock in µs.
     pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         token: &str,
         lease: Duration,
         tokens: u32,
+        floor: u64,
     ) -> Result<Attempt, LockError> {
         let s = scripts();
         let mut call = match self.kind {
@@ -141,7 +143,8 @@ impl Layout {
         call.key(&self.fence)
             .arg(token)
             .arg(lease.as_millis() as u64)
-            .arg(FENCE_TTL.as_millis() as u64);
+            .arg(FENCE_TTL.as_millis() as u64)
+            .arg(floor);
         match self.kind {
             Kind::Semaphore(permits) => call.arg(permits),
             Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),

@@ -45,6 +45,9 @@ struct Named {
     epoch: u64,
     /// The Sentinels agree it is down (`o_down`): a failover is under way.
     down: bool,
+    /// This Sentinel leads a failover of it: from the promotion until the
+    /// switch it names the old address under the new epoch.
+    failing_over: bool,
 }
 
 impl Master {
@@ -107,6 +110,7 @@ impl Master {
                     port: field("port").parse().unwrap_or(0),
                     epoch: field("config-epoch").parse().unwrap_or(0),
                     down: field("flags").contains("o_down"),
+                    failing_over: field("flags").contains("failover_in_progress"),
                 })
             });
         }
@@ -119,19 +123,38 @@ impl Master {
                 _ => {}
             }
         }
+        // The leader of a failover names the old master under the new epoch
+        // until it switches: not an answer to trust.
+        answers.retain(|n| !n.failing_over);
         let newest = answers.iter().map(|n| n.epoch).max();
-        let mut newest = answers.into_iter().filter(|n| Some(n.epoch) == newest);
-        let best = newest.next();
+        let newest: Vec<Named> = answers
+            .into_iter()
+            .filter(|n| Some(n.epoch) == newest)
+            .collect();
         // A master the Sentinels agree is down is not confirmed: it may be
         // paused and about to be replaced, and run what it queued once it
         // resumes.
-        if best.as_ref().is_some_and(|b| b.down) || newest.any(|n| n.down) {
+        if newest.iter().any(|n| n.down) {
             return Err(LockError::backend(
                 "redis",
                 format!("the Sentinels find the master {:?} down", self.name),
                 None,
             ));
         }
+        if newest
+            .iter()
+            .any(|n| (&n.host, n.port) != (&newest[0].host, newest[0].port))
+        {
+            return Err(LockError::backend(
+                "redis",
+                format!(
+                    "the Sentinels name two masters {:?} under one epoch (a failover is ending)",
+                    self.name
+                ),
+                None,
+            ));
+        }
+        let best = newest.into_iter().next();
         best.ok_or_else(|| match last_error {
             Some(e) => redis_error(
                 &format!("asking the Sentinels for the master {:?}", self.name),

@@ -26,7 +26,8 @@
 //! may serve within this process (see [Passing a lock on](#passing-a-lock-on);
 //! [`CohortOptions::DEFAULT_MAX_GRANTS`] by default), by 1 otherwise. A
 //! counter never falls behind the server's clock in microseconds (a new
-//! one starts there, not at 1), and it expires a day after the key was last
+//! one starts there, not at 1; through Sentinel, plus a floor that rises
+//! with each failover: see [Sentinel](#sentinel)), and it expires a day after the key was last
 //! locked. So counters do not pile up as keys come and go, and a token never
 //! goes backwards when a counter is lost (expired, a restart without
 //! persistence, a failover to a replica that lacked its last increments):
@@ -116,10 +117,14 @@
 //! (paused, cut off, or failed over twice in a row) serves as master until
 //! they convert it, to clients that have not yet heard of the switch. Both
 //! counters follow the same clock, so their tokens could meet; through
-//! Sentinel a token is therefore the counter plus the master's config epoch
-//! times 2^40: a newer master's tokens are above anything an older one
-//! hands out (unless the two clocks are some 12 days apart), and the
-//! fenced store refuses the older master's holders.
+//! Sentinel the counter therefore never falls behind the master's config
+//! epoch times 2^36 µs (some 19 hours) plus the clock: a newer master's
+//! tokens are above anything an older one hands out (unless the two
+//! clocks are that far apart), and the fenced store refuses the older
+//! master's holders. The floor is applied by the script, so every client
+//! of a master shares one counter whatever epoch it knows; a client asks
+//! again while the Sentinels disagree on the master of the newest epoch.
+//! Tokens stay below 2^53 (exact as JSON numbers) up to epoch 65,536.
 //!
 //! [`RedisOptions::wait_for_replicas`]
 //! (or `?wait_replicas=N&wait_timeout_ms=T` in the URL) closes that gap at

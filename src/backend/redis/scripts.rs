@@ -19,16 +19,18 @@ local function int(x) return string.format('%.0f', x) end
 "#;
 
 /// Reserves `n` fencing tokens, returns the last. The counter never falls
-/// behind the server's clock in microseconds: a counter lost (expired, a
-/// restart without persistence, a failover to a replica without its last
-/// increments) starts again above anything it reached.
+/// behind `floor` plus the server's clock in microseconds: a counter lost
+/// (expired, a restart without persistence, a failover to a replica without
+/// its last increments) starts again above anything it reached, and a
+/// floor raised with each failover (see `server.rs`) puts a newer master's
+/// tokens above an older one's. Lua numbers are doubles: exact below 2^53.
 const FENCE: &str = r#"
-local function fence(key, ttl, n)
+local function fence(key, ttl, n, floor)
   local f = redis.call('INCRBY', key, n)
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if f < now then
-    f = now
+  local least = tonumber(floor) + tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if f < least then
+    f = least
     redis.call('SET', key, string.format('%.0f', f))
   end
   redis.call('PEXPIRE', key, ttl)
@@ -64,17 +66,19 @@ local function quarantined(n)
 end
 "#;
 
-/// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms, tokens to reserve.
+/// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms, fence floor,
+/// tokens to reserve.
 const ACQUIRE_EXCLUSIVE: &str = r#"
 local q = quarantined(2)
 if q then return {0, q} end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[4]))}
+  return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[5]), ARGV[4])}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 "#;
 
-/// KEYS: readers, writer, fence. ARGV: token, lease ms, fence ttl ms.
+/// KEYS: readers, writer, fence. ARGV: token, lease ms, fence ttl ms, fence
+/// floor.
 const ACQUIRE_READ: &str = r#"
 local q = quarantined(3)
 if q then return {0, q} end
@@ -84,11 +88,11 @@ end
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
-return {1, fence(KEYS[3], ARGV[3], 1)}
+return {1, fence(KEYS[3], ARGV[3], 1, ARGV[4])}
 "#;
 
-/// KEYS: writer, readers, fence. ARGV: token, lease ms, fence ttl ms, tokens to
-/// reserve.
+/// KEYS: writer, readers, fence. ARGV: token, lease ms, fence ttl ms, fence
+/// floor, tokens to reserve.
 const ACQUIRE_WRITE: &str = r#"
 local q = quarantined(3)
 if q then return {0, q} end
@@ -102,21 +106,22 @@ if first[1] then
   return {0, tonumber(first[2]) - now}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, fence(KEYS[3], ARGV[3], tonumber(ARGV[4]))}
+return {1, fence(KEYS[3], ARGV[3], tonumber(ARGV[5]), ARGV[4])}
 "#;
 
-/// KEYS: holders, fence. ARGV: token, lease ms, fence ttl ms, permits.
+/// KEYS: holders, fence. ARGV: token, lease ms, fence ttl ms, fence floor,
+/// permits.
 const ACQUIRE_SEMAPHORE: &str = r#"
 local q = quarantined(2)
 if q then return {0, q} end
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) - now}
 end
 hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
-return {1, fence(KEYS[2], ARGV[3], 1)}
+return {1, fence(KEYS[2], ARGV[3], 1, ARGV[4])}
 "#;
 
 /// KEYS: lock. ARGV: token, channel. redis-py's release, plus the PUBLISH.

@@ -46,12 +46,17 @@ pub(super) struct ServerInner {
     pub(super) releases: Arc<InFlight>,
 }
 
-/// Under Sentinel, a fencing token is the key's counter plus the master's
-/// config epoch times this (2^40 µs, some 12 days): while a replaced master
-/// still serves until the Sentinels convert it, both grant, each from a
-/// counter that follows its clock, and the newer master's tokens must be
-/// above the older one's, not among them.
-const EPOCH_STRIDE: u64 = 1 << 40;
+/// Under Sentinel, a key's fencing counter never falls behind the master's
+/// config epoch times this (2^36 µs, some 19 hours) plus the server's
+/// clock: while a replaced master still serves until the Sentinels convert
+/// it, both grant, each from a counter that follows its clock, and the
+/// newer master's tokens must be above the older one's, not among them. On
+/// the server, so that every client of a master shares one counter
+/// whatever epoch it knows.
+const EPOCH_STRIDE: u64 = 1 << 36;
+/// The highest floor the script may add to the clock: Lua's numbers are
+/// exact below 2^53, and the clock in µs stays below 2^52 until 2112.
+const MAX_FLOOR: u64 = 1 << 52;
 
 // One connection: a release sent lands before the next acquire.
 protocol_backend!(
@@ -133,6 +138,20 @@ impl ServerInner {
         tokens: u32,
     ) -> Result<Attempt, LockError> {
         let (mut conn, breaks, epoch) = self.conn.for_locking(self.response_timeout).await?;
+        let floor = epoch
+            .checked_mul(EPOCH_STRIDE)
+            .filter(|f| *f <= MAX_FLOOR)
+            .ok_or_else(|| {
+                LockError::backend(
+                    "redis",
+                    format!(
+                        "the Sentinels' config epoch {epoch} is above {}, the highest this \
+                         backend's fencing tokens can carry",
+                        MAX_FLOOR / EPOCH_STRIDE
+                    ),
+                    None,
+                )
+            })?;
         let mut in_flight = Attempting {
             inner: self,
             layout,
@@ -141,10 +160,17 @@ impl ServerInner {
             armed: true,
         };
         let result = match self.replicas {
-            None => layout.try_acquire(&mut conn, token, lease, tokens).await,
+            None => {
+                layout
+                    .try_acquire(&mut conn, token, lease, tokens, floor)
+                    .await
+            }
             Some(replicas) => {
                 let mut acked = Acked::new(&mut conn, replicas);
-                match layout.try_acquire(&mut acked, token, lease, tokens).await {
+                match layout
+                    .try_acquire(&mut acked, token, lease, tokens, floor)
+                    .await
+                {
                     // Not on enough replicas: released when `in_flight` drops.
                     Ok(Attempt::Granted(last)) => {
                         acked.check("the lock").map(|()| Attempt::Granted(last))
@@ -161,19 +187,6 @@ impl ServerInner {
                 "the connection to the master broke while the lock was taken",
                 None,
             )),
-            Attempt::Granted(last) => epoch
-                .checked_mul(EPOCH_STRIDE)
-                .and_then(|base| base.checked_add(last))
-                .map(Attempt::Granted)
-                .ok_or_else(|| {
-                    LockError::backend(
-                        "redis",
-                        format!(
-                            "the Sentinels' config epoch {epoch} is too high for fencing tokens"
-                        ),
-                        None,
-                    )
-                }),
             attempt => Ok(attempt),
         });
         if result.is_err() {
