@@ -189,9 +189,11 @@ impl Nemesis {
         } else {
             self.run_remote(seed, &root, &work).await
         };
-        // Kept when something went wrong: the servers' and clients' logs.
+        // Kept when something went wrong (or TORTURE_KEEP is set): the
+        // servers' and clients' logs.
+        let keep = std::env::var_os("TORTURE_KEEP").is_some();
         match &result {
-            Ok(summary) if summary.broken.is_empty() => {
+            Ok(summary) if summary.broken.is_empty() && !keep => {
                 let _ = std::fs::remove_dir_all(&work);
             }
             _ => {
@@ -1086,7 +1088,8 @@ fn summarize(
     if v.holds == 0 {
         broken.push("no hold at all");
     }
-    let history = (!broken.is_empty()).then(|| history.dump());
+    let history =
+        (!broken.is_empty() || std::env::var_os("TORTURE_KEEP").is_some()).then(|| history.dump());
     Summary {
         line,
         broken,
