@@ -104,6 +104,24 @@ run "$bench" --backend "$zk" --workload contended --secs "$secs" --workers 4 --p
 run "$bench" --backend "$zk" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$zk" --workload http --secs "$secs" --conns 32
 
+# The same on a three-server ensemble (clients may connect to any server;
+# writes go through the leader): floor, ours and the peers.
+start_zk_ensemble bench-zk >&2
+zk3="zk://$zk_ensemble"
+for _ in 1 2 3; do
+    run "$bench" --backend "$zk3" --workload floor --n 2000
+    run "$bench" --backend "$zk3" --workload uncontended --n 2000
+    run bench/peers/curator/run --backend "$zk3" --workload uncontended --n 2000
+    run /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk3" --workload uncontended --n 2000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$zk3" "${contended[@]}"
+    run bench/peers/curator/run --backend "$zk3" "${contended[@]}"
+    run /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk3" "${contended[@]}"
+done
+run "$bench" --backend "$zk3" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$zk3" --workload keys --secs "$secs" --workers 8 --keys 100
+
 # PostgreSQL advisory locks: the floor is two prepared SELECT 1 through the
 # same driver; the peer is psycopg2 calling pg_advisory_lock/unlock.
 pg=$TOWER_LOCK_POSTGRES_URL

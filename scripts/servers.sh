@@ -156,6 +156,47 @@ EOF
     echo "ZooKeeper on 127.0.0.1:$port"
 }
 
+# start_zk_ensemble NAME: three ZooKeeper servers forming one ensemble, as
+# the tests start them (200 ms tick); sets $zk_ensemble (host:port list).
+start_zk_ensemble() {
+    local name=$1 i ports=() peers=() elections=() cfg
+    for i in 1 2 3; do
+        ports+=("$(free_port)")
+        peers+=("$(free_port)")
+        elections+=("$(free_port)")
+    done
+    for i in 1 2 3; do
+        mkdir -p "$work/$name$i/data"
+        echo "$i" >"$work/$name$i/data/myid"
+        cfg="tickTime=200
+initLimit=10
+syncLimit=5
+minSessionTimeout=400
+maxSessionTimeout=60000
+dataDir=$work/$name$i/data
+clientPort=${ports[i - 1]}
+clientPortAddress=127.0.0.1
+admin.enableServer=false
+4lw.commands.whitelist=*
+maxClientCnxns=0"
+        for j in 1 2 3; do
+            cfg+="
+server.$j=127.0.0.1:${peers[j - 1]}:${elections[j - 1]}"
+        done
+        printf '%s\n' "$cfg" >"$work/$name$i/zoo.cfg"
+        java -Dzookeeper.log.dir="$work/$name$i" -cp "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar" \
+            org.apache.zookeeper.server.quorum.QuorumPeerMain "$work/$name$i/zoo.cfg" \
+            >"$work/$name$i/zookeeper.log" 2>&1 &
+        pids+=("$!")
+    done
+    for i in 1 2 3; do
+        wait_for 60 "ZooKeeper $name$i on port ${ports[i - 1]} (log: $work/$name$i/zookeeper.log)" \
+            zk_says "${ports[i - 1]}" isro rw
+    done
+    zk_ensemble=$(for p in "${ports[@]}"; do printf '127.0.0.1:%s,' "$p"; done)
+    zk_ensemble=${zk_ensemble%,}
+}
+
 # The machine's PostgreSQL when it answers; otherwise a private instance on
 # a free port (run as the `postgres` user when this script runs as root,
 # which PostgreSQL refuses to run as).

@@ -134,4 +134,7 @@ def run(impl, backend, default_n, connect, uncontended_lock, worker_locks, close
         line = contended(lambda: worker_locks(shared), a.workers, a.secs, a.hold_us, not a.no_lock)
     close(shared)
     name = f"no-lock-{impl}" if a.no_lock else impl
-    print(f"impl={name} backend={backend} workload={a.workload} {line}")
+    # An ensemble or cluster says so, as the bench program's lines do.
+    hosts = a.backend.split("://", 1)[-1].split("/")[0].split(",")
+    servers = f" servers={len(hosts)}" if len(hosts) > 1 else ""
+    print(f"impl={name} backend={backend} workload={a.workload}{servers} {line}")

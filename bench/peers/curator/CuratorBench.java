@@ -60,7 +60,10 @@ public class CuratorBench {
         client.blockUntilConnected();
         String line = workload.equals("uncontended") ? uncontended(client, n) : contended(client, workers, secs, holdUs, noLock);
         String name = noLock ? "no-lock-curator" : "curator";
-        System.out.println("impl=" + name + " backend=zookeeper workload=" + workload + " " + line);
+        // An ensemble says so, as the bench program's lines do.
+        int servers = hosts.split(",").length;
+        String setting = servers > 1 ? " servers=" + servers : "";
+        System.out.println("impl=" + name + " backend=zookeeper workload=" + workload + setting + " " + line);
         client.close();
     }
 
