@@ -18,7 +18,7 @@ pub enum Engine {
     ZooKeeper,
 }
 
-use super::free_port;
+use super::free_ports;
 
 struct Member {
     client: u16,
@@ -41,11 +41,14 @@ impl Cluster {
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
-        let members = (0..3)
-            .map(|_| Member {
-                client: free_port(),
-                peer: free_port(),
-                election: free_port(),
+        // Nine ports taken together, so that none comes twice.
+        let ports = free_ports(9);
+        let members = ports
+            .chunks(3)
+            .map(|p| Member {
+                client: p[0],
+                peer: p[1],
+                election: p[2],
                 child: None,
             })
             .collect();

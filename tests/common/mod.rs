@@ -22,6 +22,18 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `n` distinct free loopback ports, for servers a test starts together:
+/// each taken while the others are held, so that none is handed out twice
+/// before the servers bind them.
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
 /// A child process that does not outlive a failed test.
 pub struct KillOnDrop(pub std::process::Child);
 

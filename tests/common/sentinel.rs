@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_port;
+use super::free_ports;
 
 /// The name the Sentinels monitor the master under.
 pub const MASTER: &str = "locks";
@@ -30,12 +30,14 @@ impl SentinelGroup {
             std::env::temp_dir().join(format!("tower-lock-sentinel-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let redis: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        // Six servers: ports taken together, so that none comes twice.
+        let mut ports = free_ports(6);
+        let redis: Vec<u16> = ports.drain(..3).collect();
         let mut group = SentinelGroup {
             dir,
             redis_children: (0..3).map(|_| None).collect(),
             redis,
-            sentinels: (0..3).map(|_| free_port()).collect(),
+            sentinels: ports,
             sentinel_children: Vec::new(),
         };
         for i in 0..3 {
