@@ -67,7 +67,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use super::lease::protocol_backend;
 use super::lease::{check_lease, drift, release_in_background, Lease, Protocol, Released};
-use super::redis::{redis_error, Attempt, Layout, Tokens};
+use super::redis::{redis_error, Attempt, Floor, Layout, Tokens};
 use super::{Acquired, Capabilities, Cohort, CohortOptions, InFlight, LockRequest};
 use crate::error::LockError;
 use crate::lost::Deadline;
@@ -316,7 +316,7 @@ impl RedlockInner {
                 let (layout, token) = (layout.clone(), token.clone());
                 async move {
                     layout
-                        .try_acquire(&mut conn, &token, lease, tokens, 0)
+                        .try_acquire(&mut conn, &token, lease, tokens, Floor::Fixed(0))
                         .await
                 }
             })

@@ -45,6 +45,7 @@ const REGISTRY: &[Row] = &[
     row!("redis", "redis", super::RedisBackend),
     row!("rediss", "redis-tls", super::RedisBackend),
     row!("redis+sentinel", "redis", super::RedisBackend),
+    row!("redis+cluster", "redis", super::RedisBackend),
     row!("redlock", "redis", super::RedlockBackend),
     row!("redlocks", "redis-tls", super::RedlockBackend),
     row!("zk", "zookeeper", super::ZookeeperBackend),
@@ -64,6 +65,7 @@ const REGISTRY: &[Row] = &[
 /// | `redis://host:port` | [`RedisBackend`], one instance (feature `redis`) |
 /// | `rediss://host:port[/#insecure]` | [`RedisBackend`] over TLS (feature `redis-tls`) |
 /// | `redis+sentinel://s1:p1,s2:p2,s3:p3/master` | [`RedisBackend`] on the master Sentinel names, following failovers (feature `redis`) |
+/// | `redis+cluster://h1:p1,h2:p2,h3:p3` | [`RedisBackend`] on a Redis Cluster, each key on its slot's master (feature `redis`) |
 /// | `redlock://h1:p1,h2:p2,h3:p3` | [`RedlockBackend`] (feature `redis`) |
 /// | `redlocks://h1:p1,h2:p2,h3:p3[#insecure]` | [`RedlockBackend`] over TLS (feature `redis-tls`) |
 /// | `zk://host:port[,host:port...][/root]` | ZooKeeper (feature `zookeeper`) |

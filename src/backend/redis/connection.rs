@@ -1,23 +1,81 @@
-//! The connection commands go on: to one server, or (with Sentinel) to
-//! whichever server is the master now.
+//! The connection commands go on: to one server, (with Sentinel) to
+//! whichever server is the master now, or (with Cluster) to the master of
+//! each key's slot.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Notify;
 
 use super::lock;
 use crate::error::LockError;
 
-/// One RESP3 connection, reconnected by the `redis` crate's
-/// `ConnectionManager`; under Sentinel, replaced by one to the new master
-/// after a failover.
+/// A handle on the `redis` crate's connection: both kinds reconnect by
+/// themselves, and a clone is cheap.
+#[derive(Clone)]
+pub(super) enum Link {
+    /// One RESP3 connection to one server.
+    Server(ConnectionManager),
+    /// A connection to every node of a Redis Cluster, each command routed
+    /// to the master of its keys' slot (following `MOVED` and `ASK`), each
+    /// subscription to the node of its channel's slot.
+    Cluster(ClusterConnection),
+}
+
+impl Link {
+    pub(super) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Link::Server(c) => c.subscribe(channel).await,
+            Link::Cluster(c) => c.subscribe(channel).await,
+        }
+    }
+
+    pub(super) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Link::Server(c) => c.unsubscribe(channel).await,
+            Link::Cluster(c) => c.unsubscribe(channel).await,
+        }
+    }
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Server(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Server(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// One [`Link`]; under Sentinel, replaced by one to the new master after a
+/// failover.
 pub(super) struct Connection {
     /// The connection, and the config epoch under which the Sentinels named
     /// its server master (0 without Sentinel).
-    current: Mutex<(ConnectionManager, u64)>,
+    current: Mutex<(Link, u64)>,
     /// Under Sentinel: whether the master must be confirmed after a broken
     /// connection before a lock is taken.
     follows: bool,
@@ -75,12 +133,7 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    pub(super) fn new(
-        conn: ConnectionManager,
-        epoch: u64,
-        doubt: Arc<Doubt>,
-        follows: bool,
-    ) -> Self {
+    pub(super) fn new(conn: Link, epoch: u64, doubt: Arc<Doubt>, follows: bool) -> Self {
         Connection {
             current: Mutex::new((conn, epoch)),
             follows,
@@ -88,8 +141,13 @@ impl Connection {
         }
     }
 
+    /// Whether the connection is to a Redis Cluster.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(lock(&self.current).0, Link::Cluster(_))
+    }
+
     /// The connection to use now (a cheap clone of a handle).
-    pub(super) fn get(&self) -> ConnectionManager {
+    pub(super) fn get(&self) -> Link {
         lock(&self.current).0.clone()
     }
 
@@ -100,7 +158,7 @@ impl Connection {
     pub(super) async fn for_locking(
         &self,
         within: Duration,
-    ) -> Result<(ConnectionManager, u64, u64), LockError> {
+    ) -> Result<(Link, u64, u64), LockError> {
         let doubt = &self.doubt;
         if self.follows {
             let deadline = tokio::time::Instant::now() + within;
@@ -149,7 +207,7 @@ impl Connection {
     ///
     /// Returns the break count that the replacement made.
     pub(super) fn replace(&self, conn: ConnectionManager, epoch: u64) -> u64 {
-        *lock(&self.current) = (conn, epoch);
+        *lock(&self.current) = (Link::Server(conn), epoch);
         self.doubt.breaks.fetch_add(1, Ordering::AcqRel) + 1
     }
 

@@ -4,7 +4,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 
 use super::scripts::{scripts, FENCE_TTL};
 use crate::error::LockError;
@@ -128,7 +128,7 @@ impl Layout {
         token: &str,
         lease: Duration,
         tokens: u32,
-        floor: u64,
+        floor: Floor,
     ) -> Result<Attempt, LockError> {
         let s = scripts();
         let mut call = match self.kind {
@@ -143,8 +143,11 @@ impl Layout {
         call.key(&self.fence)
             .arg(token)
             .arg(lease.as_millis() as u64)
-            .arg(FENCE_TTL.as_millis() as u64)
-            .arg(floor);
+            .arg(FENCE_TTL.as_millis() as u64);
+        match floor {
+            Floor::Fixed(floor) => call.arg(floor),
+            Floor::ClusterEpoch => call.arg("cluster"),
+        };
         match self.kind {
             Kind::Semaphore(permits) => call.arg(permits),
             Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),
@@ -216,9 +219,9 @@ impl Layout {
     /// while the release fails without an answer from the server (a dropped
     /// connection, a timeout): compare-and-delete by a unique token is safe
     /// to repeat.
-    pub(crate) async fn release_until(
+    pub(crate) async fn release_until<C: ConnectionLike + Send>(
         &self,
-        conn: impl Fn() -> ConnectionManager,
+        conn: impl Fn() -> C,
         token: &str,
         deadline: Option<std::time::Instant>,
     ) -> redis::RedisResult<()> {
@@ -240,6 +243,18 @@ impl Layout {
 
 pub(crate) fn redis_error(doing: &str, e: redis::RedisError) -> LockError {
     LockError::backend("redis", doing.to_owned(), Some(Box::new(e) as _))
+}
+
+/// What a fencing counter never falls behind, besides the server's clock
+/// in µs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Floor {
+    /// A number the client gives: 0, or a Sentinel config epoch times
+    /// `EPOCH_STRIDE`.
+    Fixed(u64),
+    /// The config epoch of the cluster node that runs the script, times
+    /// `EPOCH_STRIDE`.
+    ClusterEpoch,
 }
 
 /// The answer of an acquire script.

@@ -11,10 +11,10 @@ use redis::{
 };
 use tokio::sync::mpsc;
 
-use super::connection::Connection;
+use super::connection::{Connection, Link};
 use super::layout::redis_error;
 use super::pubsub::Watches;
-use super::sentinel::SentinelUrl;
+use super::urls::SentinelUrl;
 use crate::error::LockError;
 
 /// The channel on which Sentinels announce a new master.
@@ -295,7 +295,7 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
                         match found {
                             Some(new) => {
                                 seen = conn.replace(new.clone(), master.epoch());
-                                watches.moved(&new).await;
+                                watches.moved(&Link::Server(new)).await;
                             }
                             None => conn.raise_epoch(master.epoch()),
                         }

@@ -1,11 +1,11 @@
-//! Redis, one instance or a master followed through Sentinel (feature
-//! `redis`).
+//! Redis: one instance, a master followed through Sentinel, or a Redis
+//! Cluster (feature `redis`).
 //!
 //! # Layout
 //!
 //! For a key `K` and the prefix `lock:` (the default), every Redis key shares
-//! the hash tag `{K}`, so that each script touches one hash slot (ready for
-//! Redis Cluster, which the backend does not speak yet):
+//! the hash tag `{K}`, so that each script touches one hash slot (on a
+//! Redis Cluster, one master: see [Cluster](#cluster)):
 //!
 //! | mode | Redis keys |
 //! |---|---|
@@ -26,8 +26,9 @@
 //! may serve within this process (see [Passing a lock on](#passing-a-lock-on);
 //! [`CohortOptions::DEFAULT_MAX_GRANTS`] by default), by 1 otherwise. A
 //! counter never falls behind the server's clock in microseconds (a new
-//! one starts there, not at 1; through Sentinel, plus a floor that rises
-//! with each failover: see [Sentinel](#sentinel)), and it expires a day after the key was last
+//! one starts there, not at 1; through Sentinel or on a Cluster, plus a
+//! floor that rises with each failover: see [Sentinel](#sentinel)), and it
+//! expires a day after the key was last
 //! locked. So counters do not pile up as keys come and go, and a token never
 //! goes backwards when a counter is lost (expired, a restart without
 //! persistence, a failover to a replica that lacked its last increments):
@@ -130,6 +131,33 @@
 //! (or `?wait_replicas=N&wait_timeout_ms=T` in the URL) closes that gap at
 //! the cost of the replicas' acknowledgement on each acquire and renewal.
 //!
+//! # Cluster
+//!
+//! `redis+cluster://n1:p1,n2:p2,n3:p3` learns the cluster from the first
+//! node that answers (any node will do; give several in case one is down)
+//! and sends each script to the master of its key's slot: locks on
+//! different keys spread over the masters, and [`lock_all`](crate::BackendExt::lock_all) takes keys in
+//! different slots one by one, like any keys. The `redis` crate's cluster
+//! connection follows `MOVED` and `ASK` (a slot resharded while locks in
+//! it are held: their keys move with the slot, and renewals and releases
+//! follow them) and retries within the response timeout; a script that
+//! meets a slot half-migrated (`TRYAGAIN`) is retried the same way. The
+//! release channel `lock:{K}:rel` shares the lock's hash tag, so its
+//! subscription goes to the node that holds the slot and moves with it.
+//!
+//! A master failover is Sentinel's case again: replication is
+//! asynchronous, a lock the old master had not passed on is lost, and a
+//! master cut off from the majority serves its clients for up to the
+//! cluster's `cluster-node-timeout` before it stops taking writes. The
+//! fencing floor comes from the node that runs the script (its config
+//! epoch, which a failover raises above every other node's), so a
+//! promoted replica's tokens are above the old master's.
+//! [`RedisOptions::wait_for_replicas`] (or `?wait_replicas=N` in the URL)
+//! sends `WAIT` to the same master behind each acquire and renewal.
+//! [`RedisOptions::restart_quarantine`] is refused: its marker lives on
+//! one master and cannot tell that another came back empty. Database 0
+//! only, no TLS.
+//!
 //! # What it does not guarantee
 //!
 //! A single Redis is a single point of failure. Without persistence, a
@@ -145,6 +173,7 @@
 //! Waiters in every mode are served first come first served within a process,
 //! but not across processes (see [Passing a lock on](#passing-a-lock-on)).
 
+mod cluster;
 mod connection;
 mod layout;
 mod master;
@@ -152,8 +181,8 @@ mod options;
 mod pubsub;
 mod replicas;
 mod scripts;
-mod sentinel;
 mod server;
+mod urls;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -162,8 +191,8 @@ use std::time::Duration;
 use redis::aio::ConnectionManagerConfig;
 use redis::{PushInfo, PushKind};
 
-use self::connection::{Connection, Doubt};
-pub(crate) use self::layout::{redis_error, Attempt, Layout, Tokens};
+use self::connection::{Connection, Doubt, Link};
+pub(crate) use self::layout::{redis_error, Attempt, Floor, Layout, Tokens};
 pub(crate) use self::options::check_tls_support;
 use self::options::tls_mismatch_hint;
 pub use self::options::RedisOptions;
@@ -175,7 +204,8 @@ use super::CohortOptions;
 use crate::error::LockError;
 use crate::key::LockKey;
 
-/// Locks in one Redis server, or in the master that Redis Sentinel names.
+/// Locks in one Redis server, in the master that Redis Sentinel names, or
+/// in a Redis Cluster.
 ///
 /// See the [module documentation](self) for the layout, the fencing tokens,
 /// and what it guarantees.
@@ -213,6 +243,7 @@ impl RedisBackend {
     /// | `rediss://[user][:password@]host[:port][/db]` | TLS (feature `redis-tls`): the server's certificate must be valid for `host` and chain to a CA of the system's trust store (OpenSSL's: `/etc/ssl/certs`, or what `SSL_CERT_FILE` / `SSL_CERT_DIR` name), or to the one given by `RedisOptions::tls_root_certificate` |
     /// | `rediss://host:port/#insecure` | TLS that checks neither the certificate nor the host name: encrypted, but an impostor is not detected. For tests |
     /// | `redis+sentinel://[user[:password]@]s1:p1[,s2:p2...]/master[/db][?wait_replicas=N&wait_timeout_ms=T]` | the master the Sentinels `s1`, `s2`... name `master`, followed through failovers (see [Sentinel](self#sentinel)); user, password and database are the Redis servers', `wait_replicas` is [`RedisOptions::wait_for_replicas`] |
+    /// | `redis+cluster://[user[:password]@]n1:p1[,n2:p2...][?wait_replicas=N&wait_timeout_ms=T]` | a Redis Cluster, learnt from the nodes given, each key on its slot's master (see [Cluster](self#cluster)) |
     ///
     /// Without the `redis-tls` feature a `rediss://` URL is a
     /// [`LockError::Config`] that says so. Client certificates (mutual TLS)
@@ -257,13 +288,21 @@ impl RedisBackend {
             .set_response_timeout(Some(options.response_timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
-            .set_push_sender(push)
+            .set_push_sender(push.clone())
             .set_automatic_resubscription();
-        let sentinel = match url.starts_with(sentinel::SCHEME) {
-            true => Some(sentinel::parse_url(url)?),
+        let sentinel = match url.starts_with(urls::SENTINEL) {
+            true => Some(urls::parse_sentinel(url)?),
             false => None,
         };
-        let replicas = options.replicas.or(sentinel.as_ref().and_then(|s| s.wait));
+        let cluster = match url.starts_with(urls::CLUSTER) {
+            true => Some(urls::parse_cluster(url)?),
+            false => None,
+        };
+        let wait = sentinel
+            .as_ref()
+            .and_then(|s| s.wait)
+            .or(cluster.as_ref().and_then(|c| c.wait));
+        let replicas = options.replicas.or(wait);
         if let Some(r) = replicas {
             // `WAIT n 0` waits forever, and holds up the connection it shares.
             if r.timeout < Duration::from_millis(1) || r.timeout >= options.response_timeout {
@@ -278,6 +317,7 @@ impl RedisBackend {
         let conn = if let Some(sentinel) = sentinel {
             options.check_sentinel()?;
             let (master, conn) = master::Master::connect(&sentinel, config).await?;
+            let conn = Link::Server(conn);
             let conn = Arc::new(Connection::new(conn, master.epoch(), doubt, true));
             tokio::spawn(master::follow(
                 master,
@@ -285,6 +325,10 @@ impl RedisBackend {
                 Arc::downgrade(&watches),
             ));
             conn
+        } else if let Some(cluster) = cluster {
+            options.check_cluster()?;
+            let conn = cluster::connect(&cluster, &options, push).await?;
+            Arc::new(Connection::new(Link::Cluster(conn), 0, doubt, false))
         } else {
             let client = options.client(url)?;
             let conn = client
@@ -294,7 +338,7 @@ impl RedisBackend {
                     let hint = tls_mismatch_hint(url, &e);
                     redis_error(&format!("connecting to {url}{hint}"), e)
                 })?;
-            Arc::new(Connection::new(conn, 0, doubt, false))
+            Arc::new(Connection::new(Link::Server(conn), 0, doubt, false))
         };
         tokio::spawn(sweep_subscriptions(
             Arc::downgrade(&watches),

@@ -170,6 +170,27 @@ impl RedisOptions {
         Ok(())
     }
 
+    /// Refuses options a Cluster URL cannot honour: the restart
+    /// quarantine's marker would live in one slot, on one master, and TLS
+    /// is not supported there yet.
+    pub(super) fn check_cluster(&self) -> Result<(), LockError> {
+        if self.restart_quarantine.is_some() {
+            return Err(LockError::Config(
+                "the restart quarantine is not available with redis+cluster://: its marker key \
+                 lives on one master, and cannot tell that another came back empty"
+                    .into(),
+            ));
+        }
+        #[cfg(feature = "redis-tls")]
+        if self.tls_root_certificate.is_some() {
+            return Err(LockError::Config(
+                "a TLS root certificate was given, but redis+cluster:// connects without TLS"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// The client for `url`, over TLS if it asks for it.
     pub(super) fn client(&self, url: &str) -> Result<redis::Client, LockError> {
         if wants_tls(url) {

@@ -5,11 +5,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
-use super::connection::Connection;
+use super::connection::{Connection, Link};
 use super::lock;
 
 /// Idle subscriptions are dropped after this long.
@@ -61,7 +60,7 @@ impl Watches {
 
     /// Registers interest in `channel`, subscribing on `conn` if nobody
     /// else is.
-    pub(super) async fn watch(self: &Arc<Self>, conn: &ConnectionManager, channel: &str) -> Watch {
+    pub(super) async fn watch(self: &Arc<Self>, conn: &Link, channel: &str) -> Watch {
         let (notify, subscribe) = {
             let mut channels = lock(&self.channels);
             let c = channels
@@ -102,7 +101,7 @@ impl Watches {
     /// The commands now go to `conn` (a new master): subscribes there to
     /// every channel in use, and wakes every waiter and holder, since
     /// messages may have been missed and locks lost with the old master.
-    pub(super) async fn moved(&self, conn: &ConnectionManager) {
+    pub(super) async fn moved(&self, conn: &Link) {
         let channels: Vec<String> = lock(&self.channels).keys().cloned().collect();
         for channel in channels {
             let subscribed = conn.clone().subscribe(&channel).await.is_ok();

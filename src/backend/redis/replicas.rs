@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 use redis::{Cmd, RedisFuture, Value};
 
+use super::connection::Link;
 use crate::error::LockError;
 
 /// How many replicas must have a write, and how long to wait for them.
@@ -16,19 +17,20 @@ pub(super) struct Replicas {
 }
 
 /// A connection that sends `WAIT count timeout` right behind every
-/// command, pipelined on the same connection, and keeps the number of
+/// command, pipelined on the same connection (on a Redis Cluster, to the
+/// master of the command's keys), and keeps the number of
 /// replicas that acknowledged. A script the server does not have yet
 /// (`NOSCRIPT`, answered before the `WAIT`) is loaded and sent again by
 /// the `redis` crate through this same wrapper, so the last `WAIT` always
 /// follows the write.
 pub(super) struct Acked<'a> {
-    conn: &'a mut ConnectionManager,
+    conn: &'a mut Link,
     replicas: Replicas,
     acked: u32,
 }
 
 impl<'a> Acked<'a> {
-    pub(super) fn new(conn: &'a mut ConnectionManager, replicas: Replicas) -> Self {
+    pub(super) fn new(conn: &'a mut Link, replicas: Replicas) -> Self {
         Acked {
             conn,
             replicas,
@@ -56,6 +58,12 @@ impl<'a> Acked<'a> {
 
 impl ConnectionLike for Acked<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        // `SCRIPT LOAD` writes nothing to wait for; and a Redis Cluster
+        // sends it to every master only on its own (with the `WAIT` it
+        // would go to one node).
+        if cmd.args_iter().next() == Some(redis::Arg::Simple(b"SCRIPT".as_slice())) {
+            return self.conn.req_packed_command(cmd);
+        }
         Box::pin(async move {
             let mut pipe = redis::pipe();
             pipe.add_command(cmd.clone())

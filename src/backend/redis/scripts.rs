@@ -18,14 +18,39 @@ end
 local function int(x) return string.format('%.0f', x) end
 "#;
 
+/// Under Sentinel and Cluster, a key's fencing counter never falls behind
+/// the master's config epoch times this (2^36 µs, some 19 hours) plus the
+/// server's clock: while a replaced master still serves until it learns of
+/// its replacement, both grant, each from a counter that follows its clock,
+/// and the newer master's tokens must be above the older one's, not among
+/// them. Applied by the script, so that every client of a master shares
+/// one counter whatever epoch it knows.
+pub(super) const EPOCH_STRIDE: u64 = 1 << 36;
+/// The highest floor the script may add to the clock: Lua's numbers are
+/// exact below 2^53, and the clock in µs stays below 2^52 until 2112.
+pub(super) const MAX_FLOOR: u64 = 1 << 52;
+
 /// Reserves `n` fencing tokens, returns the last. The counter never falls
 /// behind `floor` plus the server's clock in microseconds: a counter lost
 /// (expired, a restart without persistence, a failover to a replica without
 /// its last increments) starts again above anything it reached, and a
-/// floor raised with each failover (see `server.rs`) puts a newer master's
-/// tokens above an older one's. Lua numbers are doubles: exact below 2^53.
-const FENCE: &str = r#"
+/// floor raised with each failover (`EPOCH_STRIDE`) puts a newer master's
+/// tokens above an older one's. `floor` is a number, or `cluster`: this
+/// node's config epoch (its master's, on a replica) from `CLUSTER INFO`,
+/// which a failover raises above every other node's. Lua numbers are
+/// doubles: exact below 2^53.
+fn fence() -> String {
+    format!(
+        r#"
 local function fence(key, ttl, n, floor)
+  if floor == 'cluster' then
+    local info = redis.call('CLUSTER', 'INFO')
+    local epoch = tonumber(string.match(info, 'cluster_my_epoch:(%d+)'))
+    if epoch * {stride} > {max} then
+      error({{err = 'ERR the config epoch ' .. epoch .. ' is above {most}, the highest fencing tokens can carry'}})
+    end
+    floor = epoch * {stride}
+  end
   local f = redis.call('INCRBY', key, n)
   local t = redis.call('TIME')
   local least = tonumber(floor) + tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -36,7 +61,12 @@ local function fence(key, ttl, n, floor)
   redis.call('PEXPIRE', key, ttl)
   return f
 end
-"#;
+"#,
+        stride = EPOCH_STRIDE,
+        max = MAX_FLOOR,
+        most = MAX_FLOOR / EPOCH_STRIDE,
+    )
+}
 
 /// Adds a member to a sorted set of holders scored by expiry, and keeps the
 /// set alive as long as its longest holder. Needs `NOW_MS`.
@@ -181,11 +211,13 @@ pub(super) fn scripts() -> &'static Scripts {
     SCRIPTS.get_or_init(|| {
         let script = |parts: &[&str]| Script::new(&parts.concat());
         let in_set = [NOW_MS, HOLD_IN_SET].concat();
+        let fence = fence();
+        let fence = fence.as_str();
         Scripts {
-            acquire_exclusive: script(&[QUARANTINE, FENCE, ACQUIRE_EXCLUSIVE]),
-            acquire_read: script(&[QUARANTINE, &in_set, FENCE, ACQUIRE_READ]),
-            acquire_write: script(&[QUARANTINE, NOW_MS, FENCE, ACQUIRE_WRITE]),
-            acquire_semaphore: script(&[QUARANTINE, &in_set, FENCE, ACQUIRE_SEMAPHORE]),
+            acquire_exclusive: script(&[QUARANTINE, fence, ACQUIRE_EXCLUSIVE]),
+            acquire_read: script(&[QUARANTINE, &in_set, fence, ACQUIRE_READ]),
+            acquire_write: script(&[QUARANTINE, NOW_MS, fence, ACQUIRE_WRITE]),
+            acquire_semaphore: script(&[QUARANTINE, &in_set, fence, ACQUIRE_SEMAPHORE]),
             release_string: script(&[RELEASE_STRING]),
             release_member: script(&[RELEASE_MEMBER]),
             extend_string: script(&[EXTEND_STRING]),

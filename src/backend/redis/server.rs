@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::connection::Connection;
-use super::layout::{redis_error, uncertain, Attempt, Layout, Tokens};
+use super::layout::{redis_error, uncertain, Attempt, Floor, Layout, Tokens};
 use super::pubsub::Watches;
 use super::replicas::{Acked, Replicas};
+use super::scripts::{EPOCH_STRIDE, MAX_FLOOR};
 use crate::backend::lease::protocol_backend;
 use crate::backend::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
@@ -45,18 +46,6 @@ pub(super) struct ServerInner {
     pub(super) tokens: Tokens,
     pub(super) releases: Arc<InFlight>,
 }
-
-/// Under Sentinel, a key's fencing counter never falls behind the master's
-/// config epoch times this (2^36 µs, some 19 hours) plus the server's
-/// clock: while a replaced master still serves until the Sentinels convert
-/// it, both grant, each from a counter that follows its clock, and the
-/// newer master's tokens must be above the older one's, not among them. On
-/// the server, so that every client of a master shares one counter
-/// whatever epoch it knows.
-const EPOCH_STRIDE: u64 = 1 << 36;
-/// The highest floor the script may add to the clock: Lua's numbers are
-/// exact below 2^53, and the clock in µs stays below 2^52 until 2112.
-const MAX_FLOOR: u64 = 1 << 52;
 
 // One connection: a release sent lands before the next acquire.
 protocol_backend!(
@@ -138,20 +127,10 @@ impl ServerInner {
         tokens: u32,
     ) -> Result<Attempt, LockError> {
         let (mut conn, breaks, epoch) = self.conn.for_locking(self.response_timeout).await?;
-        let floor = epoch
-            .checked_mul(EPOCH_STRIDE)
-            .filter(|f| *f <= MAX_FLOOR)
-            .ok_or_else(|| {
-                LockError::backend(
-                    "redis",
-                    format!(
-                        "the Sentinels' config epoch {epoch} is above {}, the highest this \
-                         backend's fencing tokens can carry",
-                        MAX_FLOOR / EPOCH_STRIDE
-                    ),
-                    None,
-                )
-            })?;
+        let floor = match self.conn.is_cluster() {
+            true => Floor::ClusterEpoch,
+            false => Floor::Fixed(sentinel_floor(epoch)?),
+        };
         let mut in_flight = Attempting {
             inner: self,
             layout,
@@ -298,4 +277,23 @@ impl Protocol for RedisLock {
             .await
             .map_err(|e| redis_error("releasing a lock", e))
     }
+}
+
+/// The fencing floor for a master the Sentinels named under `epoch` (0
+/// without Sentinel): see `EPOCH_STRIDE`.
+fn sentinel_floor(epoch: u64) -> Result<u64, LockError> {
+    epoch
+        .checked_mul(EPOCH_STRIDE)
+        .filter(|f| *f <= MAX_FLOOR)
+        .ok_or_else(|| {
+            LockError::backend(
+                "redis",
+                format!(
+                    "the Sentinels' config epoch {epoch} is above {}, the highest this \
+                     backend's fencing tokens can carry",
+                    MAX_FLOOR / EPOCH_STRIDE
+                ),
+                None,
+            )
+        })
 }
