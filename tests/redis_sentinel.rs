@@ -39,21 +39,6 @@ async fn lock_keys(group: &SentinelGroup, port: u16) -> Vec<String> {
         .collect()
 }
 
-/// Acquires `key`, retrying through the failover's refusals, within 30 s.
-async fn lock_after_failover(b: &RedisBackend, key: &str) -> tower_lock::LockGuard {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        match b.lock(key).wait(Duration::from_secs(1)).await {
-            Ok(g) => return g,
-            Err(e) if Instant::now() < deadline => {
-                eprintln!("during the failover: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => panic!("no lock 30 s after the failover: {e}"),
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_follows_the_master_through_a_failover() {
     let mut group = SentinelGroup::start("follows").await;
@@ -64,7 +49,7 @@ async fn the_backend_follows_the_master_through_a_failover() {
     let old = group.redis[0];
     group.kill_redis(0);
     let new = group.failed_over_from(old).await;
-    let g = lock_after_failover(&b, "k").await;
+    let g = common::lock_after_failover(&b, "k").await;
     assert!(g.token() > first, "tokens rise across the failover");
     assert_eq!(
         lock_keys(&group, new).await.len(),
@@ -109,7 +94,7 @@ async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
     // Running again, the replicas have what they had when stopped.
     group.signal_replicas("CONT");
     group.failed_over_from(old).await;
-    let other = lock_after_failover(&b, "k").await;
+    let other = common::lock_after_failover(&b, "k").await;
     assert!(
         other.token() > held.token(),
         "the new holder's token {} must exceed the lost one's {}",

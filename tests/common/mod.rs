@@ -12,6 +12,9 @@ pub mod cluster;
 /// A Redis master, replicas and Sentinels on loopback.
 pub mod sentinel;
 
+/// A Redis Cluster of three masters and their replicas on loopback.
+pub mod redis_cluster;
+
 /// A free loopback port, for a server a test starts (or for one that is
 /// surely not listening).
 pub fn free_port() -> u16 {
@@ -122,6 +125,26 @@ pub async fn excludes_with_increasing_tokens<B: tower_lock::Backend + Clone>(
         tokens.windows(2).all(|w| w[0] < w[1]),
         "tokens not increasing"
     );
+}
+
+/// Acquires `key` on `b`, retrying through a failover's refusals, within
+/// 30 s.
+pub async fn lock_after_failover<B: tower_lock::Backend>(
+    b: &B,
+    key: &str,
+) -> tower_lock::LockGuard {
+    use tower_lock::BackendExt;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match b.lock(key).wait(std::time::Duration::from_secs(1)).await {
+            Ok(g) => return g,
+            Err(e) if std::time::Instant::now() < deadline => {
+                eprintln!("during the failover: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("no lock 30 s after the failover: {e}"),
+        }
+    }
 }
 
 /// Two `worker` children, made by `spawn` with the path of the log they
