@@ -194,5 +194,7 @@ torture --backend etcd --secs 30 --seed 1
 torture --backend etcd --secs 30
 torture --backend sentinel-wait --secs 30
 torture --backend sentinel --secs 30 --seed 1
+torture --backend cluster-wait --secs 30
+torture --backend cluster --secs 30 --seed 1
 
 step "all checks passed in $((SECONDS - started))s"

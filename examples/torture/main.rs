@@ -8,7 +8,9 @@
 //!
 //! `--backend` is `memory`, `redis`, `sentinel` (a Redis master, two
 //! replicas and three Sentinels), `sentinel-wait` (the same, every lock and
-//! renewal waiting for one replica), `redlock`, `zk`, `zk3` (a three-server
+//! renewal waiting for one replica), `cluster` (a Redis Cluster of three
+//! masters and a replica of each), `cluster-wait` (the same, waiting for
+//! the replica), `redlock`, `zk`, `zk3` (a three-server
 //! ensemble), `postgres`, `etcd` or `etcd3` (a three-member etcd cluster):
 //! the harness starts its own servers, so that it can kill, restart and
 //! pause them. Or a URL (`redis://..`, `redlock://..`, `zk://..`) of
@@ -32,6 +34,7 @@
 mod fault_proxy;
 mod history;
 mod nemesis;
+mod redis_groups;
 mod register;
 mod servers;
 mod worker;
@@ -59,7 +62,7 @@ pub struct Args {
 }
 
 const USAGE: &str =
-    "usage: torture --backend <memory|redis|sentinel|sentinel-wait|redlock|zk|zk3|postgres|etcd|etcd3|URL> [--secs S] \
+    "usage: torture --backend <memory|redis|sentinel|sentinel-wait|cluster|cluster-wait|redlock|zk|zk3|postgres|etcd|etcd3|URL> [--secs S] \
 [--processes P] [--workers W] [--keys K] [--lease-ms L] [--nemesis all|none|LIST] [--seed N] \
 [--quarantine]";
 

@@ -13,6 +13,9 @@ use tower_lock::{Backend, BackendExt, MemoryBackend, Wait};
 
 use crate::fault_proxy::{Fault, FaultProxy};
 use crate::history::{now_ns, Event, History, ProcessFault};
+use crate::redis_groups::{
+    cluster_failed_over, cluster_master, cluster_settled, failed_over, sentinel_master, settled,
+};
 use crate::register::Register;
 use crate::servers::{signal_pid, Kind, Server};
 use crate::worker::{self, ClientArgs, Rng, Sink, Worker};
@@ -112,6 +115,8 @@ impl Nemesis {
             "redis",
             "sentinel",
             "sentinel-wait",
+            "cluster",
+            "cluster-wait",
             "redlock",
             "zk",
             "zk3",
@@ -137,10 +142,11 @@ impl Nemesis {
                 ("memory", FaultKind::Cancel | FaultKind::Panic) => true,
                 ("memory", _) | (_, FaultKind::Cancel | FaultKind::Panic) => false,
                 // Clients reach the Redis servers at the addresses the
-                // Sentinels give, not through the proxies: the faults are
-                // the master's (kill, pause) and the clients'.
+                // Sentinels (or the cluster) give, not through the proxies:
+                // the faults are the master's (kill, pause) and the
+                // clients'.
                 (
-                    "sentinel" | "sentinel-wait",
+                    "sentinel" | "sentinel-wait" | "cluster" | "cluster-wait",
                     FaultKind::Partition
                     | FaultKind::PartitionUp
                     | FaultKind::PartitionDown
@@ -308,8 +314,18 @@ impl Nemesis {
         let a = &self.args;
         let mut servers = Vec::new();
         let sentinel = self.kind.starts_with("sentinel");
+        let cluster = self.kind.starts_with("cluster");
         let addrs = match &self.given {
             Some(addrs) => addrs.clone(),
+            None if cluster => {
+                let work = work.to_owned();
+                servers = tokio::task::spawn_blocking(move || Server::start_redis_cluster(&work))
+                    .await
+                    .map_err(|e| e.to_string())??;
+                let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
+                cluster_settled(&addrs, Duration::from_secs(30)).await;
+                addrs
+            }
             None if sentinel => {
                 let work = work.to_owned();
                 servers = tokio::task::spawn_blocking(move || Server::start_sentinel_group(&work))
@@ -486,6 +502,35 @@ impl Nemesis {
                         settled(&addrs, &data, Duration::from_secs(30)).await;
                     }
                 }
+                FaultKind::ServerKill if cluster => {
+                    // A master, so that its replica takes over; it comes
+                    // back empty and rejoins as that one's replica.
+                    let Some(master) = cluster_master(&data, rng.next()).await else {
+                        continue;
+                    };
+                    let server = servers[master].clone();
+                    server.lock().unwrap().kill();
+                    if !cluster_failed_over(&data, data[master], Duration::from_secs(30)).await {
+                        eprintln!("torture: the cluster did not fail over within 30 s");
+                    }
+                    tokio::task::spawn_blocking(move || server.lock().unwrap().restart())
+                        .await
+                        .map_err(|e| e.to_string())??;
+                    cluster_settled(&data, Duration::from_secs(30)).await;
+                }
+                FaultKind::ServerPause if cluster => {
+                    let Some(master) = cluster_master(&data, rng.next()).await else {
+                        continue;
+                    };
+                    let server = &servers[master];
+                    server.lock().unwrap().signal("STOP");
+                    tokio::time::sleep(lease * 3 / 2).await;
+                    server.lock().unwrap().signal("CONT");
+                    // Replaced meanwhile (or in the moments after), it
+                    // serves its slots until it hears of it.
+                    cluster_failed_over(&data, data[master], lease * 2).await;
+                    cluster_settled(&data, Duration::from_secs(30)).await;
+                }
                 FaultKind::ServerKill => {
                     let server = servers[rng.below(servers.len() as u64) as usize].clone();
                     server.lock().unwrap().kill();
@@ -566,7 +611,7 @@ impl Nemesis {
             // Replication is asynchronous: a failover can lose a lock or a
             // renewal the replicas did not have (`sentinel-wait` claims it
             // cannot).
-            "sentinel" => &["server-kill", "server-pause"],
+            "sentinel" | "cluster" => &["server-kill", "server-pause"],
             _ => &[],
         };
         Ok(summarize(
@@ -589,7 +634,7 @@ fn backend_name(kind: &str) -> &'static str {
         "postgres" => "postgres",
         "mysql" => "mysql",
         "etcd" | "etcd3" => "etcd",
-        "redis" | "sentinel" | "sentinel-wait" => "redis",
+        "redis" | "sentinel" | "sentinel-wait" | "cluster" | "cluster-wait" => "redis",
         "redlock" => "redlock",
         _ => "memory",
     }
@@ -795,98 +840,6 @@ async fn leaks(
     }
 }
 
-/// Which of the Redis servers `data` the Sentinels (any of `sentinels`)
-/// name as the master.
-async fn sentinel_master(sentinels: &[SocketAddr], data: &[SocketAddr]) -> Option<usize> {
-    for s in sentinels {
-        let Ok(client) = redis::Client::open(format!("redis://{s}")) else {
-            continue;
-        };
-        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-            continue;
-        };
-        let addr: Result<Vec<String>, _> = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg(crate::servers::SENTINEL_MASTER)
-            .query_async(&mut conn)
-            .await;
-        let port = addr.ok().and_then(|a| a.get(1)?.parse::<u16>().ok());
-        if let Some(i) = data.iter().position(|d| Some(d.port()) == port) {
-            return Some(i);
-        }
-    }
-    None
-}
-
-/// Waits (up to `within`) until the Sentinels name a master other than
-/// `old`; whether they do.
-async fn failed_over(sentinels: &[SocketAddr], old: SocketAddr, within: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let mut named = Vec::new();
-        for s in sentinels {
-            named.push(sentinel_master(&[*s], &[old]).await);
-        }
-        if named.iter().all(Option::is_none) {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits (up to `within`) until the Sentinel group has settled: every
-/// Sentinel names the same master, which says it is master, and every
-/// other Redis server of `data` says it is a replica of it. Until then two
-/// servers may both serve as master (one the Sentinels have replaced but
-/// not yet converted).
-async fn settled(sentinels: &[SocketAddr], data: &[SocketAddr], within: Duration) {
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        let mut named = Vec::new();
-        for s in sentinels {
-            named.push(sentinel_master(&[*s], data).await);
-        }
-        if let Some(master) = named[0].filter(|_| named.iter().all(|n| *n == named[0])) {
-            let mut agree = true;
-            for (i, addr) in data.iter().enumerate() {
-                let role = role(*addr).await;
-                agree &= match role.as_slice() {
-                    [redis::Value::BulkString(r), ..] if i == master => r == b"master",
-                    [redis::Value::BulkString(r), _, port, ..] if i != master => {
-                        r == b"slave"
-                            && redis::from_redis_value::<u16>(port.clone()).ok()
-                                == Some(data[master].port())
-                    }
-                    _ => false,
-                };
-            }
-            if agree {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    eprintln!("torture: the Sentinel group did not settle within {within:?}");
-}
-
-/// What `ROLE` says on the Redis server `addr`; empty if it cannot be
-/// asked.
-async fn role(addr: SocketAddr) -> Vec<redis::Value> {
-    let Ok(client) = redis::Client::open(format!("redis://{addr}")) else {
-        return Vec::new();
-    };
-    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-        return Vec::new();
-    };
-    redis::cmd("ROLE")
-        .query_async(&mut conn)
-        .await
-        .unwrap_or_default()
-}
-
 /// What a forward step of a Redis server's wall clock by `step` does to
 /// locks: every key's time to live, which Redis counts on that clock, ends
 /// `step` sooner. Emulated by shortening the TTLs, because Debian's
@@ -1044,6 +997,8 @@ fn summarize(
         "etcd3" | "zk3" => " servers=3",
         "sentinel" => " servers=3 sentinels=3",
         "sentinel-wait" => " servers=3 sentinels=3 wait_replicas=1",
+        "cluster" => " servers=6 masters=3",
+        "cluster-wait" => " servers=6 masters=3 wait_replicas=1",
         _ => "",
     };
     let line = format!(

@@ -22,6 +22,10 @@ pub enum Kind {
     /// A Redis Sentinel (`redis-server --sentinel`) monitoring the master
     /// [`SENTINEL_MASTER`].
     Sentinel,
+    /// A Redis Cluster node. Its `nodes.conf` survives a kill, so a restart
+    /// brings it back as the same node (without data, as a replica once
+    /// it hears that its slots have moved).
+    ClusterNode,
 }
 
 /// The name the Sentinels monitor the master under.
@@ -166,6 +170,33 @@ impl Server {
         Ok(servers)
     }
 
+    /// A Redis Cluster of six nodes on loopback, made by `redis-cli
+    /// --cluster create`: three masters and a replica of each. A master
+    /// fails over some two seconds after it stops answering (the node
+    /// timeout). Not yet settled when this returns (see
+    /// `redis_groups::cluster_settled`).
+    pub fn start_redis_cluster(work: &std::path::Path) -> Result<Vec<Server>, String> {
+        let mut nodes = Vec::new();
+        for i in 0..6 {
+            let mut node = Self::prepare(Kind::ClusterNode, work, &format!("server{i}"))?;
+            node.spawn()?;
+            nodes.push(node);
+        }
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(nodes.iter().map(|n| n.addr.to_string()))
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .map_err(|e| format!("redis-cli (Debian's redis-tools): {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "redis-cli --cluster create: {}",
+                String::from_utf8_lossy(&out.stdout)
+            ));
+        }
+        Ok(nodes)
+    }
+
     /// A server's directory and ports, not yet started.
     fn prepare(kind: Kind, work: &std::path::Path, name: &str) -> Result<Server, String> {
         let port = free_port().map_err(|e| e.to_string())?;
@@ -257,6 +288,16 @@ impl Server {
                 // the data at once, not after the default 5 s.
                 cmd.args(["--repl-diskless-sync-delay", "0"]);
             }
+            Kind::ClusterNode => {
+                cmd.arg("redis-server")
+                    .args(["--port", &self.addr.port().to_string()])
+                    .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                    .args(["--cluster-config-file", "nodes.conf"])
+                    .args(["--repl-diskless-sync-delay", "0"])
+                    .arg("--dir")
+                    .arg(self.dir.join("data"));
+            }
             Kind::Sentinel => {
                 cmd.arg("redis-server")
                     .arg(self.dir.join("sentinel.conf"))
@@ -298,7 +339,7 @@ impl Server {
     fn wait_up(&self, limit: Duration) -> Result<(), String> {
         let deadline = Instant::now() + limit;
         let (probe, expect): (&[u8], &str) = match self.kind {
-            Kind::Redis | Kind::Sentinel => (b"PING\r\n", "+PONG"),
+            Kind::Redis | Kind::Sentinel | Kind::ClusterNode => (b"PING\r\n", "+PONG"),
             Kind::ZooKeeper => (b"isro", "rw"),
             Kind::Etcd => (b"GET /health HTTP/1.0\r\n\r\n", "\"health\":\"true\""),
             Kind::Postgres => (b"", ""),

@@ -332,6 +332,15 @@ pub async fn open(
             );
             Arc::new(RedisBackend::connect_with(&url, options).await?)
         }
+        // Each master has one replica, which a failover promotes.
+        "cluster" | "cluster-wait" => {
+            let mut options = RedisOptions::default();
+            if kind == "cluster-wait" {
+                options = options.wait_for_replicas(1, Duration::from_millis(100));
+            }
+            let url = format!("redis+cluster://{servers}");
+            Arc::new(RedisBackend::connect_with(&url, options).await?)
+        }
         "redlock" => Arc::new(RedlockBackend::connect(&format!("redlock://{servers}")).await?),
         "zk" | "zk3" => Arc::new(
             ZookeeperBackend::connect_with(
