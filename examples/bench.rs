@@ -295,15 +295,23 @@ async fn run(args: Args) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// ` servers=N` for a ZooKeeper ensemble or an etcd cluster of N > 1 (the
-/// URL's hosts), so that its lines are not taken for a single server's.
+/// ` servers=N` for a ZooKeeper ensemble, an etcd cluster of N > 1 or a
+/// Redis Cluster (the URL's hosts), ` sentinels=N` for Redis through
+/// Sentinel, so that their lines are not taken for a single server's.
 fn servers_setting(url: &str) -> String {
-    // Redis under Sentinel: ` sentinels=N`, and the replicas each write
-    // waits for.
-    if let Some(rest) = url.strip_prefix("redis+sentinel://") {
-        let hosts = rest.split('/').next().unwrap_or(rest);
+    // Redis under Sentinel: ` sentinels=N`; on a Redis Cluster, the nodes
+    // given: ` servers=N`; and the replicas each write waits for.
+    let redis = url
+        .strip_prefix("redis+sentinel://")
+        .map(|rest| ("sentinels", rest))
+        .or_else(|| {
+            url.strip_prefix("redis+cluster://")
+                .map(|rest| ("servers", rest))
+        });
+    if let Some((what, rest)) = redis {
+        let hosts = rest.split(['/', '?']).next().unwrap_or(rest);
         let hosts = hosts.rsplit('@').next().unwrap_or(hosts);
-        let mut setting = format!(" sentinels={}", hosts.split(',').count());
+        let mut setting = format!(" {what}={}", hosts.split(',').count());
         let query = rest.split_once('?').map_or("", |(_, q)| q);
         if let Some(n) = query
             .split('&')

@@ -72,6 +72,25 @@ for _ in 1 2; do
     run "$bench" --backend "$acked" "${contended[@]}"
 done
 
+# Redis Cluster (three masters, a replica of each): the floor is one
+# master's, and the cost of waiting for the key's replica beside it.
+start_redis_cluster bench-cluster >&2
+rcluster="redis+cluster://$redis_cluster_urls"
+rcluster_acked="$rcluster?wait_replicas=1&wait_timeout_ms=100"
+for _ in 1 2 3; do
+    run "$bench" --backend "redis://$redis_cluster_master" --workload floor --n 5000
+    run "$bench" --backend "$rcluster" --workload uncontended --n 5000
+    run "$bench" --backend "$rcluster_acked" --workload uncontended --n 5000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$rcluster" "${contended[@]}"
+    run "$bench" --backend "$rcluster_acked" "${contended[@]}"
+done
+run "$bench" --backend "$rcluster" "${contended[@]}" --no-lock
+run "$bench" --backend "$rcluster" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$rcluster" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$rcluster" --workload http --secs "$secs" --conns 32
+
 # Redlock over three servers.
 for _ in 1 2 3; do
     run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload uncontended --n 5000

@@ -326,6 +326,36 @@ start_sentinel() {
     sentinel_master=127.0.0.1:$master
 }
 
+# start_redis_cluster NAME: a Redis Cluster of three masters and a replica
+# of each; sets $redis_cluster_urls (every node's host:port) and
+# $redis_cluster_master (a master's host:port, for the floor).
+start_redis_cluster() {
+    local name=$1 i port nodes=()
+    for i in 0 1 2 3 4 5; do
+        port=$(free_port)
+        mkdir -p "$work/$name-node$i"
+        redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+            --cluster-enabled yes --cluster-node-timeout 2000 --cluster-config-file nodes.conf \
+            --repl-diskless-sync-delay 0 \
+            --dir "$work/$name-node$i" --logfile "$work/$name-node$i/redis.log" >/dev/null &
+        pids+=("$!")
+        nodes+=("127.0.0.1:$port")
+        wait_for 10 "redis cluster node on port $port" redis-cli -p "$port" ping
+    done
+    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$work/$name-create.log" ||
+        die "redis-cli --cluster create failed: $(cat "$work/$name-create.log")"
+    for i in "${nodes[@]}"; do
+        wait_for 30 "cluster node $i to say the cluster is ok" cluster_ok "${i##*:}"
+    done
+    redis_cluster_urls=$(IFS=,; echo "${nodes[*]}")
+    redis_cluster_master=${nodes[0]}
+}
+
+# cluster_ok PORT: the cluster node on PORT says the cluster is ok.
+cluster_ok() {
+    redis-cli -p "$1" cluster info | grep -q '^cluster_state:ok'
+}
+
 # replicas_online PORT N: the master on PORT streams to N replicas.
 replicas_online() {
     [ "$(redis-cli -p "$1" info replication | grep -c 'state=online')" = "$2" ]
