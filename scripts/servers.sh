@@ -330,12 +330,13 @@ start_sentinel() {
 # of each; sets $redis_cluster_urls (every node's host:port) and
 # $redis_cluster_master (a master's host:port, for the floor).
 start_redis_cluster() {
-    local name=$1 i port nodes=()
+    local name=$1 i port bus nodes=()
     for i in 0 1 2 3 4 5; do
         port=$(free_port)
+        bus=$(free_port) # not the default port + 10000, which may be taken
         mkdir -p "$work/$name-node$i"
         redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-            --cluster-enabled yes --cluster-node-timeout 2000 --cluster-config-file nodes.conf \
+            --cluster-enabled yes --cluster-port "$bus" --cluster-node-timeout 2000 --cluster-config-file nodes.conf \
             --repl-diskless-sync-delay 0 \
             --dir "$work/$name-node$i" --logfile "$work/$name-node$i/redis.log" >/dev/null &
         pids+=("$!")

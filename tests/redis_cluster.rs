@@ -64,7 +64,8 @@ fn key_slot(key: &str) -> u16 {
 
 /// Every layout on every master: exclusion with rising tokens, readers
 /// together and writers alone, a semaphore's permits, keys of three slots
-/// taken together, replicas waited for; and nothing left behind.
+/// taken together, replicas waited for, scripts a master lost sent again;
+/// and nothing left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_layout_works_on_every_master() {
     let cluster = RedisCluster::start("layouts").await;
@@ -75,30 +76,31 @@ async fn every_layout_works_on_every_master() {
     for key in &keys {
         common::excludes_with_increasing_tokens(&[a.clone(), b.clone()], key, 4, 20).await;
     }
+    for key in keys.iter().map(String::as_str) {
+        let r1 = a.lock(key).read().await.unwrap();
+        let r2 = b.lock(key).read().fail_fast().await.unwrap();
+        assert!(matches!(
+            b.lock(key).write().fail_fast().await,
+            Err(LockError::Busy)
+        ));
+        drop((r1, r2));
+        let w = b.lock(key).write().await.unwrap();
+        assert!(matches!(
+            a.lock(key).read().fail_fast().await,
+            Err(LockError::Busy)
+        ));
+        w.release().await.unwrap();
+
+        let two = LockMode::Semaphore { permits: 2 };
+        let s1 = a.lock(key).mode(two).await.unwrap();
+        let s2 = b.lock(key).mode(two).await.unwrap();
+        assert!(matches!(
+            a.lock(key).mode(two).fail_fast().await,
+            Err(LockError::Busy)
+        ));
+        drop((s1, s2));
+    }
     let key = keys[0].as_str();
-
-    let r1 = a.lock(key).read().await.unwrap();
-    let r2 = b.lock(key).read().fail_fast().await.unwrap();
-    assert!(matches!(
-        b.lock(key).write().fail_fast().await,
-        Err(LockError::Busy)
-    ));
-    drop((r1, r2));
-    let w = b.lock(key).write().await.unwrap();
-    assert!(matches!(
-        a.lock(key).read().fail_fast().await,
-        Err(LockError::Busy)
-    ));
-    w.release().await.unwrap();
-
-    let two = LockMode::Semaphore { permits: 2 };
-    let s1 = a.lock(key).mode(two).await.unwrap();
-    let s2 = b.lock(key).mode(two).await.unwrap();
-    assert!(matches!(
-        a.lock(key).mode(two).fail_fast().await,
-        Err(LockError::Busy)
-    ));
-    drop((s1, s2));
 
     let all = a.lock_all(keys.iter().map(String::as_str)).await.unwrap();
     for key in &keys {
@@ -125,9 +127,33 @@ async fn every_layout_works_on_every_master() {
     let refused = waits.lock(key).fail_fast().await;
     cluster.signal(replica.port, "CONT");
     match refused {
-        Err(LockError::Backend { .. }) => {}
+        Err(LockError::Backend { message, .. }) if message.contains("replicas acknowledged") => {}
         other => panic!("expected a refusal naming the replicas, got {other:?}"),
     }
+
+    // A master that lost its scripts (a promoted replica, a restart) is
+    // sent their text, even while a node of another shard does not answer
+    // (`SCRIPT LOAD` on a cluster would need every node).
+    let (master, _) = cluster
+        .master_of(cluster.slot(&format!("lock:{{{key}}}")).await)
+        .await;
+    let (_, elsewhere) = cluster
+        .master_of(cluster.slot(&format!("lock:{{{}}}", keys[1])).await)
+        .await;
+    let elsewhere = elsewhere.expect("the master has a replica");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut cluster.conn(master.port).await)
+        .await
+        .unwrap();
+    cluster.signal(elsewhere.port, "STOP");
+    let taken = a.lock(key).fail_fast().await;
+    cluster.signal(elsewhere.port, "CONT");
+    taken
+        .expect("a lock on a master without the scripts")
+        .release()
+        .await
+        .unwrap();
 
     for backend in [&a, &b, &waits] {
         backend.flush().await;

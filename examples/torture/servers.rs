@@ -293,6 +293,8 @@ impl Server {
                     .args(["--port", &self.addr.port().to_string()])
                     .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                     .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                    // Not the default port + 10000, which may be taken.
+                    .args(["--cluster-port", &self.peer.to_string()])
                     .args(["--cluster-config-file", "nodes.conf"])
                     .args(["--repl-diskless-sync-delay", "0"])
                     .arg("--dir")

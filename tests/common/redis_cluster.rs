@@ -23,6 +23,7 @@ pub struct Node {
 pub struct RedisCluster {
     dir: PathBuf,
     pub ports: Vec<u16>,
+    buses: Vec<u16>,
     children: Vec<Option<Child>>,
 }
 
@@ -36,11 +37,15 @@ impl RedisCluster {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let ports = free_ports(6);
+        // Client and cluster-bus ports taken together: by default a node's
+        // bus is its port + 10000, which may be another node's port.
+        let mut ports = free_ports(12);
+        let buses = ports.split_off(6);
         let mut cluster = RedisCluster {
             dir,
             children: (0..6).map(|_| None).collect(),
             ports,
+            buses,
         };
         for i in 0..6 {
             cluster.spawn(i);
@@ -99,6 +104,7 @@ impl RedisCluster {
         let port = self.ports[i].to_string();
         let child = Command::new("redis-server")
             .args(["--port", &port, "--bind", "127.0.0.1"])
+            .args(["--cluster-port", &self.buses[i].to_string()])
             .args(["--save", "", "--appendonly", "no"])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
             .args(["--cluster-config-file", &format!("nodes-{port}.conf")])

@@ -19,7 +19,9 @@ const MAX_RETRY_WAIT_MS: u64 = 100;
 /// keys' slot and follows `MOVED` and `ASK` redirections within the
 /// response timeout, retries included; each subscription goes to the node
 /// of its channel's slot (the release channel `lock:{K}:rel` shares the
-/// lock's hash tag) and moves with it.
+/// lock's hash tag), and after the slot moves the crate subscribes on its
+/// new owner too (the old node keeps the subscription while its
+/// connection lasts; what it sends is ignored once nobody waits).
 pub(super) async fn connect(
     url: &ClusterUrl,
     options: &RedisOptions,
@@ -47,13 +49,19 @@ pub(super) async fn connect(
     let client = builder
         .build()
         .map_err(|e| redis_error("reading the cluster's node addresses", e))?;
-    client.get_async_connection().await.map_err(|e| {
-        redis_error(
-            &format!(
-                "connecting to the Redis Cluster through {}",
-                url.nodes.join(",")
-            ),
-            e,
-        )
-    })
+    let doing = format!(
+        "connecting to the Redis Cluster through {}",
+        url.nodes.join(",")
+    );
+    // A node to learn the cluster from, its answer, then every master: at
+    // most one connect and one response timeout in all.
+    let within = options.connect_timeout + options.response_timeout;
+    match tokio::time::timeout(within, client.get_async_connection()).await {
+        Ok(connected) => connected.map_err(|e| redis_error(&doing, e)),
+        Err(_) => Err(LockError::backend(
+            "redis",
+            format!("{doing}: no answer within {} ms", within.as_millis()),
+            None,
+        )),
+    }
 }

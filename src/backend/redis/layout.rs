@@ -158,7 +158,7 @@ impl Layout {
             call.key(alive).key(quarantine).arg(*ms);
         }
         let (granted, value): (i64, i64) = call
-            .invoke_async(conn)
+            .invoke(conn)
             .await
             .map_err(|e| redis_error("acquiring a lock", e))?;
         Ok(if granted == 1 {
@@ -187,7 +187,7 @@ impl Layout {
             .arg(token)
             .arg(lease.as_millis() as u64)
             .arg(FENCE_TTL.as_millis() as u64)
-            .invoke_async(conn)
+            .invoke(conn)
             .await
             .map_err(|e| redis_error("renewing a lease", e))?;
         Ok(extended == 1)
@@ -209,7 +209,7 @@ impl Layout {
             .key(&self.main)
             .arg(token)
             .arg(&self.channel)
-            .invoke_async(conn)
+            .invoke(conn)
             .await?;
         Ok(())
     }

@@ -141,9 +141,11 @@
 //! connection follows `MOVED` and `ASK` (a slot resharded while locks in
 //! it are held: their keys move with the slot, and renewals and releases
 //! follow them) and retries within the response timeout; a script that
-//! meets a slot half-migrated (`TRYAGAIN`) is retried the same way. The
-//! release channel `lock:{K}:rel` shares the lock's hash tag, so its
-//! subscription goes to the node that holds the slot and moves with it.
+//! meets a slot half-migrated (`TRYAGAIN`) is retried the same way, 10 to
+//! 100 ms apart. The release channel `lock:{K}:rel` shares the lock's hash
+//! tag, so its subscription goes to the node that holds the slot, and to
+//! the new owner once the slot has moved (a waiter that misses a message
+//! still looks again within a second).
 //!
 //! A master failover is Sentinel's case again: replication is
 //! asynchronous, a lock the old master had not passed on is lost, and a

@@ -20,9 +20,9 @@ pub(super) struct Replicas {
 /// command, pipelined on the same connection (on a Redis Cluster, to the
 /// master of the command's keys), and keeps the number of
 /// replicas that acknowledged. A script the server does not have yet
-/// (`NOSCRIPT`, answered before the `WAIT`) is loaded and sent again by
-/// the `redis` crate through this same wrapper, so the last `WAIT` always
-/// follows the write.
+/// (`NOSCRIPT`, answered before the `WAIT`) is sent again as `EVAL`
+/// through this same wrapper, so the last `WAIT` always follows the
+/// write.
 pub(super) struct Acked<'a> {
     conn: &'a mut Link,
     replicas: Replicas,
@@ -58,12 +58,6 @@ impl<'a> Acked<'a> {
 
 impl ConnectionLike for Acked<'_> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        // `SCRIPT LOAD` writes nothing to wait for; and a Redis Cluster
-        // sends it to every master only on its own (with the `WAIT` it
-        // would go to one node).
-        if cmd.args_iter().next() == Some(redis::Arg::Simple(b"SCRIPT".as_slice())) {
-            return self.conn.req_packed_command(cmd);
-        }
         Box::pin(async move {
             let mut pipe = redis::pipe();
             pipe.add_command(cmd.clone())

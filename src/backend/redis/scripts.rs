@@ -3,7 +3,8 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use redis::Script;
+use redis::aio::ConnectionLike;
+use redis::{ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
 
 /// How long a fencing counter outlives the last acquisition of its key.
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -30,30 +31,33 @@ pub(super) const EPOCH_STRIDE: u64 = 1 << 36;
 /// exact below 2^53, and the clock in µs stays below 2^52 until 2112.
 pub(super) const MAX_FLOOR: u64 = 1 << 52;
 
-/// Reserves `n` fencing tokens, returns the last. The counter never falls
-/// behind `floor` plus the server's clock in microseconds: a counter lost
-/// (expired, a restart without persistence, a failover to a replica without
-/// its last increments) starts again above anything it reached, and a
-/// floor raised with each failover (`EPOCH_STRIDE`) puts a newer master's
-/// tokens above an older one's. `floor` is a number, or `cluster`: this
-/// node's config epoch (its master's, on a replica) from `CLUSTER INFO`,
-/// which a failover raises above every other node's. Lua numbers are
-/// doubles: exact below 2^53.
+/// The floor a fencing counter never falls behind (besides the clock),
+/// computed before the script writes anything: `arg` is a number, or
+/// `cluster` for this node's config epoch (its master's, on a replica) from
+/// `CLUSTER INFO`, which a failover raises above every other node's,
+/// times `EPOCH_STRIDE`.
+///
+/// `fence` reserves `n` fencing tokens and returns the last. The counter
+/// never falls behind `floor` plus the server's clock in microseconds: a
+/// counter lost (expired, a restart without persistence, a failover to a
+/// replica without its last increments) starts again above anything it
+/// reached, and a floor raised with each failover puts a newer master's
+/// tokens above an older one's. Lua numbers are doubles: exact below 2^53.
 fn fence() -> String {
     format!(
         r#"
-local function fence(key, ttl, n, floor)
-  if floor == 'cluster' then
-    local info = redis.call('CLUSTER', 'INFO')
-    local epoch = tonumber(string.match(info, 'cluster_my_epoch:(%d+)'))
-    if epoch * {stride} > {max} then
-      error({{err = 'ERR the config epoch ' .. epoch .. ' is above {most}, the highest fencing tokens can carry'}})
-    end
-    floor = epoch * {stride}
+local function floor_of(arg)
+  if arg ~= 'cluster' then return tonumber(arg) end
+  local epoch = tonumber(string.match(redis.call('CLUSTER', 'INFO'), 'cluster_my_epoch:(%d+)'))
+  if not epoch or epoch * {stride} > {max} then
+    error({{err = 'ERR the config epoch ' .. tostring(epoch) .. ' is not a number up to {most}, the highest fencing tokens can carry'}})
   end
+  return epoch * {stride}
+end
+local function fence(key, ttl, n, floor)
   local f = redis.call('INCRBY', key, n)
   local t = redis.call('TIME')
-  local least = tonumber(floor) + tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local least = floor + tonumber(t[1]) * 1000000 + tonumber(t[2])
   if f < least then
     f = least
     redis.call('SET', key, string.format('%.0f', f))
@@ -98,11 +102,18 @@ end
 
 /// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms, fence floor,
 /// tokens to reserve.
+///
+/// Every acquire script grants again to a token that already holds the
+/// lock: a call the client sent twice (the cluster client re-sends one
+/// whose connection broke before the answer) must not find itself busy.
 const ACQUIRE_EXCLUSIVE: &str = r#"
+local floor = floor_of(ARGV[4])
 local q = quarantined(2)
 if q then return {0, q} end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[5]), ARGV[4])}
+local held = redis.call('GET', KEYS[1])
+if held == false or held == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[5]), floor)}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 "#;
@@ -110,6 +121,7 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// KEYS: readers, writer, fence. ARGV: token, lease ms, fence ttl ms, fence
 /// floor.
 const ACQUIRE_READ: &str = r#"
+local floor = floor_of(ARGV[4])
 local q = quarantined(3)
 if q then return {0, q} end
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -118,15 +130,17 @@ end
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
-return {1, fence(KEYS[3], ARGV[3], 1, ARGV[4])}
+return {1, fence(KEYS[3], ARGV[3], 1, floor)}
 "#;
 
 /// KEYS: writer, readers, fence. ARGV: token, lease ms, fence ttl ms, fence
 /// floor, tokens to reserve.
 const ACQUIRE_WRITE: &str = r#"
+local floor = floor_of(ARGV[4])
 local q = quarantined(3)
 if q then return {0, q} end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+local held = redis.call('GET', KEYS[1])
+if held ~= false and held ~= ARGV[1] then
   return {0, redis.call('PTTL', KEYS[1])}
 end
 local now = now_ms()
@@ -136,22 +150,24 @@ if first[1] then
   return {0, tonumber(first[2]) - now}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, fence(KEYS[3], ARGV[3], tonumber(ARGV[5]), ARGV[4])}
+return {1, fence(KEYS[3], ARGV[3], tonumber(ARGV[5]), floor)}
 "#;
 
 /// KEYS: holders, fence. ARGV: token, lease ms, fence ttl ms, fence floor,
 /// permits.
 const ACQUIRE_SEMAPHORE: &str = r#"
+local floor = floor_of(ARGV[4])
 local q = quarantined(2)
 if q then return {0, q} end
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not mine and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) - now}
 end
 hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
-return {1, fence(KEYS[2], ARGV[3], 1, ARGV[4])}
+return {1, fence(KEYS[2], ARGV[3], 1, floor)}
 "#;
 
 /// KEYS: lock. ARGV: token, channel. redis-py's release, plus the PUBLISH.
@@ -195,21 +211,86 @@ end
 return 0
 "#;
 
+/// A Lua script: its text and SHA1.
+pub(super) struct Lua {
+    body: String,
+    hash: String,
+}
+
+impl Lua {
+    fn new(body: String) -> Self {
+        let hash = Script::new(&body).get_hash().to_owned();
+        Lua { body, hash }
+    }
+
+    /// A call of the script, with `key` as its first key.
+    pub(super) fn key<T: ToRedisArgs>(&self, key: T) -> Call<'_> {
+        let mut call = Call {
+            lua: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        };
+        call.key(key);
+        call
+    }
+}
+
+/// A script's call: `EVALSHA`, and `EVAL` with the text where the server
+/// does not have it yet (not `SCRIPT LOAD`: a Redis Cluster sends that to
+/// every node, and one down fails it).
+pub(super) struct Call<'a> {
+    lua: &'a Lua,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Call<'_> {
+    pub(super) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    pub(super) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    pub(super) async fn invoke<T: FromRedisValue, C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+    ) -> RedisResult<T> {
+        let cmd = |verb: &str, script: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script)
+                .arg(self.keys.len())
+                .arg(&self.keys)
+                .arg(&self.args);
+            cmd
+        };
+        match cmd("EVALSHA", &self.lua.hash).query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                cmd("EVAL", &self.lua.body).query_async(conn).await
+            }
+            result => result,
+        }
+    }
+}
+
 pub(super) struct Scripts {
-    pub(super) acquire_exclusive: Script,
-    pub(super) acquire_read: Script,
-    pub(super) acquire_write: Script,
-    pub(super) acquire_semaphore: Script,
-    pub(super) release_string: Script,
-    pub(super) release_member: Script,
-    pub(super) extend_string: Script,
-    pub(super) extend_member: Script,
+    pub(super) acquire_exclusive: Lua,
+    pub(super) acquire_read: Lua,
+    pub(super) acquire_write: Lua,
+    pub(super) acquire_semaphore: Lua,
+    pub(super) release_string: Lua,
+    pub(super) release_member: Lua,
+    pub(super) extend_string: Lua,
+    pub(super) extend_member: Lua,
 }
 
 pub(super) fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| {
-        let script = |parts: &[&str]| Script::new(&parts.concat());
+        let script = |parts: &[&str]| Lua::new(parts.concat());
         let in_set = [NOW_MS, HOLD_IN_SET].concat();
         let fence = fence();
         let fence = fence.as_str();
