@@ -255,7 +255,16 @@ async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
     // does not.
     a.lock(key).await.unwrap().release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // Stopped, and its link closed by the master: a stopped replica would
+    // still find in its socket whatever the master sent before dying.
     cluster.signal(replica.port, "STOP");
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut cluster.conn(master.port).await)
+        .await
+        .unwrap();
     let held = a
         .lock(key)
         .lease(Duration::from_secs(20))

@@ -80,7 +80,16 @@ async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
     // The key's fencing counter reaches the replicas; the increments made
     // while replication is cut do not.
     a.lock("k").await.unwrap().release().await.unwrap();
+    // Stopped, and their links closed by the master: a stopped replica
+    // would still find in its socket whatever the master sent before dying.
     group.signal_replicas("STOP");
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut group.redis_conn(group.redis[0]).await)
+        .await
+        .unwrap();
     for _ in 0..3 {
         a.lock("k").await.unwrap().release().await.unwrap();
     }
