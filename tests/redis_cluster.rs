@@ -290,6 +290,43 @@ async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
     other.release().await.unwrap();
 }
 
+/// A waiter subscribes to the release channel on its slot's master only
+/// (sharded), the subscription follows the slot when it moves, and the
+/// waiter gets the lock once it is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_messages_are_sharded_and_follow_the_slot() {
+    let cluster = RedisCluster::start("messages").await;
+    let url = cluster.url("");
+    let (a, b) = (
+        backend(&url, RedisOptions::default()).await,
+        backend(&url, RedisOptions::default()).await,
+    );
+    let channel = "lock:{waited}:rel";
+    let slot = cluster.slot(channel).await;
+    let held = a
+        .lock("waited")
+        .lease(Duration::from_secs(10))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn(async move {
+        let g = b.lock("waited").wait(Duration::from_secs(30)).await;
+        (b, g)
+    });
+    let (from, _) = cluster.master_of(slot).await;
+    cluster.wait_subscribed(from.port, channel, 1).await;
+    let to = cluster.other_master(slot).await;
+    cluster.move_slot(slot, &to, || async {}).await;
+    cluster.wait_subscribed(to.port, channel, 1).await;
+    cluster.wait_subscribed(from.port, channel, 0).await;
+    held.release().await.unwrap();
+    let (b, g) = waiter.await.unwrap();
+    g.expect("the waiter gets the released lock")
+        .release()
+        .await
+        .unwrap();
+    b.flush().await;
+}
+
 #[tokio::test]
 async fn cluster_urls_and_options_are_checked_and_unreachable_nodes_fail_in_time() {
     for bad in [

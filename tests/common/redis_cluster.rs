@@ -263,6 +263,24 @@ impl RedisCluster {
         before
     }
 
+    /// Waits until the node on `port` counts `n` sharded subscribers of
+    /// `channel`.
+    pub async fn wait_subscribed(&self, port: u16, channel: &str, n: i64) {
+        let what = format!("{n} subscribers of {channel} on node {port}");
+        self.wait_until(&what, || async move {
+            let Some(mut c) = conn(port).await else {
+                return false;
+            };
+            let counts: Result<(String, i64), _> = redis::cmd("PUBSUB")
+                .arg("SHARDNUMSUB")
+                .arg(channel)
+                .query_async(&mut c)
+                .await;
+            counts.is_ok_and(|(_, count)| count == n)
+        })
+        .await;
+    }
+
     /// `kill -9` of the node on `port`.
     pub fn kill(&mut self, port: u16) {
         let i = self.ports.iter().position(|p| *p == port).unwrap();

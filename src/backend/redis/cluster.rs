@@ -17,11 +17,11 @@ const MAX_RETRY_WAIT_MS: u64 = 100;
 /// Learns the cluster from the first of `url`'s nodes that answers, and
 /// connects to its masters. Each command is routed to the master of its
 /// keys' slot and follows `MOVED` and `ASK` redirections within the
-/// response timeout, retries included; each subscription goes to the node
-/// of its channel's slot (the release channel `lock:{K}:rel` shares the
-/// lock's hash tag), and after the slot moves the crate subscribes on its
-/// new owner too (the old node keeps the subscription while its
-/// connection lasts; what it sends is ignored once nobody waits).
+/// response timeout, retries included; each subscription is a sharded
+/// one (`SSUBSCRIBE`, Redis 7.0+) on the node of its channel's slot (the
+/// release channel `lock:{K}:rel` shares the lock's hash tag), which the
+/// server ends when the slot moves away and the crate makes again on its
+/// new owner.
 pub(super) async fn connect(
     url: &ClusterUrl,
     options: &RedisOptions,

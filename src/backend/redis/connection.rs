@@ -22,7 +22,8 @@ pub(super) enum Link {
     Server(ConnectionManager),
     /// A connection to every node of a Redis Cluster, each command routed
     /// to the master of its keys' slot (following `MOVED` and `ASK`), each
-    /// subscription to the node of its channel's slot.
+    /// subscription a sharded one (`SSUBSCRIBE`) to the node of its
+    /// channel's slot.
     Cluster(ClusterConnection),
 }
 
@@ -30,14 +31,14 @@ impl Link {
     pub(super) async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             Link::Server(c) => c.subscribe(channel).await,
-            Link::Cluster(c) => c.subscribe(channel).await,
+            Link::Cluster(c) => c.ssubscribe(channel).await,
         }
     }
 
     pub(super) async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
         match self {
             Link::Server(c) => c.unsubscribe(channel).await,
-            Link::Cluster(c) => c.unsubscribe(channel).await,
+            Link::Cluster(c) => c.sunsubscribe(channel).await,
         }
     }
 }

@@ -53,6 +53,8 @@ pub(crate) struct Layout {
     other: Option<String>,
     fence: String,
     channel: String,
+    /// How releases are published: `PUBLISH`, or on a cluster `SPUBLISH`.
+    publish: &'static str,
     /// Restart quarantine: the marker key, the quarantine key, its length.
     quarantine: Option<(String, String, u64)>,
 }
@@ -82,6 +84,7 @@ impl Layout {
             other,
             fence: format!("{base}:fence"),
             channel: format!("{base}:rel"),
+            publish: "PUBLISH",
             quarantine: None,
         }
     }
@@ -96,6 +99,16 @@ impl Layout {
                 d.as_millis().max(1) as u64,
             )
         });
+        self
+    }
+
+    /// On a Redis Cluster, releases are published on the channel's shard
+    /// (`SPUBLISH`): only the nodes of its slot hear them, and a
+    /// subscription leaves the node the slot moves away from.
+    pub(crate) fn sharded(mut self, sharded: bool) -> Self {
+        if sharded {
+            self.publish = "SPUBLISH";
+        }
         self
     }
 
@@ -209,6 +222,7 @@ impl Layout {
             .key(&self.main)
             .arg(token)
             .arg(&self.channel)
+            .arg(self.publish)
             .invoke(conn)
             .await?;
         Ok(())

@@ -142,10 +142,11 @@
 //! it are held: their keys move with the slot, and renewals and releases
 //! follow them) and retries within the response timeout; a script that
 //! meets a slot half-migrated (`TRYAGAIN`) is retried the same way, 10 to
-//! 100 ms apart. The release channel `lock:{K}:rel` shares the lock's hash
-//! tag, so its subscription goes to the node that holds the slot, and to
-//! the new owner once the slot has moved (a waiter that misses a message
-//! still looks again within a second).
+//! 100 ms apart. Release messages are sharded (`SPUBLISH`, `SSUBSCRIBE`:
+//! Redis 7.0+; with an older server none are sent and waiters look again
+//! each second): the channel `lock:{K}:rel` shares the lock's hash tag, so
+//! a release is heard by the nodes of its slot only, not broadcast to the
+//! whole cluster, and a subscription follows the slot when it moves.
 //!
 //! A master failover is Sentinel's case again: replication is
 //! asynchronous, a lock the old master had not passed on is lost, and a

@@ -33,13 +33,30 @@ impl Watches {
     /// Handles a RESP3 push from the connection.
     pub(super) fn on_push(&self, info: PushInfo) {
         match info.kind {
-            PushKind::Message => {
+            // `SMessage`: a sharded channel's, on a cluster.
+            PushKind::Message | PushKind::SMessage => {
                 if let Some(Value::BulkString(channel)) = info.data.first() {
                     let channels = lock(&self.channels);
                     if let Some(c) = std::str::from_utf8(channel)
                         .ok()
                         .and_then(|c| channels.get(c))
                     {
+                        c.notify.notify_waiters();
+                    }
+                }
+            }
+            // On a cluster, the server ends a sharded subscription when
+            // its slot moves away (and on our own `SUNSUBSCRIBE`): its
+            // waiters subscribe again on their next look, and look now,
+            // since a message may have been missed.
+            PushKind::SUnsubscribe => {
+                if let Some(Value::BulkString(channel)) = info.data.first() {
+                    let mut channels = lock(&self.channels);
+                    if let Some(c) = std::str::from_utf8(channel)
+                        .ok()
+                        .and_then(|c| channels.get_mut(c))
+                    {
+                        c.subscribed = false;
                         c.notify.notify_waiters();
                     }
                 }
@@ -61,7 +78,7 @@ impl Watches {
     /// Registers interest in `channel`, subscribing on `conn` if nobody
     /// else is.
     pub(super) async fn watch(self: &Arc<Self>, conn: &Link, channel: &str) -> Watch {
-        let (notify, subscribe) = {
+        let notify = {
             let mut channels = lock(&self.channels);
             let c = channels
                 .entry(channel.to_owned())
@@ -73,26 +90,41 @@ impl Watches {
                 });
             c.users += 1;
             c.idle_since = None;
-            (c.notify.clone(), !c.subscribed)
+            c.notify.clone()
         };
-        if subscribe {
-            match conn.clone().subscribe(channel).await {
-                Ok(()) => {
-                    if let Some(c) = lock(&self.channels).get_mut(channel) {
-                        c.subscribed = true;
-                    }
-                }
-                // Without the subscription the waiter still re-checks at the
-                // holder's remaining lease.
-                Err(e) => {
-                    tracing::warn!(channel, error = %e, "could not subscribe to lock releases")
-                }
-            }
-        }
-        Watch {
+        let watch = Watch {
             watches: self.clone(),
             channel: channel.to_owned(),
             notify,
+        };
+        watch.subscribe(conn).await;
+        watch
+    }
+}
+
+impl Watch {
+    /// Subscribes on `conn` unless subscribed already (by this waiter or
+    /// another): at the start of a wait, and again on every look while
+    /// the server has ended the subscription.
+    pub(super) async fn subscribe(&self, conn: &Link) {
+        let subscribed = lock(&self.watches.channels)
+            .get(&self.channel)
+            .is_some_and(|c| c.subscribed);
+        if subscribed {
+            return;
+        }
+        match conn.clone().subscribe(&self.channel).await {
+            Ok(()) => {
+                if let Some(c) = lock(&self.watches.channels).get_mut(&self.channel) {
+                    c.subscribed = true;
+                }
+            }
+            // Without the subscription the waiter still re-checks at the
+            // holder's remaining lease.
+            Err(e) => {
+                let channel = self.channel.as_str();
+                tracing::warn!(channel, error = %e, "could not subscribe to lock releases")
+            }
         }
     }
 }

@@ -170,21 +170,24 @@ hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
 return {1, fence(KEYS[2], ARGV[3], 1, floor)}
 "#;
 
-/// KEYS: lock. ARGV: token, channel. redis-py's release, plus the PUBLISH.
+/// KEYS: lock. ARGV: token, channel, `PUBLISH` (or, on a cluster,
+/// `SPUBLISH`: a message for the channel's slot only, Redis 7.0+; a server
+/// without it sends none, and waiters look again within a second).
+/// redis-py's release, plus the message.
 const RELEASE_STRING: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  redis.pcall(ARGV[3], ARGV[2], 'released')
   return 1
 end
 return 0
 "#;
 
-/// KEYS: holders. ARGV: token, channel.
+/// KEYS: holders. ARGV: token, channel, `PUBLISH` or `SPUBLISH`.
 const RELEASE_MEMBER: &str = r#"
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
 if n == 1 then
-  redis.call('PUBLISH', ARGV[2], 'released')
+  redis.pcall(ARGV[3], ARGV[2], 'released')
 end
 return n
 "#;

@@ -67,7 +67,8 @@ impl ServerInner {
             )));
         }
         let layout = Layout::new(&self.prefix, &request.key, request.mode)
-            .with_quarantine(&self.prefix, self.quarantine);
+            .with_quarantine(&self.prefix, self.quarantine)
+            .sharded(self.conn.is_cluster());
         let tokens = request.tokens.clamp(1, MAX_TOKENS);
         let token = self.tokens.next();
         let mut sent = Instant::now();
@@ -83,6 +84,7 @@ impl ServerInner {
                 let released = watch.notify.notified();
                 tokio::pin!(released);
                 released.as_mut().enable();
+                watch.subscribe(&self.conn.get()).await;
                 sent = Instant::now();
                 attempt = self.attempt(&layout, &token, request.lease, tokens).await?;
                 let Attempt::Busy(ttl) = attempt else {
