@@ -218,18 +218,12 @@ impl Cluster {
     }
 
     pub fn kill(&mut self, i: usize) {
-        if let Some(mut c) = self.members[i].child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        super::kill(self.members[i].child.take());
     }
 
     pub fn signal(&self, i: usize, signal: &str) {
         if let Some(c) = &self.members[i].child {
-            Command::new("kill")
-                .args([&format!("-{signal}"), &c.id().to_string()])
-                .status()
-                .unwrap();
+            super::signal(c, signal);
         }
     }
 }

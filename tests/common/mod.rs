@@ -37,6 +37,40 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// Waits (up to 15 s: a backend's release-subscription sweeper looks
+/// every 10 s) until no more tasks are alive than `before`.
+pub async fn no_task_left_after(before: usize) {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while metrics.num_alive_tasks() > before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} tasks left behind",
+            metrics.num_alive_tasks() - before
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// `kill -SIGNAL` (`STOP`, `CONT`) of a server a test started; whether it
+/// was sent.
+pub fn signal(child: &std::process::Child, signal: &str) -> bool {
+    std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill runs")
+        .success()
+}
+
+/// `kill -9` of a server a test started, if it runs, and its exit awaited.
+pub fn kill(child: Option<std::process::Child>) {
+    if let Some(mut child) = child {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// A child process that does not outlive a failed test.
 pub struct KillOnDrop(pub std::process::Child);
 

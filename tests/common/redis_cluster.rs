@@ -284,22 +284,18 @@ impl RedisCluster {
     /// `kill -9` of the node on `port`.
     pub fn kill(&mut self, port: u16) {
         let i = self.ports.iter().position(|p| *p == port).unwrap();
-        if let Some(mut child) = self.children[i].take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        super::kill(self.children[i].take());
     }
 
     /// Stops (`SIGSTOP`) or continues (`SIGCONT`) the node on `port`.
     pub fn signal(&self, port: u16, signal: &str) {
         let i = self.ports.iter().position(|p| *p == port).unwrap();
         let child = self.children[i].as_ref().expect("the node runs");
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(child.id().to_string())
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -{signal} {}", child.id());
+        assert!(
+            super::signal(child, signal),
+            "kill -{signal} {}",
+            child.id()
+        );
     }
 
     /// Waits until `port` is a master serving `slot`, as every live node
@@ -386,12 +382,11 @@ impl RedisCluster {
 
 impl Drop for RedisCluster {
     fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
-            let _ = Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
-            let _ = child.kill();
-            let _ = child.wait();
+        for child in &mut self.children {
+            if let Some(c) = child {
+                super::signal(c, "CONT");
+            }
+            super::kill(child.take());
         }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);

@@ -182,21 +182,17 @@ impl SentinelGroup {
     /// stopped they receive nothing and acknowledge nothing.
     pub fn signal_replicas(&self, signal: &str) {
         for child in self.redis_children[1..].iter().flatten() {
-            let status = Command::new("kill")
-                .arg(format!("-{signal}"))
-                .arg(child.id().to_string())
-                .status()
-                .expect("kill runs");
-            assert!(status.success(), "kill -{signal} {}", child.id());
+            assert!(
+                super::signal(child, signal),
+                "kill -{signal} {}",
+                child.id()
+            );
         }
     }
 
     /// `kill -9` of Redis server `i`.
     pub fn kill_redis(&mut self, i: usize) {
-        if let Some(mut child) = self.redis_children[i].take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        super::kill(self.redis_children[i].take());
     }
 
     /// Waits until every Sentinel names a master other than `old`; returns

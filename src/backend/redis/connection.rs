@@ -80,6 +80,9 @@ pub(super) struct Connection {
     /// Under Sentinel: whether the master must be confirmed after a broken
     /// connection before a lock is taken.
     follows: bool,
+    /// To a Redis Cluster: fixed at connect (under Sentinel only the
+    /// server is replaced).
+    cluster: bool,
     pub(super) doubt: Arc<Doubt>,
 }
 
@@ -136,6 +139,7 @@ impl Drop for Connection {
 impl Connection {
     pub(super) fn new(conn: Link, epoch: u64, doubt: Arc<Doubt>, follows: bool) -> Self {
         Connection {
+            cluster: matches!(conn, Link::Cluster(_)),
             current: Mutex::new((conn, epoch)),
             follows,
             doubt,
@@ -144,7 +148,7 @@ impl Connection {
 
     /// Whether the connection is to a Redis Cluster.
     pub(super) fn is_cluster(&self) -> bool {
-        matches!(lock(&self.current).0, Link::Cluster(_))
+        self.cluster
     }
 
     /// The connection to use now (a cheap clone of a handle).

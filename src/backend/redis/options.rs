@@ -160,14 +160,7 @@ impl RedisOptions {
     /// Refuses options a Sentinel URL cannot honour (TLS is not supported
     /// there yet).
     pub(super) fn check_sentinel(&self) -> Result<(), LockError> {
-        #[cfg(feature = "redis-tls")]
-        if self.tls_root_certificate.is_some() {
-            return Err(LockError::Config(
-                "a TLS root certificate was given, but redis+sentinel:// connects without TLS"
-                    .into(),
-            ));
-        }
-        Ok(())
+        self.refuse_tls_root("redis+sentinel://")
     }
 
     /// Refuses options a Cluster URL cannot honour: the restart
@@ -181,13 +174,19 @@ impl RedisOptions {
                     .into(),
             ));
         }
+        self.refuse_tls_root("redis+cluster://")
+    }
+
+    /// A TLS root certificate, given for a `scheme` that connects without TLS.
+    fn refuse_tls_root(&self, scheme: &str) -> Result<(), LockError> {
         #[cfg(feature = "redis-tls")]
         if self.tls_root_certificate.is_some() {
-            return Err(LockError::Config(
-                "a TLS root certificate was given, but redis+cluster:// connects without TLS"
-                    .into(),
-            ));
+            return Err(LockError::Config(format!(
+                "a TLS root certificate was given, but {scheme} connects without TLS"
+            )));
         }
+        #[cfg(not(feature = "redis-tls"))]
+        let _ = scheme;
         Ok(())
     }
 

@@ -77,7 +77,7 @@ impl Watches {
 
     /// Registers interest in `channel`, subscribing on `conn` if nobody
     /// else is.
-    pub(super) async fn watch(self: &Arc<Self>, conn: &Link, channel: &str) -> Watch {
+    pub(super) async fn watch(self: &Arc<Self>, conn: &Connection, channel: &str) -> Watch {
         let notify = {
             let mut channels = lock(&self.channels);
             let c = channels
@@ -105,15 +105,15 @@ impl Watches {
 impl Watch {
     /// Subscribes on `conn` unless subscribed already (by this waiter or
     /// another): at the start of a wait, and again on every look while
-    /// the server has ended the subscription.
-    pub(super) async fn subscribe(&self, conn: &Link) {
+    /// the server has ended the subscription. Subscribed, a flag check.
+    pub(super) async fn subscribe(&self, conn: &Connection) {
         let subscribed = lock(&self.watches.channels)
             .get(&self.channel)
             .is_some_and(|c| c.subscribed);
         if subscribed {
             return;
         }
-        match conn.clone().subscribe(&self.channel).await {
+        match conn.get().subscribe(&self.channel).await {
             Ok(()) => {
                 if let Some(c) = lock(&self.watches.channels).get_mut(&self.channel) {
                     c.subscribed = true;

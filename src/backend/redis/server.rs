@@ -77,14 +77,14 @@ impl ServerInner {
             return Err(LockError::Busy);
         }
         if let Attempt::Busy(_) = attempt {
-            let watch = self.watches.watch(&self.conn.get(), layout.channel()).await;
+            let watch = self.watches.watch(&self.conn, layout.channel()).await;
             loop {
                 // Armed before the attempt, so a release published between
                 // the attempt and the wait is not missed.
                 let released = watch.notify.notified();
                 tokio::pin!(released);
                 released.as_mut().enable();
-                watch.subscribe(&self.conn.get()).await;
+                watch.subscribe(&self.conn).await;
                 sent = Instant::now();
                 attempt = self.attempt(&layout, &token, request.lease, tokens).await?;
                 let Attempt::Busy(ttl) = attempt else {
