@@ -125,7 +125,8 @@ start_redis() {
 # ZooKeeper answers its four-letter words on the client port.
 zk_says() {
     local port=$1 word=$2 expect=$3 reply
-    reply=$(exec 3<>"/dev/tcp/127.0.0.1/$port" && printf '%s' "$word" >&3 && cat <&3) || return 1
+    # A server still starting may accept and never answer: bounded.
+    reply=$(exec 3<>"/dev/tcp/127.0.0.1/$port" && printf '%s' "$word" >&3 && timeout 2 cat <&3) || return 1
     [[ "$reply" == *"$expect"* ]]
 }
 
