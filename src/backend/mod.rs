@@ -84,6 +84,8 @@ mod lease;
 mod memory;
 #[cfg(feature = "mysql")]
 pub mod mysql;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod owner;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]

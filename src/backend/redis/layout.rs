@@ -1,12 +1,11 @@
 //! The Redis keys of one lock and the commands on them.
 
-use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
 use super::scripts::{scripts, FENCE_TTL};
+pub(crate) use crate::backend::owner::Tokens;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
@@ -18,29 +17,6 @@ const RELEASE_RETRY: Duration = Duration::from_millis(100);
 /// answer timed out): then it is worth sending again.
 pub(crate) fn uncertain(e: &redis::RedisError) -> bool {
     !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
-}
-
-/// Random owner tokens: a per-backend random prefix and a counter.
-pub(crate) struct Tokens {
-    seed: u64,
-    next: AtomicU64,
-}
-
-impl Tokens {
-    pub(crate) fn new() -> Self {
-        // `RandomState` is seeded from the OS's randomness.
-        let seed = std::collections::hash_map::RandomState::new()
-            .hash_one((std::process::id(), std::time::SystemTime::now()));
-        Tokens {
-            seed,
-            next: AtomicU64::new(0),
-        }
-    }
-
-    pub(crate) fn next(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:016x}{n:016x}", self.seed)
-    }
 }
 
 /// The Redis keys of one lock.
