@@ -12,6 +12,7 @@
 //! cargo run --example order_service -- --backend redis://127.0.0.1:6379 --instances 2
 //! cargo run --example order_service -- --backend zk://127.0.0.1:2181 --instances 2
 //! cargo run --example order_service -- --backend postgres://postgres@127.0.0.1:5432/test --instances 2
+//! cargo run --example order_service -- --backend "postgres://postgres@127.0.0.1:6432/test?lease_table" --instances 2
 //! cargo run --example order_service -- --backend mysql://root@127.0.0.1:3306/test --instances 2
 //! cargo run --example order_service -- --backend etcd://127.0.0.1:2379 --instances 2
 //! ```
@@ -40,6 +41,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::Router;
+use tokio_postgres::types::Type;
 use tower_lock::{Backend, HeldLock, LockLayer, Locker, PathParam};
 
 /// Where the last order number of each SKU is kept: deliberately read and
@@ -84,9 +86,13 @@ impl Numbers {
                 Err(e) => panic!("read the order number: {e}"),
             },
             Numbers::Postgres(pg) => pg
-                .query_opt("SELECT n FROM order_service_last WHERE sku = $1", &[&sku])
+                .query_typed(
+                    "SELECT n FROM order_service_last WHERE sku = $1",
+                    &[(&sku, Type::TEXT)],
+                )
                 .await
                 .expect("read the order number")
+                .first()
                 .map_or(0, |row| row.get::<_, i64>(0) as u64),
             Numbers::Mysql(conn) => {
                 use mysql_async::prelude::Queryable;
@@ -150,10 +156,10 @@ impl Numbers {
                 }
             }
             Numbers::Postgres(pg) => {
-                pg.execute(
+                pg.query_typed(
                     "INSERT INTO order_service_last (sku, n) VALUES ($1, $2) \
                      ON CONFLICT (sku) DO UPDATE SET n = excluded.n",
-                    &[&sku, &(n as i64)],
+                    &[(&sku, Type::TEXT), (&(n as i64), Type::INT8)],
                 )
                 .await
                 .expect("write the order number");
@@ -196,7 +202,10 @@ impl Numbers {
             }
             Numbers::Postgres(pg) => {
                 let _ = pg
-                    .execute("DELETE FROM order_service_last WHERE sku = $1", &[&sku])
+                    .query_typed(
+                        "DELETE FROM order_service_last WHERE sku = $1",
+                        &[(&sku, Type::TEXT)],
+                    )
                     .await;
             }
             Numbers::Mysql(conn) => {
@@ -242,7 +251,20 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
         return Ok(Numbers::ZooKeeper(zk));
     }
     if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
-        let (pg, connection) = tokio_postgres::connect(backend, tokio_postgres::NoTls)
+        // The lock's own parameter is not the driver's; every statement is
+        // unnamed, so that it also runs through a pooler in transaction
+        // mode.
+        let (base, query) = backend.split_once('?').unwrap_or((backend, ""));
+        let query: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.is_empty() && !p.starts_with("lease_table"))
+            .collect();
+        let url = if query.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", query.join("&"))
+        };
+        let (pg, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
             .await
             .map_err(|e| format!("connecting to PostgreSQL: {e}"))?;
         tokio::spawn(connection);

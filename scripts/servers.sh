@@ -6,7 +6,8 @@
 #
 # After `start_servers`: TOWER_LOCK_REDIS_URL (one redis-server),
 # TOWER_LOCK_REDLOCK_URL (three more), TOWER_LOCK_ZK_ADDR (ZooKeeper) and
-# TOWER_LOCK_POSTGRES_URL, TOWER_LOCK_MYSQL_URL and TOWER_LOCK_ETCD_URL
+# TOWER_LOCK_POSTGRES_URL, TOWER_LOCK_PGBOUNCER_URL (PgBouncer in
+# transaction pooling in front of it), TOWER_LOCK_MYSQL_URL and TOWER_LOCK_ETCD_URL
 # (one etcd member) are exported; `redlock`
 # holds the three Redlock addresses. PostgreSQL and MariaDB are the
 # machine's (127.0.0.1:5432, trust auth, database `test`; 127.0.0.1:3306,
@@ -56,6 +57,7 @@ required_packages() {
 /usr/lib/python3/dist-packages/kazoo/__init__.py python3-kazoo
 /usr/share/doc/postgresql/copyright postgresql
 /usr/lib/python3/dist-packages/psycopg2/__init__.py python3-psycopg2
+/usr/sbin/pgbouncer pgbouncer
 /usr/sbin/mariadbd mariadb-server
 /usr/bin/mariadb mariadb-client
 /usr/lib/python3/dist-packages/pymysql/__init__.py python3-pymysql
@@ -231,6 +233,45 @@ start_postgres() {
     echo "PostgreSQL: a private one, on 127.0.0.1:$port"
 }
 
+# PgBouncer in transaction pooling in front of $TOWER_LOCK_POSTGRES_URL, on a
+# free port, for the lease-table mode (as the `postgres` user when this
+# script runs as root, which PgBouncer refuses to run as).
+start_pgbouncer() {
+    local port dir pg_port as_pg=()
+    port=$(free_port)
+    dir="$work/pgbouncer"
+    mkdir -p "$dir"
+    pg_port=${TOWER_LOCK_POSTGRES_URL##*:}
+    pg_port=${pg_port%%/*}
+    cat >"$dir/pgbouncer.ini" <<EOF
+[databases]
+test = host=127.0.0.1 port=$pg_port dbname=test user=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/users.txt
+pool_mode = transaction
+max_client_conn = 1000
+default_pool_size = 20
+ignore_startup_parameters = extra_float_digits,options
+logfile = $dir/pgbouncer.log
+EOF
+    echo '"postgres" ""' >"$dir/users.txt"
+    if [ "$(id -u)" -eq 0 ]; then
+        chmod o+x "$work"
+        chown -R postgres: "$dir"
+        as_pg=(setpriv --reuid=postgres --regid=postgres --init-groups)
+    fi
+    "${as_pg[@]}" pgbouncer "$dir/pgbouncer.ini" >"$dir/stdout.log" 2>&1 &
+    pids+=("$!")
+    wait_for 30 "PgBouncer on port $port (log: $dir/pgbouncer.log)" \
+        psql "postgres://postgres@127.0.0.1:$port/test" -Atqc 'SELECT 1'
+    export TOWER_LOCK_PGBOUNCER_URL="postgres://postgres@127.0.0.1:$port/test"
+    echo "PgBouncer (transaction pooling) on 127.0.0.1:$port, in front of PostgreSQL"
+}
+
 # The machine's MariaDB when it answers; otherwise a private instance on a
 # free port (as the `mysql` user when this script runs as root).
 start_mariadb() {
@@ -383,6 +424,7 @@ start_servers() {
     echo "Redlock over $TOWER_LOCK_REDLOCK_URL"
     start_zookeeper
     start_postgres
+    start_pgbouncer
     start_mariadb
     start_etcd etcd 1
     export TOWER_LOCK_ETCD_URL="etcd://$etcd_urls"

@@ -212,7 +212,7 @@ async fn timed_out_and_cancelled_waits_leave_no_waiter_on_the_server() {
 }
 
 #[tokio::test]
-async fn readers_share_writers_exclude_and_semaphores_are_refused() {
+async fn readers_share_and_writers_exclude() {
     let k = key("rw", "k");
     let (a, b) = (plain_backend().await, plain_backend().await);
     let r1 = a.lock(k.as_str()).mode(LockMode::Read).await.unwrap();
@@ -245,15 +245,108 @@ async fn readers_share_writers_exclude_and_semaphores_are_refused() {
         Err(LockError::Busy)
     ));
     w.release().await.unwrap();
-    let semaphore = a
-        .lock(k.as_str())
-        .mode(LockMode::Semaphore { permits: 2 })
+    settle(&client, &k, (0, 0)).await;
+}
+
+/// Granted advisory locks on the permit keys of `key`'s semaphore.
+async fn permits_held(client: &tokio_postgres::Client, key: &str, permits: i32) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_locks l, generate_series(0, $2 - 1) i \
+             WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+             AND ((l.classid::bigint << 32) | l.objid::bigint) \
+             = hashtextextended($1 || E'\\x01permit' || i, 0)",
+            &[&key, &permits],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_admits_its_permits_and_no_more() {
+    let k = key("semaphore", "k");
+    let sem = LockMode::Semaphore { permits: 3 };
+    let (a, b) = (plain_backend().await, plain_backend().await);
+    let client = raw().await;
+    // Three permits, from two backends; the fourth is refused.
+    let p1 = a.lock(k.as_str()).mode(sem).fail_fast().await.unwrap();
+    let p2 = b.lock(k.as_str()).mode(sem).fail_fast().await.unwrap();
+    let p3 = a.lock(k.as_str()).mode(sem).fail_fast().await.unwrap();
+    assert!(matches!(
+        b.lock(k.as_str()).mode(sem).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    // SQL sees one lock per permit, none on the key itself.
+    assert_eq!(permits_held(&client, &k, 3).await, 3);
+    assert_eq!(locks_on(&client, &k).await, (0, 0));
+    let tokens = [p1.token(), p2.token(), p3.token()];
+    assert!(tokens[0] != tokens[1] && tokens[1] != tokens[2] && tokens[0] != tokens[2]);
+    // A waiter gets a permit once they are given back.
+    let waiter = {
+        let (b, k) = (b.clone(), k.clone());
+        tokio::spawn(async move {
+            b.lock(k.as_str())
+                .mode(sem)
+                .wait(Duration::from_secs(10))
+                .await
+        })
+    };
+    for p in [p1, p2, p3] {
+        p.release().await.unwrap();
+    }
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    // Zero permits, through the backend itself: a clear error.
+    let none = b
+        .acquire(tower_lock::backend::LockRequest::new(
+            tower_lock::LockKey::new(&k).unwrap(),
+            LockMode::Semaphore { permits: 0 },
+        ))
         .await;
     assert!(
-        matches!(semaphore, Err(LockError::InvalidMode(_))),
-        "{semaphore:?}"
+        matches!(none, Err(LockError::InvalidMode(_))),
+        "{:?}",
+        none.err()
     );
-    settle(&client, &k, (0, 0)).await;
+    // Under contention: never more than the permits at once.
+    let sem = LockMode::Semaphore { permits: 2 };
+    let inside = Arc::new(Mutex::new((0usize, 0usize)));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let backend = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let (k, inside) = (k.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let g = backend
+                    .lock(k.as_str())
+                    .mode(sem)
+                    .wait(Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                {
+                    let mut n = inside.lock().unwrap();
+                    n.0 += 1;
+                    n.1 = n.1.max(n.0);
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                inside.lock().unwrap().0 -= 1;
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let most = inside.lock().unwrap().1;
+    assert!(most <= 2, "{most} holders of 2 permits at once");
+    assert_eq!(most, 2, "the second permit was never used");
+    for _ in 0..500 {
+        if permits_held(&client, &k, 3).await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("a permit lock was left behind");
 }
 
 #[tokio::test]
@@ -404,6 +497,90 @@ async fn bad_urls_and_an_unreachable_server_are_clear_errors_within_the_timeout(
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
     assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+}
+
+/// PgBouncer in transaction pooling, which `scripts/test-all.sh` starts in
+/// front of the server.
+fn bouncer_url() -> String {
+    std::env::var("TOWER_LOCK_PGBOUNCER_URL").unwrap_or_else(|_| {
+        panic!(
+            "TOWER_LOCK_PGBOUNCER_URL is not set. Run scripts/test-all.sh, which starts \
+             PgBouncer in transaction pooling in front of PostgreSQL (Debian: apt-get install \
+             pgbouncer)"
+        )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_transaction_pooler_advisory_locks_are_refused_never_shared() {
+    let k = key("pooled", "k");
+    let refused = |e: &LockError| e.to_string().contains("pooler in transaction mode");
+    let mut backends = Vec::new();
+    let mut refusals = 0;
+    // Each backend's connections mark the server session they set up;
+    // the pooler hands the second client a session the first marked.
+    for _ in 0..4 {
+        match PostgresBackend::connect_with(
+            &bouncer_url(),
+            PostgresOptions::default()
+                .lease(Duration::from_secs(4))
+                .cohort(CohortOptions::off()),
+        )
+        .await
+        {
+            Ok(b) => backends.push(b),
+            Err(e) if refused(&e) => refusals += 1,
+            Err(e) => panic!("an unclear error: {e}"),
+        }
+    }
+    let held = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for b in backends {
+        let (k, held) = (k.clone(), held.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut refusals = 0;
+            for _ in 0..20 {
+                match b.lock(k.as_str()).wait(Duration::from_millis(500)).await {
+                    Ok(g) => {
+                        assert_eq!(
+                            held.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+                            0,
+                            "two holders through the pooler"
+                        );
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        held.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        if let Err(e) = g.release().await {
+                            assert!(refused(&e), "an unclear error: {e}");
+                            refusals += 1;
+                        }
+                    }
+                    Err(e @ (LockError::Timeout { .. } | LockError::Busy)) => drop(e),
+                    Err(e) => {
+                        assert!(refused(&e), "an unclear error: {e}");
+                        refusals += 1;
+                    }
+                }
+            }
+            refusals
+        }));
+    }
+    for t in tasks {
+        refusals += t.await.unwrap();
+    }
+    assert!(refusals > 0, "the pooler went unnoticed");
+    // A lock granted on a pooled session and refused at its release stays
+    // with that session: end those sessions (the pooler opens others).
+    raw()
+        .await
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks \
+             WHERE locktype = 'advisory' AND objsubid = 1 \
+             AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1, 0)",
+            &[&k],
+        )
+        .await
+        .unwrap();
+    settle(&raw().await, &k, (0, 0)).await;
 }
 
 // ---- other processes -------------------------------------------------------

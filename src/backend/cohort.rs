@@ -597,7 +597,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(any(
     feature = "redis",
     feature = "zookeeper",
-    feature = "postgres",
     feature = "mysql",
     feature = "etcd"
 ))]
@@ -638,7 +637,6 @@ macro_rules! cohort_backend {
 #[cfg(any(
     feature = "redis",
     feature = "zookeeper",
-    feature = "postgres",
     feature = "mysql",
     feature = "etcd"
 ))]

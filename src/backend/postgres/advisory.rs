@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::session::{lock, pg_error, PgInner, Session};
+use super::session::{lock, pg_error, pooled, PgInner, Session, MARK, POOLED};
 use crate::backend::lease::{release_in_background, Protocol, Released};
 use crate::error::LockError;
 
@@ -27,15 +27,30 @@ pub(super) struct Statements {
 const KEY: &str = "hashtextextended($1, 0)";
 
 impl Statements {
-    pub(super) async fn prepare(client: &Client, sequence: &str) -> Result<Self, LockError> {
+    pub(super) async fn prepare(
+        client: &Client,
+        sequence: &str,
+        marker: &str,
+    ) -> Result<Self, LockError> {
+        // Run on a session not marked as this connection's (a pooler in
+        // transaction mode), a lock statement takes nothing and answers
+        // -1, an unlock NULL, a ping false.
+        let foreign = format!("current_setting('{MARK}', true) IS DISTINCT FROM '{marker}'");
         // The token is drawn after the grant, in the same statement (a
         // CASE evaluates in order): grants and tokens go up together.
-        let try_sql =
-            |f: &str| format!("SELECT CASE WHEN {f}({KEY}) THEN nextval('{sequence}') END");
-        let lock_sql = |f: &str| {
-            format!("SELECT CASE WHEN {f}({KEY})::text = '' THEN nextval('{sequence}') END")
+        let try_sql = |f: &str| {
+            format!(
+                "SELECT CASE WHEN {foreign} THEN -1 WHEN {f}({KEY}) THEN nextval('{sequence}') END"
+            )
         };
-        let unlock_sql = |f: &str| format!("SELECT {f}({KEY})");
+        let lock_sql = |f: &str| {
+            format!(
+                "SELECT CASE WHEN {foreign} THEN -1 \
+                 WHEN {f}({KEY})::text = '' THEN nextval('{sequence}') END"
+            )
+        };
+        let unlock_sql =
+            |f: &str| format!("SELECT CASE WHEN {foreign} THEN NULL ELSE {f}({KEY}) END");
         let texts = [
             try_sql("pg_try_advisory_lock"),
             try_sql("pg_try_advisory_lock_shared"),
@@ -43,7 +58,7 @@ impl Statements {
             lock_sql("pg_advisory_lock_shared"),
             unlock_sql("pg_advisory_unlock"),
             unlock_sql("pg_advisory_unlock_shared"),
-            "SELECT 1".to_owned(),
+            format!("SELECT NOT {foreign}"),
         ];
         let p = |i: usize| client.prepare(&texts[i]);
         // Sent together: one round trip.
@@ -95,6 +110,11 @@ pub(super) async fn attempt(
         .map_err(|e| pg_error("taking an advisory lock", e))?;
     let token: Option<i64> = row.get(0);
     undo.armed = false;
+    if token == Some(-1) {
+        session.unclaim(key);
+        session.end(POOLED);
+        return Err(pooled());
+    }
     if token.is_none() {
         session.unclaim(key);
     }
@@ -176,15 +196,20 @@ impl AdvisoryLock {
             Poll::Pending => query.await,
         };
         let result = match answer {
-            Ok(row) => {
-                if !row.get::<_, bool>(0) {
+            Ok(row) => match row.get::<_, Option<bool>>(0) {
+                Some(true) => Ok(()),
+                Some(false) => {
                     tracing::warn!(
                         key = self.key,
                         "postgres had no such advisory lock on this session to release"
                     );
+                    Ok(())
                 }
-                Ok(())
-            }
+                None => {
+                    self.session.end(POOLED);
+                    Err(pooled())
+                }
+            },
             Err(e) => {
                 self.session.end("an unlock failed");
                 Err(pg_error("releasing an advisory lock", e))

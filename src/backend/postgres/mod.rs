@@ -80,13 +80,77 @@
 //!
 //! Session-level locks need the session: connect straight to PostgreSQL or
 //! through PgBouncer in **session** pooling. In transaction pooling every
-//! statement may run on another server connection, which would strand the
-//! lock there.
+//! statement may run on another server connection, where the lock would
+//! be stranded: the advisory mode refuses to run there (see below); use the
+//! lease-table mode.
 //!
+//! # The lease-table mode
+//!
+//! With [`PostgresOptions::lease_table`] (or `?lease_table` in the URL) a
+//! lock is a row of a table, created on first use:
+//!
+//! ```sql
+//! CREATE TABLE tower_lock_leases (
+//!     key text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL,
+//!     wanted boolean NOT NULL DEFAULT false);
+//! ```
+//!
+//! - Acquiring is one statement: insert the row, or take over a row whose
+//!   `expires_at` has passed, by the server's clock, or else mark it
+//!   `wanted`. It returns the fencing token, drawn from the sequence once
+//!   the row is written (so tokens rise in grant order), or the holder's
+//!   time left.
+//! - The holder renews the row every third of the lock's lease (the
+//!   request's lease, [`LockLayer::lease`](crate::LockLayer::lease)), and is
+//!   told lost when a renewal finds the row gone, expired or taken, or gets
+//!   no answer in time: before the lease, counted from the send time of the
+//!   last renewal answered, ends. A holder that dies leaves a row that
+//!   others take over once it expires; expired rows are deleted each
+//!   second by every backend in this mode.
+//! - Releasing deletes the row by owner and, if a waiter marked it wanted,
+//!   notifies the table's channel (`NOTIFY tower_lock_leases, key`).
+//!   Waiters `LISTEN` on a connection of their own and look again when
+//!   notified, or when the holder's time is up (at most a second). Where
+//!   notifications do not arrive (the listener behind a pooler in
+//!   transaction mode: give it a direct address with
+//!   [`PostgresOptions::listen_url`]), waiters look every 50 ms instead,
+//!   with a warning in the log.
+//! - Every statement is a single unnamed statement in its own transaction,
+//!   so any server session may run it: PgBouncer in transaction mode
+//!   works. Statements go over four connections, a key always on the same
+//!   one. Locks survive a server restart (the table is durable).
+//! - Each acquire and release is a committed write, which waits for the
+//!   server's WAL flush: this mode costs about two such commits per lock,
+//!   where an advisory lock costs less than two `SELECT`s.
+//! - Exclusive locks only. Expiry is counted on the server's wall clock:
+//!   a clock stepped forward expires leases early.
+//!
+//! The advisory mode does not share a lock through a pooler in transaction
+//! mode: each of its connections marks the server session it sets up (a
+//! custom setting, `tower_lock.session`, set only on a session that has no
+//! mark and holds no advisory lock), and every lock statement and
+//! keep-alive checks the mark, so a statement handed to another session
+//! takes nothing and fails with an error that says why, and a holder whose
+//! keep-alive lands elsewhere is told lost. The pooler is found out at the
+//! first statement that lands on a session not its own, which may be after
+//! a grant: that lock then stays with its pooled session (no other client
+//! of this crate can take it there) until the pooler closes the session.
+
 //! # Limits
 //!
+//! Of the advisory locks (the default mode):
+//!
 //! - Modes: exclusive, read and write (a write lock is the exclusive lock
-//!   of the key). No semaphore: advisory locks have no "any of N" wait.
+//!   of the key), and semaphores. A semaphore of N permits is N exclusive
+//!   advisory locks, one per permit, on the key text followed by `\x01permit`
+//!   and the permit's number (`hashtextextended('sku:A1' || E'\x01permit0', 0)`
+//!   in SQL). A free permit is looked for on the shared connection, one
+//!   round trip per permit tried, starting from a different one each time;
+//!   when all are taken, the wait is in the server for one of them, chosen
+//!   in turn, so a waiter may wait while another permit is free (permits
+//!   are not pooled like a counting semaphore's; across processes each
+//!   permit's queue is in arrival order). The permit count is per request:
+//!   callers must agree on it.
 //! - Connections: one shared, plus one per key waited for (or held after a
 //!   wait) at once, up to [`PostgresOptions::max_connections`]; past that
 //!   an acquisition fails at once with an error saying so (a 503 through
@@ -112,6 +176,7 @@
 
 mod advisory;
 mod session;
+mod table;
 
 use std::fmt;
 use std::str::FromStr;
@@ -121,8 +186,9 @@ use std::time::{Duration, Instant};
 
 use self::advisory::{attempt, AdvisoryLock};
 use self::session::{lock, PgInner, Session};
+use self::table::{Table, TableInner};
 use super::lease::{check_lease, protocol_backend, Lease};
-use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
+use super::{Acquired, Backend, BackendFuture, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
 use crate::mode::{LockMode, Wait};
 use crate::token::FencingToken;
@@ -135,6 +201,8 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
 /// The token sequence used when none is named.
 pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
+/// The lease table's name in a URL's `?lease_table` without a value.
+pub const DEFAULT_LEASE_TABLE: &str = "tower_lock_leases";
 /// How far apart two grants' fencing tokens are: the tokens between serve
 /// the local holders a [`Cohort`] passes one grant to.
 pub const TOKEN_SPACING: u32 = 64;
@@ -161,6 +229,8 @@ pub struct PostgresOptions {
     connect_timeout: Duration,
     max_connections: usize,
     sequence: String,
+    lease_table: Option<String>,
+    listen_url: Option<String>,
     cohort: CohortOptions,
 }
 
@@ -171,6 +241,8 @@ impl Default for PostgresOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             sequence: DEFAULT_SEQUENCE.to_owned(),
+            lease_table: None,
+            listen_url: None,
             cohort: CohortOptions::default(),
         }
     }
@@ -212,6 +284,42 @@ impl PostgresOptions {
         self
     }
 
+    /// Locks rows of this table instead of taking advisory locks: the
+    /// [lease-table mode](self#the-lease-table-mode), for a connection
+    /// through a pooler in transaction mode. Optionally schema-qualified,
+    /// as [`sequence`](Self::sequence); created on first use if missing.
+    /// A URL selects it with `?lease_table=name` (or `?lease_table` for
+    /// [`DEFAULT_LEASE_TABLE`]).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use tower_lock::backend::{PostgresBackend, PostgresOptions};
+    ///
+    /// // Statements through PgBouncer in transaction mode; notifications
+    /// // of releases straight from the server.
+    /// let options = PostgresOptions::default()
+    ///     .lease_table("tower_lock_leases")
+    ///     .listen_url("postgres://app@db:5432/orders");
+    /// let pg = PostgresBackend::connect_with("postgres://app@pgbouncer:6432/orders", options).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn lease_table(mut self, name: impl Into<String>) -> Self {
+        self.lease_table = Some(name.into());
+        self
+    }
+
+    /// In the lease-table mode, where the connection that listens for
+    /// releases goes (`LISTEN` needs a session of its own, which a pooler
+    /// in transaction mode does not keep): the server itself, or a pooler
+    /// in session mode. Default: the backend's URL; where notifications
+    /// do not arrive there, waiters look again every 50 ms instead.
+    pub fn listen_url(mut self, url: impl Into<String>) -> Self {
+        self.listen_url = Some(url.into());
+        self
+    }
+
     /// How this process's waiters share a lock (see [`Cohort`]): on by
     /// default, up to [`CohortOptions::DEFAULT_MAX_GRANTS`] holders (at most
     /// [`TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per grant.
@@ -240,7 +348,13 @@ impl PostgresOptions {
 /// ```
 #[derive(Clone)]
 pub struct PostgresBackend {
-    cohort: Cohort<Pg>,
+    mode: Mode,
+}
+
+#[derive(Clone)]
+enum Mode {
+    Advisory(Cohort<Pg>),
+    Table(Cohort<Table>),
 }
 
 /// Advisory locks on the backend's connections, without the local queue.
@@ -275,9 +389,43 @@ impl PostgresBackend {
 
     /// Connects with explicit [options](PostgresOptions).
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, LockError> {
-        let config = parse_url(url)?;
+        let (config, from_url) = parse_url(url)?;
         check_lease(options.lease, "PostgreSQL")?;
         super::sql::check_name(&options.sequence, "PostgresOptions::sequence")?;
+        if let Some(table) = options.lease_table.clone().or(from_url) {
+            super::sql::check_name(&table, "PostgresOptions::lease_table")?;
+            // The table's name is also its notification channel's, which
+            // PostgreSQL limits to 63 bytes.
+            if table.len() > 63 {
+                return Err(LockError::Config(format!(
+                    "PostgresOptions::lease_table {table:?}: at most 63 characters"
+                )));
+            }
+            let listen_config = match &options.listen_url {
+                Some(url) => parse_url(url)?.0,
+                None => config.clone(),
+            };
+            let target = target(&config);
+            let inner = TableInner::new(
+                config,
+                listen_config,
+                target,
+                options.connect_timeout,
+                &table,
+                &options.sequence,
+            );
+            inner.start().await?;
+            return Ok(PostgresBackend {
+                mode: Mode::Table(Cohort::new(Table { inner }, options.cohort)),
+            });
+        }
+        if options.listen_url.is_some() {
+            return Err(LockError::Config(
+                "PostgresOptions::listen_url applies to the lease-table mode only \
+                 (PostgresOptions::lease_table)"
+                    .into(),
+            ));
+        }
         if options.max_connections == 0 {
             return Err(LockError::Config(
                 "PostgresOptions::max_connections must be at least 1".into(),
@@ -296,30 +444,95 @@ impl PostgresBackend {
                 idle: Mutex::new(Vec::new()),
                 connections: super::sql::Connections::new(options.max_connections),
                 releases: Arc::default(),
+                markers: super::owner::Tokens::new(),
             }),
         };
         pg.inner.shared().await?;
         Ok(PostgresBackend {
-            cohort: Cohort::new(pg, options.cohort),
+            mode: Mode::Advisory(Cohort::new(pg, options.cohort)),
         })
     }
 
-    /// The connections open now, the shared one included (for diagnostics
-    /// and tests).
+    /// The advisory-lock connections open now, the shared one included
+    /// (for diagnostics and tests); 0 in the lease-table mode.
     pub fn connections(&self) -> usize {
-        self.cohort.inner().inner.connections.open()
+        match &self.mode {
+            Mode::Advisory(c) => c.inner().inner.connections.open(),
+            Mode::Table(_) => 0,
+        }
+    }
+
+    /// Whether this backend locks rows of a lease table
+    /// ([`PostgresOptions::lease_table`]) rather than advisory locks.
+    pub fn is_lease_table(&self) -> bool {
+        matches!(self.mode, Mode::Table(_))
+    }
+
+    /// In the lease-table mode, how many release notifications woke a
+    /// waiter of this backend (for diagnostics and tests).
+    pub fn releases_heard(&self) -> u64 {
+        match &self.mode {
+            Mode::Advisory(_) => 0,
+            Mode::Table(c) => c.inner().inner.releases_heard(),
+        }
+    }
+
+    /// In the lease-table mode, whether releases are heard as
+    /// notifications now (rather than looked for every 50 ms).
+    pub fn hears_releases(&self) -> bool {
+        match &self.mode {
+            Mode::Advisory(_) => false,
+            Mode::Table(c) => c.inner().inner.notifications(),
+        }
     }
 }
 
 impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (mode, target) = match &self.mode {
+            Mode::Advisory(c) => ("advisory", &c.inner().inner.target),
+            Mode::Table(c) => ("lease table", &c.inner().inner.target),
+        };
         f.debug_struct("PostgresBackend")
-            .field("target", &self.cohort.inner().inner.target)
+            .field("mode", &mode)
+            .field("target", target)
             .finish_non_exhaustive()
     }
 }
 
-super::cohort::cohort_backend!(PostgresBackend, "postgres");
+/// Forwards to the mode's cohort.
+macro_rules! by_mode {
+    ($self:ident, $c:ident => $e:expr) => {
+        match &$self.mode {
+            Mode::Advisory($c) => $e,
+            Mode::Table($c) => $e,
+        }
+    };
+}
+
+impl Backend for PostgresBackend {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        by_mode!(self, c => c.acquire(request))
+    }
+
+    /// Also releases the locks passed on to local waiters that have not
+    /// taken them yet (they acquire anew).
+    fn flush(&self) -> BackendFuture<()> {
+        by_mode!(self, c => c.flush())
+    }
+
+    fn instance_id(&self) -> usize {
+        by_mode!(self, c => c.instance_id())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        by_mode!(self, c => c.capabilities())
+    }
+}
 
 // The server queues waiters from every process in order. A lock taken on
 // the shared connection is released on it, and the next try follows the
@@ -331,7 +544,6 @@ protocol_backend!(
     Pg,
     "postgres",
     Capabilities::new()
-        .no_semaphore()
         .max_tokens(TOKEN_SPACING)
         .ordered_release(true)
         .fifo(true)
@@ -342,6 +554,14 @@ static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
 impl PgInner {
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        if let LockMode::Semaphore { permits } = request.mode {
+            if permits == 0 {
+                return Err(LockError::InvalidMode(
+                    "a semaphore needs at least one permit".into(),
+                ));
+            }
+            return self.acquire_permit(&request, permits).await;
+        }
         let read = request.mode == LockMode::Read;
         let key = request.key.as_str();
         let tokens = if read { 1 } else { request.tokens };
@@ -383,6 +603,53 @@ impl PgInner {
         Ok(self.held(session, key, read, n, tokens))
     }
 
+    /// One of `permits` permits of a semaphore: the exclusive advisory
+    /// lock of one of its permit keys. Each free-looking permit is tried on
+    /// the shared connection, starting from a different one each time;
+    /// if none is free, the wait is in the server for one permit, chosen
+    /// in turn, on a connection of its own.
+    async fn acquire_permit(
+        self: Arc<Self>,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Acquired, LockError> {
+        let key = request.key.as_str();
+        let start = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let shared = self.shared().await?;
+        shared.alive.quarantine().await;
+        for i in 0..permits as usize {
+            let permit = permit_key(key, (start + i) % permits as usize);
+            if !shared.claim(&permit) {
+                continue;
+            }
+            let sent = Instant::now();
+            if let Some(n) = attempt(&self, &shared, &permit, false, false).await? {
+                shared.alive.answered(sent);
+                return Ok(self.held(shared, &permit, false, n, 1));
+            }
+        }
+        if request.wait == Wait::FailFast {
+            return Err(LockError::Busy);
+        }
+        let permit = permit_key(key, start % permits as usize);
+        let session = self.dedicated().await?;
+        session.claim(&permit);
+        session.alive.quarantine().await;
+        let sent = Instant::now();
+        let Some(n) = attempt(&self, &session, &permit, false, true).await? else {
+            self.give_back(session);
+            return Err(LockError::Busy);
+        };
+        session.alive.answered(sent);
+        if session.alive.stale_after(sent) {
+            if let Err(e) = session.ping().await {
+                session.end("the connection failed as the lock was granted");
+                return Err(e);
+            }
+        }
+        Ok(self.held(session, &permit, false, n, 1))
+    }
+
     /// A grant as an [`Acquired`], listed with its session.
     fn held(
         self: &Arc<Self>,
@@ -418,7 +685,16 @@ impl PgInner {
     }
 }
 
-fn parse_url(url: &str) -> Result<tokio_postgres::Config, LockError> {
+/// The advisory key text of a semaphore's permit `i`: the key, a control
+/// character (which no lock key contains) and the number, so that no lock
+/// key names a permit.
+fn permit_key(key: &str, i: usize) -> String {
+    format!("{key}\u{1}permit{i}")
+}
+
+/// The driver's settings, and the lease table a `?lease_table[=name]`
+/// parameter names (taken out: the driver knows no such parameter).
+fn parse_url(url: &str) -> Result<(tokio_postgres::Config, Option<String>), LockError> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(LockError::Config(format!(
             "not a PostgreSQL URL: {url:?} (expected postgres://user@host:port/database)"
@@ -429,8 +705,28 @@ fn parse_url(url: &str) -> Result<tokio_postgres::Config, LockError> {
             "not a PostgreSQL URL: {url:?} (expected postgres:// or postgresql://)"
         )));
     }
-    tokio_postgres::Config::from_str(url)
-        .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))
+    let (base, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut table = None;
+    let mut rest = Vec::new();
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        match param.split_once('=') {
+            Some(("lease_table", name)) if !name.is_empty() => table = Some(name.to_owned()),
+            Some(("lease_table", _)) | None
+                if param == "lease_table" || param == "lease_table=" =>
+            {
+                table = Some(DEFAULT_LEASE_TABLE.to_owned())
+            }
+            _ => rest.push(param),
+        }
+    }
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let config = tokio_postgres::Config::from_str(&url)
+        .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))?;
+    Ok((config, table))
 }
 
 /// `host:port/database`, for messages: never the password.
@@ -462,7 +758,25 @@ mod tests {
         assert!(parse_url("postgresql://app:secret@db/orders").is_ok());
         assert!(parse_url("mysql://app@db/orders").is_err());
         assert!(parse_url("postgres://app@db:port/orders").is_err());
-        let config = parse_url("postgres://app:secret@db:6543/orders").unwrap();
+        let (config, table) = parse_url("postgres://app:secret@db:6543/orders").unwrap();
         assert_eq!(target(&config), "db:6543/orders");
+        assert_eq!(table, None);
+    }
+
+    #[test]
+    fn a_url_may_name_the_lease_table() {
+        let table = |url: &str| parse_url(url).unwrap().1;
+        assert_eq!(
+            table("postgres://app@db/orders?lease_table=locks.leases"),
+            Some("locks.leases".to_owned())
+        );
+        assert_eq!(
+            table("postgres://app@db/orders?connect_timeout=2&lease_table"),
+            Some(DEFAULT_LEASE_TABLE.to_owned())
+        );
+        let (config, _) =
+            parse_url("postgres://app@db/orders?lease_table=t&connect_timeout=2").unwrap();
+        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(2)));
+        assert!(parse_url("postgres://app@db/orders?no_such_thing=1").is_err());
     }
 }

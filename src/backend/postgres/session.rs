@@ -18,6 +18,7 @@ use tokio_postgres::{Client, NoTls};
 
 use super::advisory::{AdvisoryLock, Statements};
 use crate::backend::lease::Lease;
+use crate::backend::owner::Tokens;
 use crate::backend::sql::{Alive, Connections, Slot};
 use crate::backend::InFlight;
 use crate::error::LockError;
@@ -45,6 +46,8 @@ pub(super) struct PgInner {
     pub(super) connections: Connections,
     /// Releases in flight, for `flush`.
     pub(super) releases: Arc<InFlight>,
+    /// Each session's mark.
+    pub(super) markers: Tokens,
 }
 
 /// A held lock and its key, as its session lists it.
@@ -74,8 +77,33 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Why advisory locks cannot work on a connection whose statements run on
+/// another server session than the one it set up.
+pub(super) const POOLED: &str = "this connection's statements run on a PostgreSQL session \
+     other than its own (a pooler in transaction mode, such as PgBouncer?): advisory locks \
+     live in one session; connect straight to the server or through session pooling, or use \
+     PostgresOptions::lease_table";
+
+/// The custom setting that marks a server session as one connection's.
+pub(super) const MARK: &str = "tower_lock.session";
+
 pub(super) fn pg_error(doing: &str, e: tokio_postgres::Error) -> LockError {
-    LockError::backend("postgres", format!("{doing}: {e}"), Some(Box::new(e) as _))
+    // A statement prepared on one server session and run on another.
+    let hint = if e.code() == Some(&SqlState::INVALID_SQL_STATEMENT_NAME) {
+        format!(" ({POOLED})")
+    } else {
+        String::new()
+    };
+    LockError::backend(
+        "postgres",
+        format!("{doing}: {e}{hint}"),
+        Some(Box::new(e) as _),
+    )
+}
+
+/// The error for a statement that ran on a session not marked as its own.
+pub(super) fn pooled() -> LockError {
+    LockError::backend("postgres", POOLED, None)
 }
 
 impl Session {
@@ -100,10 +128,15 @@ impl Session {
     /// Asks the server once, so that the session is known alive from now.
     pub(super) async fn ping(&self) -> Result<(), LockError> {
         let sent = Instant::now();
-        self.client
+        let own: Option<bool> = self
+            .client
             .query_one(&self.statements.ping, &[])
             .await
-            .map_err(|e| pg_error("checking the connection", e))?;
+            .map_err(|e| pg_error("checking the connection", e))?
+            .get(0);
+        if own != Some(true) {
+            return Err(pooled());
+        }
         self.alive.answered(sent);
         Ok(())
     }
@@ -239,20 +272,38 @@ impl PgInner {
             .batch_execute(&self.settings())
             .await
             .map_err(|e| pg_error("setting up the session", e))?;
-        let uptime: f64 = client
-            .query_one(
-                "SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8",
-                &[],
+        // Marks the server session as this connection's, unless another
+        // connection marked it or it holds advisory locks already: then
+        // statements are being handed between clients (a pooler in
+        // transaction mode). Every lock statement checks the mark, so none
+        // runs on a session not its own.
+        let marker = self.markers.next();
+        let row = client
+            .query_typed(
+                &format!(
+                    "SELECT extract(epoch FROM now() - pg_postmaster_start_time())::float8, \
+                     CASE WHEN coalesce(current_setting('{MARK}', true), '') = '' \
+                     AND NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                     AND pid = pg_backend_pid()) \
+                     THEN set_config('{MARK}', $1, false) END"
+                ),
+                &[(&marker, tokio_postgres::types::Type::TEXT)],
             )
             .await
-            .map_err(|e| pg_error("reading the server's uptime", e))?
-            .get(0);
+            .map_err(|e| pg_error("reading the server's uptime", e))?;
+        let row = row
+            .first()
+            .ok_or_else(|| LockError::backend("postgres", "no answer to the uptime query", None))?;
+        if row.get::<_, Option<String>>(1).is_none() {
+            return Err(pooled());
+        }
+        let uptime: f64 = row.get(0);
         let learnt = Instant::now();
         if !self.sequence_ready.load(Ordering::Acquire) {
             self.create_sequence(&client).await?;
             self.sequence_ready.store(true, Ordering::Release);
         }
-        let statements = Statements::prepare(&client, &self.sequence).await?;
+        let statements = Statements::prepare(&client, &self.sequence, &marker).await?;
         let connection = guard.disarm();
         let session = Arc::new(Session {
             client,
@@ -280,30 +331,12 @@ impl PgInner {
     /// Creates the token sequence if it is missing.
     async fn create_sequence(&self, client: &Client) -> Result<(), LockError> {
         let sql = format!("CREATE SEQUENCE IF NOT EXISTS {}", self.sequence);
-        let mut tries = 0;
-        loop {
-            match client.batch_execute(&sql).await {
-                Ok(()) => return Ok(()),
-                // Another process created it at the same moment.
-                Err(e)
-                    if tries < 3
-                        && (e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                            || e.code() == Some(&SqlState::DUPLICATE_TABLE)) =>
-                {
-                    tries += 1;
-                }
-                Err(e) => {
-                    return Err(pg_error(
-                        &format!(
-                            "creating the token sequence {0} (a role that may not create it \
-                             needs it made once: CREATE SEQUENCE {0})",
-                            self.sequence
-                        ),
-                        e,
-                    ))
-                }
-            }
-        }
+        create_missing(
+            client,
+            &sql,
+            &format!("the token sequence {}", self.sequence),
+        )
+        .await
     }
 
     /// The session settings a lock holder needs, whatever the server's
@@ -337,6 +370,37 @@ impl PgInner {
              WHERE EXISTS (SELECT 1 FROM pg_settings s WHERE s.name = v.name)",
             values.join(", ")
         )
+    }
+}
+
+/// Runs `sql`, which creates `what` if it is missing; another process
+/// creating it at the same moment is no error.
+pub(super) async fn create_missing(
+    client: &Client,
+    sql: &str,
+    what: &str,
+) -> Result<(), LockError> {
+    let mut tries = 0;
+    loop {
+        match client.batch_execute(sql).await {
+            Ok(()) => return Ok(()),
+            Err(e)
+                if tries < 3
+                    && (e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                        || e.code() == Some(&SqlState::DUPLICATE_TABLE)) =>
+            {
+                tries += 1;
+            }
+            Err(e) => {
+                return Err(pg_error(
+                    &format!(
+                        "creating {what} (a role that may not create it needs it made once: \
+                         {sql})"
+                    ),
+                    e,
+                ))
+            }
+        }
     }
 }
 

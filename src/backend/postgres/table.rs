@@ -1,0 +1,691 @@
+//! The lease-table mode: a lock is a row with an expiry, for where a
+//! session-level advisory lock cannot live (a pooler in transaction mode
+//! hands each statement to another server session).
+//!
+//! Every statement stands alone (autocommit, unnamed, one round trip), so
+//! a transaction pooler may run each on any server session.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
+
+use super::session::{create_missing, lock, pg_error};
+use super::TOKEN_SPACING;
+use crate::backend::lease::{
+    check_lease, known_until, protocol_backend, release_in_background, Lease, Protocol, Released,
+};
+use crate::backend::owner::Tokens;
+use crate::backend::{Acquired, Capabilities, InFlight, LockRequest};
+use crate::error::LockError;
+use crate::lost::Deadline;
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// The longest a waiter sleeps without a notification before it looks
+/// again: covers a notification lost while the listener reconnected.
+const MAX_RECHECK: Duration = Duration::from_secs(1);
+/// How often a waiter looks when notifications do not arrive (a pooler in
+/// transaction mode between the listener and the server).
+pub(super) const POLL_RECHECK: Duration = Duration::from_millis(50);
+/// How long the listener waits for its own test notification.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long after a test notification that did not arrive the listener
+/// tries again.
+const PROBE_AGAIN: Duration = Duration::from_secs(30);
+/// How often expired rows (of holders that died) are deleted.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Pause between tries of a statement whose connection broke.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// How many connections carry the statements (each statement is its own
+/// transaction, whose commit waits for the server's WAL flush: keys spread
+/// over several connections commit in parallel).
+const STATEMENT_CONNECTIONS: usize = 4;
+
+/// One statement connection.
+#[derive(Default)]
+struct Slot {
+    client: Mutex<Option<Arc<Client>>>,
+    opening: tokio::sync::Mutex<()>,
+}
+
+/// The lease-table protocol.
+#[derive(Clone)]
+pub(super) struct Table {
+    pub(super) inner: Arc<TableInner>,
+}
+
+pub(super) struct TableInner {
+    config: tokio_postgres::Config,
+    /// Where the listener connects: the same server, or a direct address
+    /// when statements go through a transaction pooler.
+    listen_config: tokio_postgres::Config,
+    pub(super) target: String,
+    connect_timeout: Duration,
+    sql: Sql,
+    /// The statement connections, each opened again when it breaks. A key
+    /// always uses the same one, so that a release sent lands before the
+    /// next acquire of the key; different keys commit in parallel.
+    clients: [Slot; STATEMENT_CONNECTIONS],
+    /// Whether the listener hears notifications now.
+    notified: AtomicBool,
+    /// The local waiters of each key, woken by a release notification.
+    waiters: Mutex<HashMap<String, Weak<Notify>>>,
+    /// Woken by the listener's own test notification.
+    probe: Notify,
+    /// Release notifications that woke a local waiter.
+    heard: AtomicU64,
+    owners: Tokens,
+    /// The listener and the sweep, stopped with the backend.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    pub(super) releases: Arc<InFlight>,
+}
+
+/// The statements, with the table, sequence and channel names in them.
+struct Sql {
+    create: String,
+    acquire: String,
+    renew: String,
+    release: String,
+    sweep: String,
+    probe: String,
+    listen: String,
+}
+
+impl Sql {
+    fn new(table: &str, sequence: &str, channel: &str) -> Self {
+        let expiry = "clock_timestamp() + $3 * interval '1 millisecond'";
+        let then = "(EXCLUDED.expires_at - $3 * interval '1 millisecond')";
+        Sql {
+            create: format!(
+                "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
+                 CREATE TABLE IF NOT EXISTS {table} (\
+                 key text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL, \
+                 wanted boolean NOT NULL DEFAULT false); \
+                 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS wanted boolean NOT NULL DEFAULT false"
+            ),
+            // One statement: insert the row, or take it over if expired, or
+            // else mark it wanted (so that its release notifies). Every
+            // test of expiry compares with one instant, the statement's
+            // `VALUES` time (the new expiry less the lease): asked once per
+            // column, the clock could move between them and keep the old
+            // owner with the new expiry. The token is drawn once the row is
+            // written and locked (`RETURNING` runs after the write), so any
+            // later grant of the key draws after it; a value drawn in
+            // `VALUES` could predate a grant made meanwhile. So it is not
+            // stored in the row. Also returns the holder's time left, for a
+            // busy key.
+            acquire: format!(
+                "INSERT INTO {table} AS l (key, owner, expires_at) VALUES ($1, $2, {expiry}) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                 owner = CASE WHEN l.expires_at <= {then} \
+                 THEN EXCLUDED.owner ELSE l.owner END, \
+                 expires_at = CASE WHEN l.expires_at <= {then} \
+                 THEN EXCLUDED.expires_at ELSE l.expires_at END, \
+                 wanted = l.expires_at > {then} \
+                 RETURNING CASE WHEN l.owner = $2 THEN nextval('{sequence}') END, \
+                 ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::int8"
+            ),
+            renew: format!(
+                "UPDATE {table} SET expires_at = {expiry} \
+                 WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp() RETURNING 1"
+            ),
+            // Notifies only if a waiter marked the row.
+            release: format!(
+                "DELETE FROM {table} WHERE key = $1 AND owner = $2 \
+                 RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
+            ),
+            sweep: format!(
+                "DELETE FROM {table} WHERE expires_at < clock_timestamp() \
+                 RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
+            ),
+            probe: format!("SELECT pg_notify('{channel}', '')"),
+            listen: format!("LISTEN \"{channel}\""),
+        }
+    }
+}
+
+// One statement connection: a release sent lands before the next acquire.
+protocol_backend!(
+    Table,
+    "postgres",
+    Capabilities::new()
+        .exclusive_only()
+        .max_tokens(TOKEN_SPACING)
+        .ordered_release(true)
+);
+
+/// What one acquire statement found.
+enum Attempt {
+    /// The sequence's value drawn for the grant.
+    Granted(i64),
+    /// Held by another: its time left in milliseconds, if it was seen.
+    Busy(Option<i64>),
+}
+
+impl TableInner {
+    /// The mode's state; connects nothing yet.
+    pub(super) fn new(
+        config: tokio_postgres::Config,
+        listen_config: tokio_postgres::Config,
+        target: String,
+        connect_timeout: Duration,
+        table: &str,
+        sequence: &str,
+    ) -> Arc<Self> {
+        Arc::new(TableInner {
+            config,
+            listen_config,
+            target,
+            connect_timeout,
+            sql: Sql::new(table, sequence, table),
+            clients: std::array::from_fn(|_| Slot::default()),
+            notified: AtomicBool::new(false),
+            waiters: Mutex::new(HashMap::new()),
+            probe: Notify::new(),
+            heard: AtomicU64::new(0),
+            owners: Tokens::new(),
+            tasks: Mutex::new(Vec::new()),
+            releases: Arc::default(),
+        })
+    }
+
+    /// Connects, creates the table and sequence if missing, and starts the
+    /// listener and the sweep.
+    pub(super) async fn start(self: &Arc<Self>) -> Result<(), LockError> {
+        let client = self.client("").await?;
+        create_missing(&client, &self.sql.create, "the lease table").await?;
+        let listener = tokio::spawn(listen(Arc::downgrade(self)));
+        let sweeper = tokio::spawn(sweep(Arc::downgrade(self)));
+        lock(&self.tasks).extend([listener, sweeper]);
+        Ok(())
+    }
+
+    /// Whether waiters are woken by notifications (for tests).
+    pub(super) fn notifications(&self) -> bool {
+        self.notified.load(Ordering::Acquire)
+    }
+
+    /// How many release notifications woke a local waiter.
+    pub(super) fn releases_heard(&self) -> u64 {
+        self.heard.load(Ordering::Relaxed)
+    }
+
+    /// The statement connection for `key`, opened if there is none or it
+    /// broke.
+    async fn client(&self, key: &str) -> Result<Arc<Client>, LockError> {
+        use std::hash::BuildHasher;
+        // A fixed hash: the same key, the same connection.
+        let hash =
+            std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+                .hash_one(key);
+        let slot = &self.clients[(hash % STATEMENT_CONNECTIONS as u64) as usize];
+        if let Some(c) = lock(&slot.client).as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let _opening = slot.opening.lock().await;
+        if let Some(c) = lock(&slot.client).as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        let (client, _driver) =
+            connect(&self.config, &self.target, self.connect_timeout, None).await?;
+        let client = Arc::new(client);
+        *lock(&slot.client) = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Runs one statement on the statement connection of `key`.
+    async fn query(
+        &self,
+        key: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        doing: &str,
+    ) -> Result<Vec<Row>, LockError> {
+        let client = self.client(key).await?;
+        client
+            .query_typed(sql, params)
+            .await
+            .map_err(|e| pg_error(doing, e))
+    }
+
+    async fn attempt(&self, key: &str, owner: &str, lease_ms: i64) -> Result<Attempt, LockError> {
+        let rows = self
+            .query(
+                key,
+                &self.sql.acquire,
+                &[
+                    (&key, Type::TEXT),
+                    (&owner, Type::TEXT),
+                    (&lease_ms, Type::INT8),
+                ],
+                "taking a lease row",
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| {
+            LockError::backend("postgres", "the acquire statement returned no row", None)
+        })?;
+        Ok(match row.get::<_, Option<i64>>(0) {
+            Some(n) => Attempt::Granted(n),
+            None => Attempt::Busy(row.get(1)),
+        })
+    }
+
+    /// Deletes the row if `owner` holds it: `true` if it did.
+    async fn delete(&self, key: &str, owner: &str) -> Result<bool, LockError> {
+        let rows = self
+            .query(
+                key,
+                &self.sql.release,
+                &[(&key, Type::TEXT), (&owner, Type::TEXT)],
+                "deleting a lease row",
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Deletes the row, again after failures, until done or `deadline`
+    /// (when it expires anyway).
+    async fn delete_until(
+        &self,
+        key: &str,
+        owner: &str,
+        deadline: Instant,
+    ) -> Result<(), LockError> {
+        loop {
+            match self.delete(key, owner).await {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() + RETRY_PAUSE >= deadline => return Err(e),
+                Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+            }
+        }
+    }
+
+    /// The local waiters' wake-up for `key`.
+    fn watch(self: &Arc<Self>, key: &str) -> Watch {
+        let mut waiters = lock(&self.waiters);
+        let notify = match waiters.get(key).and_then(Weak::upgrade) {
+            Some(n) => n,
+            None => {
+                let n = Arc::new(Notify::new());
+                waiters.insert(key.to_owned(), Arc::downgrade(&n));
+                n
+            }
+        };
+        Watch {
+            table: self.clone(),
+            key: key.to_owned(),
+            notify,
+        }
+    }
+
+    /// A notification: `key` was released (or swept); "" is the probe.
+    fn heard(&self, key: &str) {
+        if key.is_empty() {
+            self.probe.notify_waiters();
+            return;
+        }
+        // Under the lock: no `Arc` of a watch outlives it here, so a
+        // `Watch` dropped meanwhile sees it is the last and leaves the map.
+        let waiters = lock(&self.waiters);
+        if let Some(n) = waiters.get(key).and_then(Weak::upgrade) {
+            n.notify_waiters();
+            self.heard.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Listens on `listener`, and says whether a test notification sent on
+    /// the statement connection arrives there.
+    async fn probe(&self, listener: &Client) -> Result<bool, LockError> {
+        let probe = self.probe.notified();
+        tokio::pin!(probe);
+        probe.as_mut().enable();
+        listener
+            .batch_execute(&self.sql.listen)
+            .await
+            .map_err(|e| pg_error("listening for releases", e))?;
+        self.query("", &self.sql.probe, &[], "sending a test notification")
+            .await?;
+        Ok(tokio::time::timeout(PROBE_TIMEOUT, probe).await.is_ok())
+    }
+
+    /// Wakes every waiter: a release may have gone unheard.
+    fn wake_all(&self) {
+        // Under the lock, as in `heard`.
+        let waiters = lock(&self.waiters);
+        for n in waiters.values().filter_map(Weak::upgrade) {
+            n.notify_waiters();
+        }
+    }
+
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        check_lease(request.lease, "PostgreSQL")?;
+        if !matches!(request.mode, LockMode::Exclusive | LockMode::Write) {
+            return Err(LockError::InvalidMode(format!(
+                "the PostgreSQL lease table has exclusive locks only, not {:?}",
+                request.mode
+            )));
+        }
+        let key = request.key.as_str().to_owned();
+        let owner = self.owners.next();
+        let lease_ms = i64::try_from(request.lease.as_millis()).unwrap_or(i64::MAX);
+        let mut undo = Undo {
+            table: &self,
+            key: &key,
+            owner: &owner,
+            armed: true,
+        };
+        let mut sent = Instant::now();
+        let mut attempt = self.attempt(&key, &owner, lease_ms).await?;
+        if let (Attempt::Busy(_), Wait::FailFast) = (&attempt, request.wait) {
+            undo.armed = false;
+            return Err(LockError::Busy);
+        }
+        if let Attempt::Busy(_) = attempt {
+            let watch = self.watch(&key);
+            loop {
+                // Armed before the attempt, so a release notified between
+                // the attempt and the wait is not missed.
+                let released = watch.notify.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                sent = Instant::now();
+                attempt = self.attempt(&key, &owner, lease_ms).await?;
+                let Attempt::Busy(left) = attempt else {
+                    break;
+                };
+                let most = if self.notifications() {
+                    MAX_RECHECK
+                } else {
+                    POLL_RECHECK
+                };
+                // The holder's row was not yet visible: look again soon.
+                let recheck = left
+                    .map(|ms| Duration::from_millis(ms.max(0) as u64 + 1))
+                    .unwrap_or(Duration::from_millis(5))
+                    .min(most);
+                tokio::select! {
+                    _ = released => {}
+                    _ = tokio::time::sleep(recheck) => {}
+                }
+            }
+        }
+        let Attempt::Granted(n) = attempt else {
+            unreachable!("the loop ends on a grant");
+        };
+        undo.armed = false;
+        drop(undo);
+        let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
+        let valid = Arc::new(Deadline::new(known_until(sent, request.lease)));
+        let releases = self.releases.clone();
+        let lease = Lease::new(
+            TableLock {
+                table: self,
+                key,
+                owner,
+                lease_ms,
+            },
+            request.lease,
+            valid,
+            releases,
+        );
+        lease.keep_renewed();
+        Ok(lease.acquired(token, request.tokens.clamp(1, TOKEN_SPACING)))
+    }
+}
+
+impl Drop for TableInner {
+    fn drop(&mut self) {
+        for task in lock(&self.tasks).drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// Opens a connection and drives it in a task; notifications go to `heard`.
+async fn connect(
+    config: &tokio_postgres::Config,
+    target: &str,
+    timeout: Duration,
+    heard: Option<Weak<TableInner>>,
+) -> Result<(Client, JoinHandle<()>), LockError> {
+    let doing = || format!("connecting to PostgreSQL at {target}");
+    // A connection cut without a reset (a partition) fails within seconds
+    // rather than TCP's minutes: its statements then fail and are retried
+    // on a new one.
+    let mut config = config.clone();
+    config
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(2))
+        .keepalives_interval(Duration::from_secs(1))
+        .keepalives_retries(3)
+        .tcp_user_timeout(Duration::from_secs(5));
+    let (client, mut connection) = tokio::time::timeout(timeout, config.connect(NoTls))
+        .await
+        .map_err(|_| {
+            LockError::backend(
+                "postgres",
+                format!("{} timed out after {} ms", doing(), timeout.as_millis()),
+                None,
+            )
+        })?
+        .map_err(|e| pg_error(&doing(), e))?;
+    // Ends when the connection does (the client dropped, or a failure).
+    let driver = tokio::spawn(async move {
+        loop {
+            let message = std::future::poll_fn(|cx| connection.poll_message(cx)).await;
+            match message {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    if let Some(table) = heard.as_ref().and_then(Weak::upgrade) {
+                        table.heard(n.payload());
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => return,
+            }
+        }
+    });
+    Ok((client, driver))
+}
+
+/// Keeps a connection listening for release notifications, and says
+/// whether they arrive: a pooler in transaction mode between the listener
+/// and the server runs `LISTEN` on a session the listener does not keep,
+/// and then waiters look again every [`POLL_RECHECK`] instead.
+async fn listen(table: Weak<TableInner>) {
+    let mut pause = Duration::from_millis(50);
+    let mut warned = false;
+    loop {
+        let Some(t) = table.upgrade() else { return };
+        let (config, target, timeout) =
+            (t.listen_config.clone(), t.target.clone(), t.connect_timeout);
+        drop(t);
+        let (client, driver) = match connect(&config, &target, timeout, Some(table.clone())).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                tracing::debug!(error = %e, "the PostgreSQL listener could not connect");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_RECHECK);
+                continue;
+            }
+        };
+        let Some(t) = table.upgrade() else { return };
+        match t.probe(&client).await {
+            Ok(true) => {}
+            Ok(false) => {
+                if !warned {
+                    tracing::warn!(
+                        target = t.target,
+                        "PostgreSQL notifications do not arrive (a pooler in transaction \
+                         mode? see PostgresOptions::listen_url): lock waiters look again \
+                         every {} ms",
+                        POLL_RECHECK.as_millis()
+                    );
+                    warned = true;
+                }
+                // Behind a pooler the `LISTEN` stays on some pooled session:
+                // take it back, and try again later (a slow server may only
+                // have been late).
+                let _ = client.batch_execute("UNLISTEN *").await;
+                drop((t, client));
+                tokio::time::sleep(PROBE_AGAIN).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "the PostgreSQL listener failed");
+                drop(t);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_RECHECK);
+                continue;
+            }
+        }
+        pause = Duration::from_millis(50);
+        t.notified.store(true, Ordering::Release);
+        // Released while not listening: every waiter looks again.
+        t.wake_all();
+        drop(t);
+        // Until the connection ends (this task is stopped with the
+        // backend).
+        let _ = driver.await;
+        drop(client);
+        if let Some(t) = table.upgrade() {
+            t.notified.store(false, Ordering::Release);
+            t.wake_all();
+        }
+    }
+}
+
+/// Deletes expired rows, left by holders that died, every [`SWEEP_EVERY`].
+async fn sweep(table: Weak<TableInner>) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let Some(t) = table.upgrade() else { return };
+        if let Err(e) = t
+            .query("", &t.sql.sweep, &[], "deleting expired lease rows")
+            .await
+        {
+            tracing::debug!(error = %e, "sweeping expired PostgreSQL lease rows failed");
+        }
+    }
+}
+
+/// A waiter's wake-up, shared by the local waiters of one key.
+struct Watch {
+    table: Arc<TableInner>,
+    key: String,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let mut waiters = lock(&self.table.waiters);
+        // Clones are made under this lock only: the last one leaves.
+        if Arc::strong_count(&self.notify) == 1 {
+            waiters.remove(&self.key);
+        }
+    }
+}
+
+/// An acquire statement sent whose grant nobody will hold (the caller gave
+/// up, or the connection failed before the answer): its row is deleted in
+/// the background.
+struct Undo<'a> {
+    table: &'a Arc<TableInner>,
+    key: &'a str,
+    owner: &'a str,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (table, key, owner) = (
+            self.table.clone(),
+            self.key.to_owned(),
+            self.owner.to_owned(),
+        );
+        let deadline = Instant::now() + MAX_RECHECK * 10;
+        release_in_background(
+            async move { table.delete_until(&key, &owner, deadline).await },
+            &self.table.releases,
+            "postgres",
+        );
+    }
+}
+
+/// A held lease row.
+struct TableLock {
+    table: Arc<TableInner>,
+    key: String,
+    owner: String,
+    lease_ms: i64,
+}
+
+impl Protocol for TableLock {
+    const BACKEND: &'static str = "postgres";
+    const EXPIRED: &'static str =
+        "the PostgreSQL lease row is no longer known held (no renewal answered within the lease)";
+
+    fn describe(&self) -> &str {
+        &self.key
+    }
+
+    /// Extends the row's expiry if this owner still holds it, unexpired;
+    /// tries again (within the renewal's time) when the connection broke.
+    async fn renew(&self, lease: Duration) -> Result<(), String> {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(self.lease_ms);
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&self.key, Type::TEXT),
+            (&self.owner, Type::TEXT),
+            (&lease_ms, Type::INT8),
+        ];
+        loop {
+            match self
+                .table
+                .query(
+                    &self.key,
+                    &self.table.sql.renew,
+                    &params,
+                    "renewing a lease row",
+                )
+                .await
+            {
+                Ok(rows) if rows.is_empty() => {
+                    return Err("the lease row expired or was taken over".to_owned())
+                }
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    tracing::debug!(error = %e, key = self.key, "renewing a lease row failed");
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+            }
+        }
+    }
+
+    async fn release(&self) -> Released {
+        match self.table.delete(&self.key, &self.owner).await {
+            Ok(_) => Released {
+                result: Ok(()),
+                again: false,
+            },
+            Err(e) => Released {
+                result: Err(e),
+                again: true,
+            },
+        }
+    }
+
+    async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {
+        self.table
+            .delete_until(&self.key, &self.owner, deadline)
+            .await
+    }
+}
