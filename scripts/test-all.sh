@@ -71,6 +71,12 @@ pg_locks_left() { psql "$TOWER_LOCK_POSTGRES_URL" -Atqc "SELECT count(*) FROM pg
 no_pg_locks() { [ "$(pg_locks_left)" = 0 ]; }
 wait_for 30 "no PostgreSQL advisory lock left after the tests ($(pg_locks_left) left)" no_pg_locks
 echo "no PostgreSQL advisory lock left after the tests"
+# Lease rows are deleted on release (an expired one by the next backend's
+# sweep, within a second): none may be left.
+lease_rows_left() { psql "$TOWER_LOCK_POSTGRES_URL" -Atqc "SELECT count(*) FROM tower_lock_leases"; }
+no_lease_rows() { [ "$(lease_rows_left)" = 0 ]; }
+wait_for 30 "no PostgreSQL lease row left after the tests ($(lease_rows_left) left)" no_lease_rows
+echo "no PostgreSQL lease row left after the tests"
 
 # Every etcd lock key is attached to its backend's lease, revoked when the
 # backend goes (a killed process's lease expires within its TTL).
@@ -104,6 +110,10 @@ shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_POSTGRES
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over PostgreSQL with 2 instances did not serialise"
 [ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
+# The lease-table mode, through PgBouncer in transaction pooling.
+shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --instances 2)
+echo "$shared" | tail -n 1
+[ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over PostgreSQL's lease table through PgBouncer with 2 instances did not serialise"
 shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_MYSQL_URL" --instances 2)
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over MariaDB with 2 instances did not serialise"
@@ -187,6 +197,7 @@ torture --backend zk --secs 30 --seed 1
 torture --backend zk --secs 30
 torture --backend postgres --secs 30 --seed 1
 torture --backend postgres --secs 30
+torture --backend postgres-table --secs 30 --seed 1
 # MariaDB is the machine's (or this script's): client-side faults only.
 torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30 --seed 1
 torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30

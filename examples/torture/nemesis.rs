@@ -121,6 +121,7 @@ impl Nemesis {
             "zk",
             "zk3",
             "postgres",
+            "postgres-table",
             "mysql",
             "etcd",
             "etcd3",
@@ -337,7 +338,7 @@ impl Nemesis {
                 let (kind, n) = match self.kind.as_str() {
                     "zk" => (Kind::ZooKeeper, 1),
                     "zk3" => (Kind::ZooKeeper, 3),
-                    "postgres" => (Kind::Postgres, 1),
+                    "postgres" | "postgres-table" => (Kind::Postgres, 1),
                     "etcd" => (Kind::Etcd, 1),
                     "etcd3" => (Kind::Etcd, 3),
                     "redlock" => (Kind::Redis, 3),
@@ -631,7 +632,7 @@ impl Nemesis {
 fn backend_name(kind: &str) -> &'static str {
     match kind {
         "zk" | "zk3" => "zookeeper",
-        "postgres" => "postgres",
+        "postgres" | "postgres-table" => "postgres",
         "mysql" => "mysql",
         "etcd" | "etcd3" => "etcd",
         "redis" | "sentinel" | "sentinel-wait" | "cluster" | "cluster-wait" => "redis",
@@ -823,6 +824,7 @@ async fn leaks(
         let left = match kind {
             "zk" | "zk3" => zk_nodes(servers[0], root).await?,
             "postgres" => advisory_locks(servers[0]).await?,
+            "postgres-table" => lease_rows(servers[0], root).await?,
             "mysql" => user_locks(servers[0], root).await?,
             "etcd" | "etcd3" => etcd_keys(servers, root).await?,
             _ => {
@@ -888,17 +890,37 @@ async fn redis_lock_keys(server: SocketAddr, root: &str) -> Result<u64, String> 
     Ok(keys.iter().filter(|k| !k.ends_with(":fence")).count() as u64)
 }
 
-/// Advisory locks held or waited for on the harness's own server.
-async fn advisory_locks(server: SocketAddr) -> Result<u64, String> {
+/// A client of the harness's own PostgreSQL server.
+async fn pg_client(server: SocketAddr) -> Result<tokio_postgres::Client, String> {
     let url = format!("postgres://postgres@{server}/postgres");
     let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
         .map_err(|e| format!("postgres at {server}: {e}"))?;
     tokio::spawn(connection);
-    let n: i64 = client
+    Ok(client)
+}
+
+/// Advisory locks held or waited for on the harness's own server.
+async fn advisory_locks(server: SocketAddr) -> Result<u64, String> {
+    let n: i64 = pg_client(server)
+        .await?
         .query_one(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
             &[],
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .get(0);
+    Ok(n as u64)
+}
+
+/// The harness's lease rows left on its own server.
+async fn lease_rows(server: SocketAddr, root: &str) -> Result<u64, String> {
+    let n: i64 = pg_client(server)
+        .await?
+        .query_one(
+            "SELECT count(*) FROM tower_lock_leases WHERE key LIKE $1",
+            &[&format!("{root}-k%")],
         )
         .await
         .map_err(|e| e.to_string())?

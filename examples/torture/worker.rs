@@ -375,6 +375,13 @@ pub async fn open(
             )
             .await?,
         ),
+        "postgres-table" => Arc::new(
+            PostgresBackend::connect_with(
+                &format!("postgres://postgres@{servers}/postgres"),
+                PostgresOptions::default().lease_table("tower_lock_leases"),
+            )
+            .await?,
+        ),
         other => {
             return Err(LockError::Config(format!(
                 "no client process for backend {other}"
