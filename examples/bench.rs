@@ -297,7 +297,8 @@ async fn run(args: Args) -> ExitCode {
 
 /// ` servers=N` for a ZooKeeper ensemble, an etcd cluster of N > 1 or a
 /// Redis Cluster (the URL's hosts), ` sentinels=N` for Redis through
-/// Sentinel, so that their lines are not taken for a single server's.
+/// Sentinel, ` mode=lease-table` for PostgreSQL's lease-table mode, so that
+/// their lines are not taken for a single server's or the default mode's.
 fn servers_setting(url: &str) -> String {
     // Redis under Sentinel: ` sentinels=N`; on a Redis Cluster, the nodes
     // given: ` servers=N`; and the replicas each write waits for.
@@ -320,6 +321,14 @@ fn servers_setting(url: &str) -> String {
             setting += &format!(" wait_replicas={n}");
         }
         return setting;
+    }
+    // PostgreSQL's lease-table mode: ` mode=lease-table`.
+    if (url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        && url
+            .split_once('?')
+            .is_some_and(|(_, q)| q.split('&').any(|p| p.starts_with("lease_table")))
+    {
+        return " mode=lease-table".to_owned();
     }
     let Some(rest) = url
         .strip_prefix("zk://")
@@ -475,7 +484,22 @@ async fn redis_floor(url: &str, n: usize) -> ExitCode {
 /// driver the PostgreSQL backend uses): the round trips a lock needs at
 /// least.
 async fn postgres_floor(url: &str, n: usize) -> ExitCode {
-    let client = match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+    // The driver knows no `lease_table` parameter.
+    let plain: String = match url.split_once('?') {
+        Some((base, query)) => {
+            let rest: Vec<&str> = query
+                .split('&')
+                .filter(|p| !p.is_empty() && !p.starts_with("lease_table"))
+                .collect();
+            if rest.is_empty() {
+                base.to_owned()
+            } else {
+                format!("{base}?{}", rest.join("&"))
+            }
+        }
+        None => url.to_owned(),
+    };
+    let client = match tokio_postgres::connect(&plain, tokio_postgres::NoTls).await {
         Ok((client, connection)) => {
             tokio::spawn(connection);
             client
@@ -485,6 +509,38 @@ async fn postgres_floor(url: &str, n: usize) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The lease-table mode writes a row to lock and deletes it to unlock:
+    // its floor is two committed writes (each waits for the WAL flush).
+    if url.contains("lease_table") {
+        client
+            .batch_execute(
+                "CREATE TABLE IF NOT EXISTS bench_floor (key text PRIMARY KEY, n bigint NOT NULL)",
+            )
+            .await
+            .expect("create the floor's table");
+        let upsert = client
+            .prepare(
+                "INSERT INTO bench_floor VALUES ('floor', 1) \
+                 ON CONFLICT (key) DO UPDATE SET n = bench_floor.n + 1",
+            )
+            .await
+            .expect("prepare");
+        let samples = timed(n, || async {
+            for _ in 0..2 {
+                client.execute(&upsert, &[]).await.expect("upsert");
+            }
+        })
+        .await;
+        client
+            .batch_execute("DROP TABLE bench_floor")
+            .await
+            .expect("drop the floor's table");
+        println!(
+            "impl=tokio-postgres-2xupsert backend=postgres workload=uncontended mode=lease-table {}",
+            latencies(n, samples)
+        );
+        return ExitCode::SUCCESS;
+    }
     let select = client.prepare("SELECT 1").await.expect("prepare");
     let samples = timed(n, || async {
         for _ in 0..2 {

@@ -160,6 +160,28 @@ run "$bench" --backend "$pg" --workload contended --secs "$secs" --workers 4 --p
 run "$bench" --backend "$pg" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$pg" --workload http --secs "$secs" --conns 32
 
+# PostgreSQL's lease-table mode: the floor is two committed single-row
+# upserts through the same driver (each acquire and release is a commit);
+# the peer is psycopg2 running ShedLock's statement. Then through PgBouncer
+# in transaction pooling.
+pgt="$pg?lease_table"
+for _ in 1 2 3; do
+    run "$bench" --backend "$pgt" --workload floor --n 2000
+    run "$bench" --backend "$pgt" --workload uncontended --n 2000
+    run "$bench" --backend "$pgt" --workload uncontended --n 2000 --release await
+    run /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt" --workload uncontended --n 2000
+done
+for _ in 1 2; do
+    run "$bench" --backend "$pgt" "${contended[@]}"
+    run /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt" "${contended[@]}"
+done
+run "$bench" --backend "$pgt" "${contended[@]}" --no-lock
+run /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt" "${contended[@]}" --no-lock
+run "$bench" --backend "$pgt" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$pgt" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload uncontended --n 2000
+run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload contended --secs "$secs" --workers 4 --processes 2
+
 # MariaDB GET_LOCK: the floor is two prepared SELECT 1 through the same
 # driver; the peer is PyMySQL calling GET_LOCK/RELEASE_LOCK.
 my=$TOWER_LOCK_MYSQL_URL

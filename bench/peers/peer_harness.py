@@ -106,13 +106,14 @@ def contended(worker_locks, workers, secs, hold_us, use_lock):
     )
 
 
-def run(impl, backend, default_n, connect, uncontended_lock, worker_locks, close):
+def run(impl, backend, default_n, connect, uncontended_lock, worker_locks, close, setting=""):
     """Parses the command line, runs the workload, prints the result line.
 
     connect(url) opens what the run shares; uncontended_lock(shared) is the
     lock the uncontended workload cycles; worker_locks(shared) is called in
     each contended worker and returns a function making one cycle's lock;
-    close(shared) ends the run.
+    close(shared) ends the run. setting (" name=value") follows the
+    workload on the line, as the bench program's settings do.
     """
     p = argparse.ArgumentParser()
     p.add_argument("--backend", required=True)
@@ -137,4 +138,4 @@ def run(impl, backend, default_n, connect, uncontended_lock, worker_locks, close
     # An ensemble or cluster says so, as the bench program's lines do.
     hosts = a.backend.split("://", 1)[-1].split("/")[0].split(",")
     servers = f" servers={len(hosts)}" if len(hosts) > 1 else ""
-    print(f"impl={name} backend={backend} workload={a.workload}{servers} {line}")
+    print(f"impl={name} backend={backend} workload={a.workload}{servers}{setting} {line}")
