@@ -115,10 +115,13 @@
 //!   transaction mode: give it a direct address with
 //!   [`PostgresOptions::listen_url`]), waiters look every 50 ms instead,
 //!   with a warning in the log.
-//! - Every statement is a single unnamed statement in its own transaction,
-//!   so any server session may run it: PgBouncer in transaction mode
-//!   works. Statements go over four connections, a key always on the same
-//!   one. Locks survive a server restart (the table is durable).
+//! - Every statement is a single statement in its own transaction, so any
+//!   server session may run it: PgBouncer in transaction mode works.
+//!   Statements are unnamed (parsed each time) until the listener, on the
+//!   same URL, hears a notification another connection sent, which proves
+//!   sessions last; then they are prepared once per connection. Statements
+//!   go over four connections, a key always on the same one. Locks survive
+//!   a server restart (the table is durable).
 //! - Each acquire and release is a committed write, which waits for the
 //!   server's WAL flush: this mode costs about two such commits per lock,
 //!   where an advisory lock costs less than two `SELECT`s.
@@ -402,8 +405,8 @@ impl PostgresBackend {
                 )));
             }
             let listen_config = match &options.listen_url {
-                Some(url) => parse_url(url)?.0,
-                None => config.clone(),
+                Some(url) => Some(parse_url(url)?.0),
+                None => None,
             };
             let target = target(&config);
             let inner = TableInner::new(

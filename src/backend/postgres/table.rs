@@ -2,8 +2,9 @@
 //! session-level advisory lock cannot live (a pooler in transaction mode
 //! hands each statement to another server session).
 //!
-//! Every statement stands alone (autocommit, unnamed, one round trip), so
-//! a transaction pooler may run each on any server session.
+//! Every statement stands alone (autocommit, one round trip), so a
+//! transaction pooler may run each on any server session; statements are
+//! unnamed until the server's sessions are known to last.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, NoTls, Row};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
 use super::session::{create_missing, lock, pg_error};
 use super::TOKEN_SPACING;
@@ -51,8 +52,15 @@ const STATEMENT_CONNECTIONS: usize = 4;
 /// One statement connection.
 #[derive(Default)]
 struct Slot {
-    client: Mutex<Option<Arc<Client>>>,
+    conn: Mutex<Option<Arc<Conn>>>,
     opening: tokio::sync::Mutex<()>,
+}
+
+/// A statement connection, and the statements prepared on it once the
+/// server's sessions are known to be kept.
+struct Conn {
+    client: Client,
+    prepared: Mutex<HashMap<String, Statement>>,
 }
 
 /// The lease-table protocol.
@@ -75,6 +83,13 @@ pub(super) struct TableInner {
     clients: [Slot; STATEMENT_CONNECTIONS],
     /// Whether the listener hears notifications now.
     notified: AtomicBool,
+    /// The statement URL's sessions are kept from one statement to the
+    /// next (the listener, on that URL, heard a notification sent after
+    /// its `LISTEN` by another connection: no pooler in transaction mode):
+    /// statements may then be prepared once, not parsed each time.
+    sessions_kept: AtomicBool,
+    /// The listener connects to the statement URL.
+    listens_there: bool,
     /// The local waiters of each key, woken by a release notification.
     waiters: Mutex<HashMap<String, Weak<Notify>>>,
     /// Woken by the listener's own test notification.
@@ -173,12 +188,14 @@ impl TableInner {
     /// The mode's state; connects nothing yet.
     pub(super) fn new(
         config: tokio_postgres::Config,
-        listen_config: tokio_postgres::Config,
+        listen_config: Option<tokio_postgres::Config>,
         target: String,
         connect_timeout: Duration,
         table: &str,
         sequence: &str,
     ) -> Arc<Self> {
+        let listens_there = listen_config.is_none();
+        let listen_config = listen_config.unwrap_or_else(|| config.clone());
         Arc::new(TableInner {
             config,
             listen_config,
@@ -187,6 +204,8 @@ impl TableInner {
             sql: Sql::new(table, sequence, table),
             clients: std::array::from_fn(|_| Slot::default()),
             notified: AtomicBool::new(false),
+            sessions_kept: AtomicBool::new(false),
+            listens_there,
             waiters: Mutex::new(HashMap::new()),
             probe: Notify::new(),
             heard: AtomicU64::new(0),
@@ -199,8 +218,8 @@ impl TableInner {
     /// Connects, creates the table and sequence if missing, and starts the
     /// listener and the sweep.
     pub(super) async fn start(self: &Arc<Self>) -> Result<(), LockError> {
-        let client = self.client("").await?;
-        create_missing(&client, &self.sql.create, "the lease table").await?;
+        let conn = self.conn("").await?;
+        create_missing(&conn.client, &self.sql.create, "the lease table").await?;
         let listener = tokio::spawn(listen(Arc::downgrade(self)));
         let sweeper = tokio::spawn(sweep(Arc::downgrade(self)));
         lock(&self.tasks).extend([listener, sweeper]);
@@ -219,28 +238,35 @@ impl TableInner {
 
     /// The statement connection for `key`, opened if there is none or it
     /// broke.
-    async fn client(&self, key: &str) -> Result<Arc<Client>, LockError> {
+    async fn conn(&self, key: &str) -> Result<Arc<Conn>, LockError> {
         use std::hash::BuildHasher;
         // A fixed hash: the same key, the same connection.
         let hash =
             std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
                 .hash_one(key);
         let slot = &self.clients[(hash % STATEMENT_CONNECTIONS as u64) as usize];
-        if let Some(c) = lock(&slot.client).as_ref().filter(|c| !c.is_closed()) {
+        let open = |c: &&Arc<Conn>| !c.client.is_closed();
+        if let Some(c) = lock(&slot.conn).as_ref().filter(open) {
             return Ok(c.clone());
         }
         let _opening = slot.opening.lock().await;
-        if let Some(c) = lock(&slot.client).as_ref().filter(|c| !c.is_closed()) {
+        if let Some(c) = lock(&slot.conn).as_ref().filter(open) {
             return Ok(c.clone());
         }
         let (client, _driver) =
             connect(&self.config, &self.target, self.connect_timeout, None).await?;
-        let client = Arc::new(client);
-        *lock(&slot.client) = Some(client.clone());
-        Ok(client)
+        let conn = Arc::new(Conn {
+            client,
+            prepared: Mutex::new(HashMap::new()),
+        });
+        *lock(&slot.conn) = Some(conn.clone());
+        Ok(conn)
     }
 
-    /// Runs one statement on the statement connection of `key`.
+    /// Runs one statement on the statement connection of `key`: unnamed,
+    /// parsed each time, unless the server's sessions are known to be kept
+    /// (a named statement through a pooler in transaction mode could reach
+    /// another client's session, where that name is another statement).
     async fn query(
         &self,
         key: &str,
@@ -248,9 +274,31 @@ impl TableInner {
         params: &[(&(dyn ToSql + Sync), Type)],
         doing: &str,
     ) -> Result<Vec<Row>, LockError> {
-        let client = self.client(key).await?;
-        client
-            .query_typed(sql, params)
+        let conn = self.conn(key).await?;
+        if !self.sessions_kept.load(Ordering::Acquire) {
+            return conn
+                .client
+                .query_typed(sql, params)
+                .await
+                .map_err(|e| pg_error(doing, e));
+        }
+        let known = lock(&conn.prepared).get(sql).cloned();
+        let statement = match known {
+            Some(s) => s,
+            None => {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                let s = conn
+                    .client
+                    .prepare_typed(sql, &types)
+                    .await
+                    .map_err(|e| pg_error(doing, e))?;
+                lock(&conn.prepared).insert(sql.to_owned(), s.clone());
+                s
+            }
+        };
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        conn.client
+            .query(&statement, &values)
             .await
             .map_err(|e| pg_error(doing, e))
     }
@@ -547,6 +595,9 @@ async fn listen(table: Weak<TableInner>) {
         }
         pause = Duration::from_millis(50);
         t.notified.store(true, Ordering::Release);
+        if t.listens_there {
+            t.sessions_kept.store(true, Ordering::Release);
+        }
         // Released while not listening: every waiter looks again.
         t.wake_all();
         drop(t);
