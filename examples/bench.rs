@@ -485,20 +485,7 @@ async fn redis_floor(url: &str, n: usize) -> ExitCode {
 /// least.
 async fn postgres_floor(url: &str, n: usize) -> ExitCode {
     // The driver knows no `lease_table` parameter.
-    let plain: String = match url.split_once('?') {
-        Some((base, query)) => {
-            let rest: Vec<&str> = query
-                .split('&')
-                .filter(|p| !p.is_empty() && !p.starts_with("lease_table"))
-                .collect();
-            if rest.is_empty() {
-                base.to_owned()
-            } else {
-                format!("{base}?{}", rest.join("&"))
-            }
-        }
-        None => url.to_owned(),
-    };
+    let plain = tower_lock::backend::postgres::driver_url(url);
     let client = match tokio_postgres::connect(&plain, tokio_postgres::NoTls).await {
         Ok((client, connection)) => {
             tokio::spawn(connection);

@@ -254,16 +254,7 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
         // The lock's own parameter is not the driver's; every statement is
         // unnamed, so that it also runs through a pooler in transaction
         // mode.
-        let (base, query) = backend.split_once('?').unwrap_or((backend, ""));
-        let query: Vec<&str> = query
-            .split('&')
-            .filter(|p| !p.is_empty() && !p.starts_with("lease_table"))
-            .collect();
-        let url = if query.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", query.join("&"))
-        };
+        let url = tower_lock::backend::postgres::driver_url(backend);
         let (pg, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
             .await
             .map_err(|e| format!("connecting to PostgreSQL: {e}"))?;

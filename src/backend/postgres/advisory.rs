@@ -1,7 +1,8 @@
-//! Session-level advisory locks: the statements, one attempt (undone when
-//! abandoned), and a held lock's release.
+//! Session-level advisory locks: the acquire path, the statements, one
+//! attempt (undone when abandoned), and a held lock's release.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
@@ -9,8 +10,155 @@ use std::time::Instant;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::session::{lock, pg_error, pooled, PgInner, Session, MARK, POOLED};
-use crate::backend::lease::{release_in_background, Protocol, Released};
+use super::TOKEN_SPACING;
+use crate::backend::lease::{release_in_background, Lease, Protocol, Released};
+use crate::backend::{Acquired, LockRequest};
 use crate::error::LockError;
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// Gives each held lock its entry in its session's holds.
+static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
+
+impl PgInner {
+    pub(super) async fn acquire(
+        self: Arc<Self>,
+        request: LockRequest,
+    ) -> Result<Acquired, LockError> {
+        if let LockMode::Semaphore { permits } = request.mode {
+            if permits == 0 {
+                return Err(LockError::InvalidMode(
+                    "a semaphore needs at least one permit".into(),
+                ));
+            }
+            return self.acquire_permit(&request, permits).await;
+        }
+        let read = request.mode == LockMode::Read;
+        let key = request.key.as_str();
+        let tokens = if read { 1 } else { request.tokens };
+        let fail_fast = request.wait == Wait::FailFast;
+        // A free key: one try on the shared connection.
+        let shared = self.shared().await?;
+        // Before the claim: a caller that gives up while this waits leaves
+        // no claim behind.
+        shared.alive.quarantine().await;
+        if shared.claim(key) {
+            let sent = Instant::now();
+            if let Some(n) = attempt(&self, &shared, key, read, false).await? {
+                shared.alive.answered(sent);
+                return Ok(self.held(shared, key, read, n, tokens));
+            }
+            if fail_fast {
+                return Err(LockError::Busy);
+            }
+        }
+        // A held key (or one this process holds on the shared connection):
+        // wait in the server on a connection of its own.
+        self.wait_in_server(key, read, !fail_fast, tokens).await
+    }
+
+    /// Takes `key` on a connection of its own: waits for it in the server
+    /// (`wait`), or tries it once. The connection then holds the lock.
+    async fn wait_in_server(
+        self: &Arc<Self>,
+        key: &str,
+        read: bool,
+        wait: bool,
+        tokens: u32,
+    ) -> Result<Acquired, LockError> {
+        let session = self.dedicated().await?;
+        session.claim(key);
+        session.alive.quarantine().await;
+        let sent = Instant::now();
+        let Some(n) = attempt(self, &session, key, read, wait).await? else {
+            self.give_back(session);
+            return Err(LockError::Busy);
+        };
+        session.alive.answered(sent);
+        // A long wait: the grant counts from a send time long past. One
+        // more round trip makes the connection known alive from now.
+        if session.alive.stale_after(sent) {
+            if let Err(e) = session.ping().await {
+                session.end("the connection failed as the lock was granted");
+                return Err(e);
+            }
+        }
+        Ok(self.held(session, key, read, n, tokens))
+    }
+
+    /// One of `permits` permits of a semaphore: the exclusive advisory
+    /// lock of one of its permit keys. Each free-looking permit is tried on
+    /// the shared connection, starting from a different one each time;
+    /// if none is free, the wait is in the server for one permit, chosen
+    /// in turn, on a connection of its own.
+    async fn acquire_permit(
+        self: Arc<Self>,
+        request: &LockRequest,
+        permits: u32,
+    ) -> Result<Acquired, LockError> {
+        let key = request.key.as_str();
+        let start = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let shared = self.shared().await?;
+        shared.alive.quarantine().await;
+        for i in 0..permits as usize {
+            let permit = permit_key(key, (start + i) % permits as usize);
+            if !shared.claim(&permit) {
+                continue;
+            }
+            let sent = Instant::now();
+            if let Some(n) = attempt(&self, &shared, &permit, false, false).await? {
+                shared.alive.answered(sent);
+                return Ok(self.held(shared, &permit, false, n, 1));
+            }
+        }
+        if request.wait == Wait::FailFast {
+            return Err(LockError::Busy);
+        }
+        let permit = permit_key(key, start % permits as usize);
+        self.wait_in_server(&permit, false, true, 1).await
+    }
+
+    /// A grant as an [`Acquired`], listed with its session.
+    fn held(
+        self: &Arc<Self>,
+        session: Arc<Session>,
+        key: &str,
+        read: bool,
+        n: i64,
+        tokens: u32,
+    ) -> Acquired {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
+        let held = AdvisoryLock {
+            pg: self.clone(),
+            session: session.clone(),
+            key: key.to_owned(),
+            read,
+            id,
+        };
+        let lease = Lease::new(
+            held,
+            self.lease,
+            session.alive.until.clone(),
+            self.releases.clone(),
+        );
+        lock(&session.holds).insert(id, (Arc::downgrade(&lease), key.to_owned()));
+        // Ended meanwhile: `end` may have drained the holds before the insert.
+        if session.ended.load(Ordering::Acquire) {
+            lease
+                .lost()
+                .fire("the PostgreSQL connection ended".to_owned());
+        }
+        lease.acquired(token, tokens.clamp(1, TOKEN_SPACING))
+    }
+}
+
+/// The advisory key text of a semaphore's permit `i`: the key, a control
+/// character (which no lock key contains) and the number, so that no lock
+/// key names a permit.
+fn permit_key(key: &str, i: usize) -> String {
+    format!("{key}\u{1}permit{i}")
+}
 
 /// The statements a session prepares once, so that each lock operation is
 /// one round trip. Index 0 is exclusive, 1 shared.

@@ -180,21 +180,18 @@
 mod advisory;
 mod session;
 mod table;
+mod table_sql;
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use self::advisory::{attempt, AdvisoryLock};
-use self::session::{lock, PgInner, Session};
+use self::session::PgInner;
 use self::table::{Table, TableInner};
-use super::lease::{check_lease, protocol_backend, Lease};
+use super::lease::{check_lease, protocol_backend};
 use super::{Acquired, Backend, BackendFuture, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
-use crate::mode::{LockMode, Wait};
-use crate::token::FencingToken;
 
 /// How long a session is known alive after a request it sent was answered.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
@@ -552,149 +549,6 @@ protocol_backend!(
         .fifo(true)
 );
 
-/// Gives each held lock its entry in its session's holds.
-static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
-
-impl PgInner {
-    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
-        if let LockMode::Semaphore { permits } = request.mode {
-            if permits == 0 {
-                return Err(LockError::InvalidMode(
-                    "a semaphore needs at least one permit".into(),
-                ));
-            }
-            return self.acquire_permit(&request, permits).await;
-        }
-        let read = request.mode == LockMode::Read;
-        let key = request.key.as_str();
-        let tokens = if read { 1 } else { request.tokens };
-        let fail_fast = request.wait == Wait::FailFast;
-        // A free key: one try on the shared connection.
-        let shared = self.shared().await?;
-        // Before the claim: a caller that gives up while this waits leaves
-        // no claim behind.
-        shared.alive.quarantine().await;
-        if shared.claim(key) {
-            let sent = Instant::now();
-            if let Some(n) = attempt(&self, &shared, key, read, false).await? {
-                shared.alive.answered(sent);
-                return Ok(self.held(shared, key, read, n, tokens));
-            }
-            if fail_fast {
-                return Err(LockError::Busy);
-            }
-        }
-        // A held key (or one this process holds on the shared connection):
-        // wait in the server on a connection of its own.
-        let session = self.dedicated().await?;
-        session.claim(key);
-        session.alive.quarantine().await;
-        let sent = Instant::now();
-        let Some(n) = attempt(&self, &session, key, read, !fail_fast).await? else {
-            self.give_back(session);
-            return Err(LockError::Busy);
-        };
-        session.alive.answered(sent);
-        // A long wait: the grant counts from a send time long past. One
-        // more round trip makes the connection known alive from now.
-        if session.alive.stale_after(sent) {
-            if let Err(e) = session.ping().await {
-                session.end("the connection failed as the lock was granted");
-                return Err(e);
-            }
-        }
-        Ok(self.held(session, key, read, n, tokens))
-    }
-
-    /// One of `permits` permits of a semaphore: the exclusive advisory
-    /// lock of one of its permit keys. Each free-looking permit is tried on
-    /// the shared connection, starting from a different one each time;
-    /// if none is free, the wait is in the server for one permit, chosen
-    /// in turn, on a connection of its own.
-    async fn acquire_permit(
-        self: Arc<Self>,
-        request: &LockRequest,
-        permits: u32,
-    ) -> Result<Acquired, LockError> {
-        let key = request.key.as_str();
-        let start = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let shared = self.shared().await?;
-        shared.alive.quarantine().await;
-        for i in 0..permits as usize {
-            let permit = permit_key(key, (start + i) % permits as usize);
-            if !shared.claim(&permit) {
-                continue;
-            }
-            let sent = Instant::now();
-            if let Some(n) = attempt(&self, &shared, &permit, false, false).await? {
-                shared.alive.answered(sent);
-                return Ok(self.held(shared, &permit, false, n, 1));
-            }
-        }
-        if request.wait == Wait::FailFast {
-            return Err(LockError::Busy);
-        }
-        let permit = permit_key(key, start % permits as usize);
-        let session = self.dedicated().await?;
-        session.claim(&permit);
-        session.alive.quarantine().await;
-        let sent = Instant::now();
-        let Some(n) = attempt(&self, &session, &permit, false, true).await? else {
-            self.give_back(session);
-            return Err(LockError::Busy);
-        };
-        session.alive.answered(sent);
-        if session.alive.stale_after(sent) {
-            if let Err(e) = session.ping().await {
-                session.end("the connection failed as the lock was granted");
-                return Err(e);
-            }
-        }
-        Ok(self.held(session, &permit, false, n, 1))
-    }
-
-    /// A grant as an [`Acquired`], listed with its session.
-    fn held(
-        self: &Arc<Self>,
-        session: Arc<Session>,
-        key: &str,
-        read: bool,
-        n: i64,
-        tokens: u32,
-    ) -> Acquired {
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
-        let held = AdvisoryLock {
-            pg: self.clone(),
-            session: session.clone(),
-            key: key.to_owned(),
-            read,
-            id,
-        };
-        let lease = Lease::new(
-            held,
-            self.lease,
-            session.alive.until.clone(),
-            self.releases.clone(),
-        );
-        lock(&session.holds).insert(id, (Arc::downgrade(&lease), key.to_owned()));
-        // Ended meanwhile: `end` may have drained the holds before the insert.
-        if session.ended.load(Ordering::Acquire) {
-            lease
-                .lost()
-                .fire("the PostgreSQL connection ended".to_owned());
-        }
-        lease.acquired(token, tokens.clamp(1, TOKEN_SPACING))
-    }
-}
-
-/// The advisory key text of a semaphore's permit `i`: the key, a control
-/// character (which no lock key contains) and the number, so that no lock
-/// key names a permit.
-fn permit_key(key: &str, i: usize) -> String {
-    format!("{key}\u{1}permit{i}")
-}
-
 /// The driver's settings, and the lease table a `?lease_table[=name]`
 /// parameter names (taken out: the driver knows no such parameter).
 fn parse_url(url: &str) -> Result<(tokio_postgres::Config, Option<String>), LockError> {
@@ -708,6 +562,30 @@ fn parse_url(url: &str) -> Result<(tokio_postgres::Config, Option<String>), Lock
             "not a PostgreSQL URL: {url:?} (expected postgres:// or postgresql://)"
         )));
     }
+    let (url, table) = split_url(url);
+    let config = tokio_postgres::Config::from_str(&url)
+        .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))?;
+    Ok((config, table))
+}
+
+/// `url` without this crate's own parameter (`lease_table`), as the
+/// driver takes it: for a connection of the application's own to the same
+/// database.
+///
+/// # Examples
+///
+/// ```
+/// use tower_lock::backend::postgres::driver_url;
+///
+/// let url = "postgres://app@db:6432/orders?lease_table&connect_timeout=2";
+/// assert_eq!(driver_url(url), "postgres://app@db:6432/orders?connect_timeout=2");
+/// ```
+pub fn driver_url(url: &str) -> String {
+    split_url(url).0
+}
+
+/// The driver's URL, and the lease table a `lease_table` parameter names.
+fn split_url(url: &str) -> (String, Option<String>) {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut table = None;
     let mut rest = Vec::new();
@@ -727,9 +605,7 @@ fn parse_url(url: &str) -> Result<(tokio_postgres::Config, Option<String>), Lock
     } else {
         format!("{base}?{}", rest.join("&"))
     };
-    let config = tokio_postgres::Config::from_str(&url)
-        .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))?;
-    Ok((config, table))
+    (url, table)
 }
 
 /// `host:port/database`, for messages: never the password.

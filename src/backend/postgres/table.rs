@@ -17,6 +17,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
 use super::session::{create_missing, lock, pg_error};
+use super::table_sql::Sql;
 use super::TOKEN_SPACING;
 use crate::backend::lease::{
     check_lease, known_until, protocol_backend, release_in_background, Lease, Protocol, Released,
@@ -60,7 +61,19 @@ struct Slot {
 /// server's sessions are known to be kept.
 struct Conn {
     client: Client,
-    prepared: Mutex<HashMap<String, Statement>>,
+    /// The statements of each lock ([`Stmt::Acquire`], `Renew`, `Release`).
+    prepared: [tokio::sync::OnceCell<Statement>; 3],
+}
+
+/// Which statement to run.
+#[derive(Clone, Copy)]
+enum Stmt {
+    Acquire,
+    Renew,
+    Release,
+    /// Rare: never prepared.
+    Sweep,
+    Probe,
 }
 
 /// The lease-table protocol.
@@ -100,70 +113,6 @@ pub(super) struct TableInner {
     /// The listener and the sweep, stopped with the backend.
     tasks: Mutex<Vec<JoinHandle<()>>>,
     pub(super) releases: Arc<InFlight>,
-}
-
-/// The statements, with the table, sequence and channel names in them.
-struct Sql {
-    create: String,
-    acquire: String,
-    renew: String,
-    release: String,
-    sweep: String,
-    probe: String,
-    listen: String,
-}
-
-impl Sql {
-    fn new(table: &str, sequence: &str, channel: &str) -> Self {
-        let expiry = "clock_timestamp() + $3 * interval '1 millisecond'";
-        let then = "(EXCLUDED.expires_at - $3 * interval '1 millisecond')";
-        Sql {
-            create: format!(
-                "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
-                 CREATE TABLE IF NOT EXISTS {table} (\
-                 key text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL, \
-                 wanted boolean NOT NULL DEFAULT false); \
-                 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS wanted boolean NOT NULL DEFAULT false"
-            ),
-            // One statement: insert the row, or take it over if expired, or
-            // else mark it wanted (so that its release notifies). Every
-            // test of expiry compares with one instant, the statement's
-            // `VALUES` time (the new expiry less the lease): asked once per
-            // column, the clock could move between them and keep the old
-            // owner with the new expiry. The token is drawn once the row is
-            // written and locked (`RETURNING` runs after the write), so any
-            // later grant of the key draws after it; a value drawn in
-            // `VALUES` could predate a grant made meanwhile. So it is not
-            // stored in the row. Also returns the holder's time left, for a
-            // busy key.
-            acquire: format!(
-                "INSERT INTO {table} AS l (key, owner, expires_at) VALUES ($1, $2, {expiry}) \
-                 ON CONFLICT (key) DO UPDATE SET \
-                 owner = CASE WHEN l.expires_at <= {then} \
-                 THEN EXCLUDED.owner ELSE l.owner END, \
-                 expires_at = CASE WHEN l.expires_at <= {then} \
-                 THEN EXCLUDED.expires_at ELSE l.expires_at END, \
-                 wanted = l.expires_at > {then} \
-                 RETURNING CASE WHEN l.owner = $2 THEN nextval('{sequence}') END, \
-                 ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::int8"
-            ),
-            renew: format!(
-                "UPDATE {table} SET expires_at = {expiry} \
-                 WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp() RETURNING 1"
-            ),
-            // Notifies only if a waiter marked the row.
-            release: format!(
-                "DELETE FROM {table} WHERE key = $1 AND owner = $2 \
-                 RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
-            ),
-            sweep: format!(
-                "DELETE FROM {table} WHERE expires_at < clock_timestamp() \
-                 RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
-            ),
-            probe: format!("SELECT pg_notify('{channel}', '')"),
-            listen: format!("LISTEN \"{channel}\""),
-        }
-    }
 }
 
 // One statement connection: a release sent lands before the next acquire.
@@ -257,7 +206,7 @@ impl TableInner {
             connect(&self.config, &self.target, self.connect_timeout, None).await?;
         let conn = Arc::new(Conn {
             client,
-            prepared: Mutex::new(HashMap::new()),
+            prepared: Default::default(),
         });
         *lock(&slot.conn) = Some(conn.clone());
         Ok(conn)
@@ -270,35 +219,38 @@ impl TableInner {
     async fn query(
         &self,
         key: &str,
-        sql: &str,
+        which: Stmt,
         params: &[(&(dyn ToSql + Sync), Type)],
         doing: &str,
     ) -> Result<Vec<Row>, LockError> {
         let conn = self.conn(key).await?;
-        if !self.sessions_kept.load(Ordering::Acquire) {
+        let sql = &self.sql;
+        let (text, slot) = match which {
+            Stmt::Acquire => (&sql.acquire, Some(0)),
+            Stmt::Renew => (&sql.renew, Some(1)),
+            Stmt::Release => (&sql.release, Some(2)),
+            Stmt::Sweep => (&sql.sweep, None),
+            Stmt::Probe => (&sql.probe, None),
+        };
+        let prepared = slot.filter(|_| self.sessions_kept.load(Ordering::Acquire));
+        let Some(slot) = prepared else {
             return conn
                 .client
-                .query_typed(sql, params)
+                .query_typed(text, params)
                 .await
                 .map_err(|e| pg_error(doing, e));
-        }
-        let known = lock(&conn.prepared).get(sql).cloned();
-        let statement = match known {
-            Some(s) => s,
-            None => {
-                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-                let s = conn
-                    .client
-                    .prepare_typed(sql, &types)
-                    .await
-                    .map_err(|e| pg_error(doing, e))?;
-                lock(&conn.prepared).insert(sql.to_owned(), s.clone());
-                s
-            }
         };
+        let client = &conn.client;
+        let statement = conn.prepared[slot]
+            .get_or_try_init(|| {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                async move { client.prepare_typed(text, &types).await }
+            })
+            .await
+            .map_err(|e| pg_error(doing, e))?;
         let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
         conn.client
-            .query(&statement, &values)
+            .query(statement, &values)
             .await
             .map_err(|e| pg_error(doing, e))
     }
@@ -307,7 +259,7 @@ impl TableInner {
         let rows = self
             .query(
                 key,
-                &self.sql.acquire,
+                Stmt::Acquire,
                 &[
                     (&key, Type::TEXT),
                     (&owner, Type::TEXT),
@@ -330,7 +282,7 @@ impl TableInner {
         let rows = self
             .query(
                 key,
-                &self.sql.release,
+                Stmt::Release,
                 &[(&key, Type::TEXT), (&owner, Type::TEXT)],
                 "deleting a lease row",
             )
@@ -398,7 +350,7 @@ impl TableInner {
             .batch_execute(&self.sql.listen)
             .await
             .map_err(|e| pg_error("listening for releases", e))?;
-        self.query("", &self.sql.probe, &[], "sending a test notification")
+        self.query("", Stmt::Probe, &[], "sending a test notification")
             .await?;
         Ok(tokio::time::timeout(PROBE_TIMEOUT, probe).await.is_ok())
     }
@@ -618,7 +570,7 @@ async fn sweep(table: Weak<TableInner>) {
         tokio::time::sleep(SWEEP_EVERY).await;
         let Some(t) = table.upgrade() else { return };
         if let Err(e) = t
-            .query("", &t.sql.sweep, &[], "deleting expired lease rows")
+            .query("", Stmt::Sweep, &[], "deleting expired lease rows")
             .await
         {
             tracing::debug!(error = %e, "sweeping expired PostgreSQL lease rows failed");
@@ -701,12 +653,7 @@ impl Protocol for TableLock {
         loop {
             match self
                 .table
-                .query(
-                    &self.key,
-                    &self.table.sql.renew,
-                    &params,
-                    "renewing a lease row",
-                )
+                .query(&self.key, Stmt::Renew, &params, "renewing a lease row")
                 .await
             {
                 Ok(rows) if rows.is_empty() => {

@@ -1,0 +1,66 @@
+//! The lease table's statements, with the table, sequence and channel
+//! names written into them (names checked before they get here).
+
+/// The statements, with the table, sequence and channel names in them.
+pub(super) struct Sql {
+    pub(super) create: String,
+    pub(super) acquire: String,
+    pub(super) renew: String,
+    pub(super) release: String,
+    pub(super) sweep: String,
+    pub(super) probe: String,
+    pub(super) listen: String,
+}
+
+impl Sql {
+    pub(super) fn new(table: &str, sequence: &str, channel: &str) -> Self {
+        let expiry = "clock_timestamp() + $3 * interval '1 millisecond'";
+        let then = "(EXCLUDED.expires_at - $3 * interval '1 millisecond')";
+        Sql {
+            create: format!(
+                "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
+                 CREATE TABLE IF NOT EXISTS {table} (\
+                 key text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL, \
+                 wanted boolean NOT NULL DEFAULT false); \
+                 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS wanted boolean NOT NULL DEFAULT false"
+            ),
+            // One statement: insert the row, or take it over if expired, or
+            // else mark it wanted (so that its release notifies). Every
+            // test of expiry compares with one instant, the statement's
+            // `VALUES` time (the new expiry less the lease): asked once per
+            // column, the clock could move between them and keep the old
+            // owner with the new expiry. The token is drawn once the row is
+            // written and locked (`RETURNING` runs after the write), so any
+            // later grant of the key draws after it; a value drawn in
+            // `VALUES` could predate a grant made meanwhile. So it is not
+            // stored in the row. Also returns the holder's time left, for a
+            // busy key.
+            acquire: format!(
+                "INSERT INTO {table} AS l (key, owner, expires_at) VALUES ($1, $2, {expiry}) \
+                 ON CONFLICT (key) DO UPDATE SET \
+                 owner = CASE WHEN l.expires_at <= {then} \
+                 THEN EXCLUDED.owner ELSE l.owner END, \
+                 expires_at = CASE WHEN l.expires_at <= {then} \
+                 THEN EXCLUDED.expires_at ELSE l.expires_at END, \
+                 wanted = l.expires_at > {then} \
+                 RETURNING CASE WHEN l.owner = $2 THEN nextval('{sequence}') END, \
+                 ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::int8"
+            ),
+            renew: format!(
+                "UPDATE {table} SET expires_at = {expiry} \
+                 WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp() RETURNING 1"
+            ),
+            // Notifies only if a waiter marked the row.
+            release: format!(
+                "DELETE FROM {table} WHERE key = $1 AND owner = $2 \
+                 RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
+            ),
+            sweep: format!(
+                "DELETE FROM {table} WHERE expires_at < clock_timestamp() \
+                 RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
+            ),
+            probe: format!("SELECT pg_notify('{channel}', '')"),
+            listen: format!("LISTEN \"{channel}\""),
+        }
+    }
+}
