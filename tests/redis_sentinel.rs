@@ -180,6 +180,103 @@ async fn waiting_for_replicas_refuses_what_a_failover_could_lose() {
     a.flush().await;
 }
 
+/// One Sentinel that answers while the others do not may be the one cut
+/// off from a failover the others made: a majority must answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_of_sentinels_is_not_trusted() {
+    let group = SentinelGroup::start("minority").await;
+    group.signal_sentinel(1, "STOP");
+    group.signal_sentinel(2, "STOP");
+    let started = Instant::now();
+    let refused = RedisBackend::connect_with(&group.url(""), options()).await;
+    let waited = started.elapsed();
+    group.signal_sentinel(1, "CONT");
+    group.signal_sentinel(2, "CONT");
+    match refused {
+        Err(LockError::Backend { message, .. }) => {
+            assert!(message.contains("1 of 3 Sentinels"), "{message}")
+        }
+        Err(e) => panic!("refused, but not for want of a majority: {e}"),
+        Ok(_) => panic!("connected on the word of 1 Sentinel of 3"),
+    }
+    assert!(waited < Duration::from_secs(5), "refused after {waited:?}");
+    let b = backend(&group.url(""), options()).await;
+    b.lock("k").await.unwrap().release().await.unwrap();
+}
+
+/// The Sentinel the backend listens to for master switches is pinged: when
+/// it stops answering (here paused), the backend listens to another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_sentinel_is_not_listened_to() {
+    let group = SentinelGroup::start("silent").await;
+    let b = backend(&group.url(""), options()).await;
+    let listened = wait_for_subscriber(&group, None).await;
+    group.signal_sentinel(listened, "STOP");
+    let started = Instant::now();
+    let now_listened = wait_for_subscriber(&group, Some(listened)).await;
+    group.signal_sentinel(listened, "CONT");
+    assert_ne!(now_listened, listened);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "moved after {:?}",
+        started.elapsed()
+    );
+    b.lock("k").await.unwrap().release().await.unwrap();
+}
+
+/// The Sentinel, other than `not`, with a subscriber, within 10 s.
+async fn wait_for_subscriber(group: &SentinelGroup, not: Option<usize>) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        for i in (0..3).filter(|i| Some(*i) != not) {
+            if group.has_subscriber(i).await == Some(true) {
+                return i;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Sentinel but {not:?} has the backend's subscription after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A failed command sends the backend to the Sentinels (the master may
+/// have moved), but a master that fails every command does not make it ask
+/// them on every command: the asks are spaced out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_failing_in_a_row_do_not_flood_the_sentinels() {
+    let group = SentinelGroup::start("paced").await;
+    let b = backend(&group.url(""), options()).await;
+    b.lock("k").await.unwrap().release().await.unwrap();
+    let mut master = group.redis_conn(group.redis[0]).await;
+    let acl = |rule: &str| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg("default").arg(rule);
+        cmd
+    };
+    // Every lock script now fails (NOPERM), on the same master.
+    let _: () = acl("-@scripting").query_async(&mut master).await.unwrap();
+    let before: u64 = group.connections_received(0).await;
+    let started = Instant::now();
+    let mut failed = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        match b.lock("k").fail_fast().await {
+            Err(LockError::Backend { .. }) => failed += 1,
+            other => panic!("a lock script ran without EVAL rights: {other:?}"),
+        }
+    }
+    let asked = group.connections_received(0).await - before;
+    let _: () = acl("+@scripting").query_async(&mut master).await.unwrap();
+    assert!(failed >= 5, "{failed} failures");
+    assert!(
+        asked <= 40,
+        "{asked} connections to a Sentinel for {failed} failed commands in 3 s"
+    );
+    let g = b.lock("k").wait(Duration::from_secs(5)).await.unwrap();
+    g.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn sentinel_urls_are_checked_and_unreachable_sentinels_fail_in_time() {
     for bad in [

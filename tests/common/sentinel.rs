@@ -143,6 +143,55 @@ impl SentinelGroup {
             .ok()
     }
 
+    /// Whether Sentinel `i` has a client subscribed to a channel (the
+    /// Sentinels keep none among themselves); `None` if it does not answer.
+    pub async fn has_subscriber(&self, i: usize) -> Option<bool> {
+        let list: String = self
+            .sentinel_command(i, redis::cmd("CLIENT").arg("LIST"))
+            .await?;
+        Some(list.lines().any(|l| l.split(' ').any(|f| f == "sub=1")))
+    }
+
+    /// How many connections Sentinel `i` has accepted so far.
+    pub async fn connections_received(&self, i: usize) -> u64 {
+        let info: String = self
+            .sentinel_command(i, redis::cmd("INFO").arg("stats"))
+            .await
+            .expect("the Sentinel answers INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("INFO stats counts the connections received")
+    }
+
+    async fn sentinel_command<T: redis::FromRedisValue>(
+        &self,
+        i: usize,
+        cmd: &redis::Cmd,
+    ) -> Option<T> {
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}", self.sentinels[i])).ok()?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_response_timeout(Some(Duration::from_secs(1)));
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .ok()?;
+        cmd.query_async(&mut conn).await.ok()
+    }
+
+    /// Stops (`SIGSTOP`) or continues (`SIGCONT`) Sentinel `i`: stopped, it
+    /// accepts connections (the kernel does) and answers nothing.
+    pub fn signal_sentinel(&self, i: usize, signal: &str) {
+        let child = &self.sentinel_children[i];
+        assert!(
+            super::signal(child, signal),
+            "kill -{signal} {}",
+            child.id()
+        );
+    }
+
     /// A connection to Redis server `port`.
     pub async fn redis_conn(&self, port: u16) -> redis::aio::MultiplexedConnection {
         redis::Client::open(format!("redis://127.0.0.1:{port}"))

@@ -11,7 +11,7 @@ use redis::{
 };
 use tokio::sync::mpsc;
 
-use super::connection::{Connection, Link};
+use super::connection::Connection;
 use super::layout::redis_error;
 use super::pubsub::Watches;
 use super::urls::SentinelUrl;
@@ -24,6 +24,23 @@ const SWITCH_MASTER: &str = "+switch-master";
 const RETRY_CAP: Duration = Duration::from_secs(1);
 /// How long one Sentinel may take to connect or answer.
 const SENTINEL_TIMEOUT: Duration = Duration::from_secs(1);
+/// How often the Sentinel subscription is pinged: a Sentinel that stopped
+/// answering (paused, cut off) would never pass on a master switch.
+const SUBSCRIPTION_PING: Duration = Duration::from_secs(1);
+/// Asks made on failed commands come at least this far apart once they
+/// keep coming (doubling from `FIRST_GAP` up to `GAP_CAP`), so that a
+/// master that fails every command does not send every client to the
+/// Sentinels on every command.
+const FIRST_GAP: Duration = Duration::from_millis(25);
+/// Well within the default response timeout, which bounds how long a lock
+/// waits for the master to be confirmed.
+const GAP_CAP: Duration = Duration::from_millis(250);
+/// Asks this far apart reset the gap.
+const CALM: Duration = Duration::from_secs(5);
+/// Once a majority of the Sentinels has answered, how much longer the
+/// others are waited for (a paused Sentinel would hold up every ask for
+/// `SENTINEL_TIMEOUT`).
+const STRAGGLERS: Duration = Duration::from_millis(100);
 
 /// Finds the master, connects to it, and keeps following it.
 pub(super) struct Master {
@@ -83,11 +100,16 @@ impl Master {
         self.epoch
     }
 
-    /// Asks every Sentinel at once; the answer with the highest config
-    /// epoch wins. A Sentinel that has not yet heard of a failover names
-    /// the old master under an older epoch, and the old master (paused, or
-    /// cut off) may still call itself master: the first answer, or a
-    /// `ROLE` check alone, could lead back to it.
+    /// Asks every Sentinel at once; a majority of them must answer (the
+    /// others are waited for a little longer), and the answer with the
+    /// highest config epoch wins. A Sentinel that has not
+    /// yet heard of a failover names the old master under an older epoch,
+    /// and the old master (paused, or cut off) may still call itself
+    /// master: the first answer, or a `ROLE` check alone, could lead back
+    /// to it. A failover needs a majority of the Sentinels to elect its
+    /// leader, so a majority of answers holds one from a Sentinel that
+    /// voted in the latest failover, short of the moments before the
+    /// leader announces it.
     async fn ask(&self) -> Result<Named, LockError> {
         let mut asking = tokio::task::JoinSet::new();
         for info in &self.sentinels {
@@ -114,14 +136,44 @@ impl Master {
                 })
             });
         }
+        let majority = self.sentinels.len() / 2 + 1;
         let mut answers = Vec::new();
         let mut last_error = None;
-        while let Some(answer) = asking.join_next().await {
+        let mut stragglers = None;
+        loop {
+            let next = match stragglers {
+                None => asking.join_next().await,
+                Some(until) => match tokio::time::timeout_at(until, asking.join_next()).await {
+                    Ok(next) => next,
+                    // Dropped, the set stops asking them.
+                    Err(_) => break,
+                },
+            };
+            let Some(answer) = next else {
+                break;
+            };
             match answer {
                 Ok(Ok(named)) if named.port != 0 => answers.push(named),
                 Ok(Err(e)) => last_error = Some(e),
                 _ => {}
             }
+            if stragglers.is_none() && answers.len() >= majority {
+                stragglers = Some(tokio::time::Instant::now() + STRAGGLERS);
+            }
+        }
+        if !answers.is_empty() && answers.len() < majority {
+            return Err(LockError::backend(
+                "redis",
+                format!(
+                    "{} of {} Sentinels named the master {:?}, and a majority ({majority}) \
+                     must: a Sentinel cut off from the others may name a master they \
+                     have replaced",
+                    answers.len(),
+                    self.sentinels.len(),
+                    self.name
+                ),
+                last_error.map(|e| Box::new(e) as crate::error::BoxError),
+            ));
         }
         // The leader of a failover names the old master under the new epoch
         // until it switches: not an answer to trust.
@@ -269,20 +321,28 @@ impl Master {
 }
 
 /// Follows the master: asks the Sentinels again when one announces a
-/// switch, when a command failed, and after (re)subscribing; moves the
-/// connection (and the release subscriptions) to a new master. Stops when
-/// the backend is dropped.
+/// switch, when a command failed (paced, see [`Pace`]), and after
+/// (re)subscribing; moves the connection, and once the new master is
+/// confirmed the release subscriptions, to a new master. Pings the
+/// Sentinel it listens to, and listens to another when that one stops
+/// answering. Stops when the backend is dropped.
 pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: Weak<Watches>) {
     let Some(doubt) = conn.upgrade().map(|c| c.doubt.clone()) else {
         return;
     };
     let mut pause = Duration::from_millis(50);
+    let mut pace = Pace::default();
     // The connection's breaks and moves when the master was last confirmed.
     // From 0: a break between connecting and this task is not missed.
     let mut seen = 0;
+    // The connection moved, and the release subscriptions have not yet.
+    let mut watches_behind = false;
     loop {
         let (tx, mut pushes) = mpsc::unbounded_channel();
-        let subscription = master.subscribe(tx).await;
+        let mut subscription = master.subscribe(tx).await;
+        let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping.reset();
         // A switch may have been missed while not subscribed.
         let mut ask = true;
         loop {
@@ -290,12 +350,13 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
                 let (Some(conn), Some(watches)) = (conn.upgrade(), watches.upgrade()) else {
                     return;
                 };
+                pace.asked();
                 match master.find(doubt.breaks() != seen).await {
                     Ok(found) => {
                         match found {
                             Some(new) => {
-                                seen = conn.replace(new.clone(), master.epoch());
-                                watches.moved(&Link::Server(new)).await;
+                                seen = conn.replace(new, master.epoch());
+                                watches_behind = true;
                             }
                             None => conn.raise_epoch(master.epoch()),
                         }
@@ -305,6 +366,12 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
                             continue;
                         }
                         doubt.confirm();
+                        // Locks are taken meanwhile: `moved` wakes every
+                        // waiter to look again once subscribed.
+                        if watches_behind {
+                            watches.moved(&conn.get()).await;
+                            watches_behind = false;
+                        }
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "asking the Sentinels failed");
@@ -330,11 +397,53 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
                     Some(_) => ask = false,
                     None => break,
                 },
-                _ = doubt.ask.notified() => ask = true,
+                _ = doubt.ask.notified() => {
+                    pace.wait().await;
+                    ask = true;
+                }
+                _ = ping.tick(), if subscription.is_some() => {
+                    let answered = match subscription.as_mut() {
+                        Some(sub) => redis::cmd("PING").query_async::<()>(sub).await.is_ok(),
+                        None => true,
+                    };
+                    if !answered {
+                        tracing::debug!("the Sentinel listened to stopped answering");
+                        break;
+                    }
+                    ask = false;
+                }
                 // No Sentinel to listen to: try to subscribe again soon.
                 _ = tokio::time::sleep(RETRY_CAP), if subscription.is_none() => break,
             }
         }
         drop(subscription);
+    }
+}
+
+/// Spaces the asks made because commands failed: when they come within
+/// [`CALM`] of each other the gap doubles from [`FIRST_GAP`] up to
+/// [`GAP_CAP`]. A master switch announced by a Sentinel is asked about at
+/// once.
+#[derive(Default)]
+struct Pace {
+    last: Option<tokio::time::Instant>,
+    gap: Duration,
+}
+
+impl Pace {
+    fn asked(&mut self) {
+        self.last = Some(tokio::time::Instant::now());
+    }
+
+    async fn wait(&mut self) {
+        let Some(last) = self.last else {
+            return;
+        };
+        if last.elapsed() >= CALM {
+            self.gap = Duration::ZERO;
+            return;
+        }
+        tokio::time::sleep_until(last + self.gap).await;
+        self.gap = (self.gap * 2).clamp(FIRST_GAP, GAP_CAP);
     }
 }

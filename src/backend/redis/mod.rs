@@ -101,12 +101,19 @@
 //! `redis+sentinel://s1:p1,s2:p2,s3:p3/<master>` asks every Sentinel which
 //! server is the master `<master>` and works on the one named under the
 //! highest config epoch (a Sentinel that has not heard of the last failover
-//! names the old master under an older one). The backend listens for the
-//! Sentinels' `+switch-master` messages and asks again when a command
-//! fails; on a new master it moves its
-//! connection there, subscribes there to the release channels in use, and
-//! has every holder renew at once. Credentials and database in the URL are
-//! the Redis servers' (the Sentinels are asked without).
+//! names the old master under an older one). A majority of the Sentinels
+//! listed must answer (each within a second, the rest waited for 100 ms
+//! once a majority has): one Sentinel alone may be the one cut off from a
+//! failover the others made. The backend listens
+//! for the Sentinels' `+switch-master` messages on one Sentinel, which it
+//! pings every second and replaces when it stops answering, and asks again
+//! when a command fails (asks for failing commands come at least 25 ms
+//! apart, doubling up to 250 ms while they keep coming, so a master that
+//! fails everything does not send every command to the Sentinels). On a
+//! new master it moves its connection there, has every holder renew at
+//! once, and, once the master is confirmed, subscribes there to the release
+//! channels in use. Credentials and database in the URL are the Redis
+//! servers' (the Sentinels are asked without).
 //!
 //! Replication is asynchronous: a lock (or renewal) the old master had not
 //! yet passed on is lost in a failover, and the next client can be granted
