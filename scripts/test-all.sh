@@ -198,9 +198,9 @@ torture --backend zk --secs 30
 torture --backend postgres --secs 30 --seed 1
 torture --backend postgres --secs 30
 torture --backend postgres-table --secs 30 --seed 1
-# MariaDB is the machine's (or this script's): client-side faults only.
-torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30 --seed 1
-torture --backend "$TOWER_LOCK_MYSQL_URL" --secs 30
+# MariaDB: a private server the harness starts, so that it can kill and pause it.
+torture --backend mysql --secs 30 --seed 1
+torture --backend mysql --secs 30
 torture --backend etcd --secs 30 --seed 1
 torture --backend etcd --secs 30
 torture --backend sentinel-wait --secs 30

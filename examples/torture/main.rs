@@ -12,11 +12,11 @@
 //! masters and a replica of each), `cluster-wait` (the same, waiting for
 //! the replica), `redlock`, `zk`, `zk3` (a three-server
 //! ensemble), `postgres` (advisory locks), `postgres-table` (the lease-table
-//! mode), `etcd` or `etcd3` (a three-member etcd cluster):
+//! mode), `mysql` (MariaDB's `GET_LOCK`), `etcd` or `etcd3` (a three-member
+//! etcd cluster):
 //! the harness starts its own servers, so that it can kill, restart and
 //! pause them. Or a URL (`redis://..`, `redlock://..`, `zk://..`) of
-//! servers it does not own, which rules out the server faults (MariaDB is
-//! run only this way: `mysql://root@127.0.0.1:3306/test`).
+//! servers it does not own, which rules out the server faults.
 //!
 //! P client processes of W workers each lock random keys among K with the
 //! given lease (ZooKeeper: session timeout) and, inside the critical
@@ -63,7 +63,7 @@ pub struct Args {
 }
 
 const USAGE: &str =
-    "usage: torture --backend <memory|redis|sentinel|sentinel-wait|cluster|cluster-wait|redlock|zk|zk3|postgres|postgres-table|etcd|etcd3|URL> [--secs S] \
+    "usage: torture --backend <memory|redis|sentinel|sentinel-wait|cluster|cluster-wait|redlock|zk|zk3|postgres|postgres-table|mysql|etcd|etcd3|URL> [--secs S] \
 [--processes P] [--workers W] [--keys K] [--lease-ms L] [--nemesis all|none|LIST] [--seed N] \
 [--quarantine]";
 

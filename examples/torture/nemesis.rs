@@ -130,12 +130,6 @@ impl Nemesis {
         {
             return Err(format!("unknown backend {:?}", args.backend));
         }
-        if kind == "mysql" && given.is_none() {
-            return Err(
-                "the harness does not start MariaDB: give its URL, mysql://root@127.0.0.1:3306/test"
-                    .into(),
-            );
-        }
         let possible: Vec<FaultKind> = ALL
             .iter()
             .map(|(k, _)| *k)
@@ -339,6 +333,7 @@ impl Nemesis {
                     "zk" => (Kind::ZooKeeper, 1),
                     "zk3" => (Kind::ZooKeeper, 3),
                     "postgres" | "postgres-table" => (Kind::Postgres, 1),
+                    "mysql" => (Kind::Mariadb, 1),
                     "etcd" => (Kind::Etcd, 1),
                     "etcd3" => (Kind::Etcd, 3),
                     "redlock" => (Kind::Redis, 3),

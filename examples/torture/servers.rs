@@ -26,6 +26,10 @@ pub enum Kind {
     /// brings it back as the same node (without data, as a replica once
     /// it hears that its slots have moved).
     ClusterNode,
+    /// A private MariaDB server (run as the `mysql` user when the harness
+    /// runs as root), `root` without a password and a database `test`;
+    /// its data (the token sequence) survives a kill.
+    Mariadb,
 }
 
 /// The name the Sentinels monitor the master under.
@@ -49,10 +53,15 @@ fn postgres_bin() -> Result<PathBuf, String> {
         .ok_or_else(|| "PostgreSQL is not installed (apt-get install postgresql)".to_owned())
 }
 
+/// Whether this process runs as root.
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// A command run as the `postgres` user when this process is root.
 fn as_postgres(program: PathBuf) -> Command {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
+    if is_root() {
         let mut cmd = Command::new("setpriv");
         cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
             .arg(program);
@@ -223,10 +232,36 @@ impl Server {
             );
             std::fs::write(server.dir.join("zoo.cfg"), cfg).map_err(|e| e.to_string())?;
         }
+        if kind == Kind::Mariadb {
+            let data = server.dir.join("data");
+            let mut install = Command::new("mariadb-install-db");
+            if is_root() {
+                let _ = Command::new("chown")
+                    .args(["-R", "mysql:"])
+                    .arg(&server.dir)
+                    .status();
+                install.arg("--user=mysql");
+            }
+            let out = install
+                .arg(format!("--datadir={}", data.display()))
+                .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
+                .output()
+                .map_err(|e| format!("mariadb-install-db (apt-get install mariadb-server): {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "mariadb-install-db: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            std::fs::write(
+                server.dir.join("init.sql"),
+                "CREATE DATABASE IF NOT EXISTS test;\n",
+            )
+            .map_err(|e| e.to_string())?;
+        }
         if kind == Kind::Postgres {
             let data = server.dir.join("data");
-            // SAFETY: geteuid has no preconditions.
-            if unsafe { libc::geteuid() } == 0 {
+            if is_root() {
                 let _ = Command::new("chown")
                     .args(["-R", "postgres:"])
                     .arg(&server.dir)
@@ -273,6 +308,28 @@ impl Server {
         }
         match self.kind {
             Kind::Postgres => {}
+            Kind::Mariadb => {
+                cmd.args(["mariadbd", "--no-defaults"]);
+                if is_root() {
+                    cmd.arg("--user=mysql");
+                }
+                cmd.arg(format!("--datadir={}", self.dir.join("data").display()))
+                    .arg(format!("--port={}", self.addr.port()))
+                    .args(["--bind-address=127.0.0.1", "--skip-log-bin"])
+                    .arg(format!(
+                        "--socket={}",
+                        self.dir.join("mysqld.sock").display()
+                    ))
+                    .arg(format!(
+                        "--pid-file={}",
+                        self.dir.join("mysqld.pid").display()
+                    ))
+                    .arg(format!(
+                        "--init-file={}",
+                        self.dir.join("init.sql").display()
+                    ))
+                    .args(["--max-connections=300", "--innodb-buffer-pool-size=64M"]);
+            }
             Kind::Redis => {
                 cmd.arg("redis-server")
                     .args(["--port", &self.addr.port().to_string()])
@@ -345,6 +402,8 @@ impl Server {
             Kind::ZooKeeper => (b"isro", "rw"),
             Kind::Etcd => (b"GET /health HTTP/1.0\r\n\r\n", "\"health\":\"true\""),
             Kind::Postgres => (b"", ""),
+            // The server greets a client first, naming itself.
+            Kind::Mariadb => (b"", "MariaDB"),
         };
         loop {
             if self.kind == Kind::Postgres {
