@@ -36,10 +36,16 @@ pub struct Capabilities {
     /// The server serves waiters from every process in arrival order
     /// (ZooKeeper's sequential nodes); Redis has no queue.
     pub fifo: bool,
+    /// An acquisition that finds the lock held waits for it in the server,
+    /// whatever connection each request goes on (MariaDB's `GET_LOCK`): one
+    /// sent before an earlier release is applied is granted once it is,
+    /// without another round trip.
+    pub waits_in_server: bool,
 }
 
 impl Capabilities {
-    /// Every mode, one token per grant, releases not ordered, no server queue.
+    /// Every mode, one token per grant, releases not ordered, no server queue,
+    /// no waiting in the server.
     pub const fn new() -> Self {
         Capabilities {
             read_write: true,
@@ -47,6 +53,7 @@ impl Capabilities {
             max_tokens: 1,
             ordered_release: false,
             fifo: false,
+            waits_in_server: false,
         }
     }
 
@@ -78,6 +85,12 @@ impl Capabilities {
     /// Sets [`fifo`](Self::fifo).
     pub const fn fifo(mut self, fifo: bool) -> Self {
         self.fifo = fifo;
+        self
+    }
+
+    /// Sets [`waits_in_server`](Self::waits_in_server).
+    pub const fn waits_in_server(mut self, waits: bool) -> Self {
+        self.waits_in_server = waits;
         self
     }
 

@@ -434,9 +434,12 @@ impl<B: Backend> CohortHold<B> {
         // as the release is, would land before anyone woken by the release
         // elsewhere: it waits for the answer instead, which is when those
         // others hear of the release too.
-        let after = if next.is_some() && !shared.capabilities.fifo {
+        // A next acquire that waits in the server for the release may go
+        // as soon as it is sent, on any connection.
+        let caps = &shared.capabilities;
+        let after = if next.is_some() && !caps.fifo {
             After::Answered
-        } else if shared.capabilities.ordered_release {
+        } else if caps.ordered_release || caps.waits_in_server {
             After::Sent
         } else {
             After::Answered

@@ -313,13 +313,15 @@ impl fmt::Debug for MysqlBackend {
 super::cohort::cohort_backend!(MysqlBackend, "mysql");
 
 // No promised order among waiters, and a release and the next acquisition
-// go out on different connections.
+// go out on different connections; but `GET_LOCK` waits in the server, so
+// this process's next acquisition need not wait for the release's answer.
 protocol_backend!(
     My,
     "mysql",
     Capabilities::new()
         .exclusive_only()
         .max_tokens(TOKEN_SPACING)
+        .waits_in_server(true)
 );
 
 impl MyInner {
