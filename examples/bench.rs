@@ -169,7 +169,44 @@ fn main() -> ExitCode {
     rt.block_on(run(args))
 }
 
+/// Whether the PostgreSQL URL measured leads to a pooler, such as PgBouncer
+/// (set once at start, for lease-table URLs).
+static BEHIND_POOLER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+fn behind_pooler() -> bool {
+    BEHIND_POOLER.get().copied().unwrap_or(false)
+}
+
+/// Whether `url` leads to a pooler: the server behind it listens on
+/// another port than the URL's.
+async fn find_pooler(url: &str) -> bool {
+    let plain = tower_lock::backend::postgres::driver_url(url);
+    let Ok((client, connection)) = tokio_postgres::connect(&plain, tokio_postgres::NoTls).await
+    else {
+        // The run itself says why it cannot connect.
+        return false;
+    };
+    tokio::spawn(connection);
+    let server_port: Option<i32> = match client.query_one("SELECT inet_server_port()", &[]).await {
+        Ok(row) => row.get(0),
+        Err(_) => return false,
+    };
+    let url_port = plain
+        .split_once("://")
+        .map_or(plain.as_str(), |(_, rest)| rest)
+        .split(['/', '?'])
+        .next()
+        .map(|host| host.rsplit('@').next().unwrap_or(host))
+        .and_then(|host| host.rsplit_once(':'))
+        .and_then(|(_, port)| port.parse::<i32>().ok())
+        .unwrap_or(5432);
+    server_port.is_some_and(|p| p != url_port)
+}
+
 async fn run(args: Args) -> ExitCode {
+    if servers_setting(&args.backend).contains("mode=lease-table") {
+        let _ = BEHIND_POOLER.set(find_pooler(&args.backend).await);
+    }
     if args.workload == "floor" {
         return floor(&args.backend, args.n).await;
     }
@@ -328,7 +365,8 @@ fn servers_setting(url: &str) -> String {
             .split_once('?')
             .is_some_and(|(_, q)| q.split('&').any(|p| p.starts_with("lease_table")))
     {
-        return " mode=lease-table".to_owned();
+        let via = if behind_pooler() { " via=pooler" } else { "" };
+        return format!(" mode=lease-table{via}");
     }
     let Some(rest) = url
         .strip_prefix("zk://")
@@ -505,16 +543,22 @@ async fn postgres_floor(url: &str, n: usize) -> ExitCode {
             )
             .await
             .expect("create the floor's table");
-        let upsert = client
-            .prepare(
-                "INSERT INTO bench_floor VALUES ('floor', 1) \
-                 ON CONFLICT (key) DO UPDATE SET n = bench_floor.n + 1",
-            )
-            .await
-            .expect("prepare");
+        const UPSERT: &str = "INSERT INTO bench_floor VALUES ('floor', 1) \
+                              ON CONFLICT (key) DO UPDATE SET n = bench_floor.n + 1";
+        // Behind a pooler a prepared statement may run on another server
+        // session: the library's statements are then unnamed, and so are
+        // the floor's.
+        let upsert = match behind_pooler() {
+            false => Some(client.prepare(UPSERT).await.expect("prepare")),
+            true => None,
+        };
         let samples = timed(n, || async {
             for _ in 0..2 {
-                client.execute(&upsert, &[]).await.expect("upsert");
+                match &upsert {
+                    Some(upsert) => client.execute(upsert, &[]).await.map(drop),
+                    None => client.query_typed(UPSERT, &[]).await.map(drop),
+                }
+                .expect("upsert");
             }
         })
         .await;
@@ -523,7 +567,8 @@ async fn postgres_floor(url: &str, n: usize) -> ExitCode {
             .await
             .expect("drop the floor's table");
         println!(
-            "impl=tokio-postgres-2xupsert backend=postgres workload=uncontended mode=lease-table {}",
+            "impl=tokio-postgres-2xupsert backend=postgres workload=uncontended{} {}",
+            servers_setting(url),
             latencies(n, samples)
         );
         return ExitCode::SUCCESS;

@@ -179,7 +179,11 @@ run "$bench" --backend "$pgt" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt" "${contended[@]}" --no-lock
 run "$bench" --backend "$pgt" --workload contended --secs "$secs" --workers 4 --processes 2
 run "$bench" --backend "$pgt" --workload keys --secs "$secs" --workers 8 --keys 100
-run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload uncontended --n 2000
+# Through PgBouncer: its lines and its floor's carry via=pooler.
+for _ in 1 2 3; do
+    run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload floor --n 2000
+    run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload uncontended --n 2000
+done
 run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload contended --secs "$secs" --workers 4 --processes 2
 
 # MariaDB GET_LOCK: the floor is two prepared SELECT 1 through the same
