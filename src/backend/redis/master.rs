@@ -37,10 +37,6 @@ const FIRST_GAP: Duration = Duration::from_millis(25);
 const GAP_CAP: Duration = Duration::from_millis(250);
 /// Asks this far apart reset the gap.
 const CALM: Duration = Duration::from_secs(5);
-/// Once a majority of the Sentinels has answered, how much longer the
-/// others are waited for (a paused Sentinel would hold up every ask for
-/// `SENTINEL_TIMEOUT`).
-const STRAGGLERS: Duration = Duration::from_millis(100);
 
 /// Finds the master, connects to it, and keeps following it.
 pub(super) struct Master {
@@ -100,9 +96,8 @@ impl Master {
         self.epoch
     }
 
-    /// Asks every Sentinel at once; a majority of them must answer (the
-    /// others are waited for a little longer), and the answer with the
-    /// highest config epoch wins. A Sentinel that has not
+    /// Asks every Sentinel at once; a majority of them must answer, and the
+    /// answer with the highest config epoch wins. A Sentinel that has not
     /// yet heard of a failover names the old master under an older epoch,
     /// and the old master (paused, or cut off) may still call itself
     /// master: the first answer, or a `ROLE` check alone, could lead back
@@ -139,26 +134,13 @@ impl Master {
         let majority = self.sentinels.len() / 2 + 1;
         let mut answers = Vec::new();
         let mut last_error = None;
-        let mut stragglers = None;
-        loop {
-            let next = match stragglers {
-                None => asking.join_next().await,
-                Some(until) => match tokio::time::timeout_at(until, asking.join_next()).await {
-                    Ok(next) => next,
-                    // Dropped, the set stops asking them.
-                    Err(_) => break,
-                },
-            };
-            let Some(answer) = next else {
-                break;
-            };
+        // Every answer, each within `SENTINEL_TIMEOUT`: the one Sentinel
+        // that knows of the latest failover may answer last.
+        while let Some(answer) = asking.join_next().await {
             match answer {
                 Ok(Ok(named)) if named.port != 0 => answers.push(named),
                 Ok(Err(e)) => last_error = Some(e),
                 _ => {}
-            }
-            if stragglers.is_none() && answers.len() >= majority {
-                stragglers = Some(tokio::time::Instant::now() + STRAGGLERS);
             }
         }
         if !answers.is_empty() && answers.len() < majority {
@@ -332,6 +314,8 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
     };
     let mut pause = Duration::from_millis(50);
     let mut pace = Pace::default();
+    // An ask owed to failed commands, not before this instant.
+    let mut paced: Option<tokio::time::Instant> = None;
     // The connection's breaks and moves when the master was last confirmed.
     // From 0: a break between connecting and this task is not missed.
     let mut seen = 0;
@@ -351,11 +335,16 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
                     return;
                 };
                 pace.asked();
+                paced = None;
                 match master.find(doubt.breaks() != seen).await {
                     Ok(found) => {
                         match found {
                             Some(new) => {
                                 seen = conn.replace(new, master.epoch());
+                                // At once, not after the subscriptions
+                                // move: a holder whose lock the old master
+                                // took with it is told as soon as can be.
+                                watches.renew_now();
                                 watches_behind = true;
                             }
                             None => conn.raise_epoch(master.epoch()),
@@ -397,10 +386,15 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
                     Some(_) => ask = false,
                     None => break,
                 },
-                _ = doubt.ask.notified() => {
-                    pace.wait().await;
-                    ask = true;
-                }
+                // Paced, but never in the way of a switch announced meanwhile.
+                _ = doubt.ask.notified(), if paced.is_none() => match pace.next() {
+                    None => ask = true,
+                    Some(at) => {
+                        paced = Some(at);
+                        ask = false;
+                    }
+                },
+                _ = sleep_until_some(paced) => ask = true,
                 _ = ping.tick(), if subscription.is_some() => {
                     let answered = match subscription.as_mut() {
                         Some(sub) => redis::cmd("PING").query_async::<()>(sub).await.is_ok(),
@@ -435,15 +429,23 @@ impl Pace {
         self.last = Some(tokio::time::Instant::now());
     }
 
-    async fn wait(&mut self) {
-        let Some(last) = self.last else {
-            return;
-        };
+    /// When the next ask may be made, if not now.
+    fn next(&mut self) -> Option<tokio::time::Instant> {
+        let last = self.last?;
         if last.elapsed() >= CALM {
             self.gap = Duration::ZERO;
-            return;
+            return None;
         }
-        tokio::time::sleep_until(last + self.gap).await;
+        let at = last + self.gap;
         self.gap = (self.gap * 2).clamp(FIRST_GAP, GAP_CAP);
+        (at > tokio::time::Instant::now()).then_some(at)
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

@@ -69,9 +69,19 @@ impl Watches {
     /// Messages may have been missed: every waiter looks again, and every
     /// holder checks its lease.
     fn disconnected(&self) {
+        self.wake_waiters();
+        self.renew_now();
+    }
+
+    /// Every waiter looks again.
+    fn wake_waiters(&self) {
         for c in lock(&self.channels).values() {
             c.notify.notify_waiters();
         }
+    }
+
+    /// Every holder renews at once (its lease may be gone with the server).
+    pub(super) fn renew_now(&self) {
         self.reconnected.notify_waiters();
     }
 
@@ -131,8 +141,9 @@ impl Watch {
 
 impl Watches {
     /// The commands now go to `conn` (a new master): subscribes there to
-    /// every channel in use, and wakes every waiter and holder, since
-    /// messages may have been missed and locks lost with the old master.
+    /// every channel in use, and wakes every waiter, since messages may
+    /// have been missed. (Holders were told to renew when the connection
+    /// moved, before any lock is taken on the new master.)
     pub(super) async fn moved(&self, conn: &Link) {
         let channels: Vec<String> = lock(&self.channels).keys().cloned().collect();
         for channel in channels {
@@ -141,7 +152,7 @@ impl Watches {
                 c.subscribed = subscribed;
             }
         }
-        self.disconnected();
+        self.wake_waiters();
     }
 }
 
