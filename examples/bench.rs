@@ -187,7 +187,12 @@ async fn find_pooler(url: &str) -> bool {
         return false;
     };
     tokio::spawn(connection);
-    let server_port: Option<i32> = match client.query_one("SELECT inet_server_port()", &[]).await {
+    // The server's own setting: known whether the pooler reaches it by
+    // TCP or by a Unix socket.
+    let server_port: Option<i32> = match client
+        .query_one("SELECT current_setting('port')::int", &[])
+        .await
+    {
         Ok(row) => row.get(0),
         Err(_) => return false,
     };

@@ -309,7 +309,14 @@ impl Server {
         match self.kind {
             Kind::Postgres => {}
             Kind::Mariadb => {
-                cmd.args(["mariadbd", "--no-defaults"]);
+                // Debian's is in /usr/sbin, often not on a user's PATH.
+                let sbin = std::path::Path::new("/usr/sbin/mariadbd");
+                cmd.arg(if sbin.exists() {
+                    sbin
+                } else {
+                    std::path::Path::new("mariadbd")
+                })
+                .arg("--no-defaults");
                 if is_root() {
                     cmd.arg("--user=mysql");
                 }

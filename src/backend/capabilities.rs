@@ -39,7 +39,8 @@ pub struct Capabilities {
     /// An acquisition that finds the lock held waits for it in the server,
     /// whatever connection each request goes on (MariaDB's `GET_LOCK`): one
     /// sent before an earlier release is applied is granted once it is,
-    /// without another round trip.
+    /// without another round trip. (One that does not wait, or waits less
+    /// than the release takes, may find the lock busy instead.)
     pub waits_in_server: bool,
 }
 

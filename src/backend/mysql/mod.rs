@@ -24,8 +24,12 @@
 //!   held lock passes to the next local waiter without a round trip, within
 //!   [`CohortOptions`]' bounds.
 //! - MariaDB does not promise an order among waiters from several
-//!   processes; the cohort lets a process's own waiters ask again only once
-//!   its release is answered, so other processes' waiters get their turn.
+//!   processes; the cohort lets a process's own waiters that queued behind
+//!   a holder ask again only once its release is answered, so other
+//!   processes' waiters get their turn. An acquisition that comes after
+//!   the release was sent goes at once, on another connection: `GET_LOCK`
+//!   waits in the server for the release if it overtakes it (one that does
+//!   not wait, or not long enough, may then find the lock busy).
 //!
 //! # Fencing tokens
 //!

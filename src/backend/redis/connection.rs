@@ -116,6 +116,11 @@ impl Doubt {
         self.suspect();
     }
 
+    /// Whether the master is to be confirmed again.
+    pub(super) fn is_unconfirmed(&self) -> bool {
+        self.unconfirmed.load(Ordering::Acquire)
+    }
+
     /// How many times the connection broke or moved so far.
     pub(super) fn breaks(&self) -> u64 {
         self.breaks.load(Ordering::Acquire)

@@ -1,6 +1,8 @@
 //! Following the master through failovers, with Redis Sentinel.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Weak;
 use std::time::Duration;
 
@@ -32,8 +34,9 @@ const SUBSCRIPTION_PING: Duration = Duration::from_secs(1);
 /// master that fails every command does not send every client to the
 /// Sentinels on every command.
 const FIRST_GAP: Duration = Duration::from_millis(25);
-/// Well within the default response timeout, which bounds how long a lock
-/// waits for the master to be confirmed.
+/// Within the default response timeout, which bounds how long a lock
+/// waits for the master to be confirmed (an ask itself waits up to a
+/// second for a Sentinel that does not answer).
 const GAP_CAP: Duration = Duration::from_millis(250);
 /// Asks this far apart reset the gap.
 const CALM: Duration = Duration::from_secs(5);
@@ -96,15 +99,14 @@ impl Master {
         self.epoch
     }
 
-    /// Asks every Sentinel at once; a majority of them must answer, and the
-    /// answer with the highest config epoch wins. A Sentinel that has not
-    /// yet heard of a failover names the old master under an older epoch,
-    /// and the old master (paused, or cut off) may still call itself
-    /// master: the first answer, or a `ROLE` check alone, could lead back
-    /// to it. A failover needs a majority of the Sentinels to elect its
-    /// leader, so a majority of answers holds one from a Sentinel that
-    /// voted in the latest failover, short of the moments before the
-    /// leader announces it.
+    /// Asks every Sentinel at once; a majority of those listed must give an
+    /// answer to trust, and the one with the highest config epoch wins. A
+    /// Sentinel that has not yet heard of a failover names the old master
+    /// under an older epoch, and the old master (paused, or cut off) may
+    /// still call itself master: the first answer, or a `ROLE` check alone,
+    /// could lead back to it, and so could one Sentinel cut off from the
+    /// others, alone or beside a failover's leader (whose answer is left
+    /// out).
     async fn ask(&self) -> Result<Named, LockError> {
         let mut asking = tokio::task::JoinSet::new();
         for info in &self.sentinels {
@@ -143,13 +145,22 @@ impl Master {
                 _ => {}
             }
         }
-        if !answers.is_empty() && answers.len() < majority {
+        // The leader of a failover names the old master under the new epoch
+        // until it switches: not an answer to trust.
+        let answered = answers.len();
+        answers.retain(|n| !n.failing_over);
+        if answered > 0 && answers.len() < majority {
+            let leading = answered - answers.len();
+            let leading = match leading {
+                0 => String::new(),
+                n => format!(" ({n} more leading a failover)"),
+            };
             return Err(LockError::backend(
                 "redis",
                 format!(
-                    "{} of {} Sentinels named the master {:?}, and a majority ({majority}) \
-                     must: a Sentinel cut off from the others may name a master they \
-                     have replaced",
+                    "{} of {} Sentinels named the master {:?}{leading}, and a majority \
+                     ({majority}) must: a Sentinel cut off from the others may name a \
+                     master they have replaced",
                     answers.len(),
                     self.sentinels.len(),
                     self.name
@@ -157,9 +168,6 @@ impl Master {
                 last_error.map(|e| Box::new(e) as crate::error::BoxError),
             ));
         }
-        // The leader of a failover names the old master under the new epoch
-        // until it switches: not an answer to trust.
-        answers.retain(|n| !n.failing_over);
         let newest = answers.iter().map(|n| n.epoch).max();
         let newest: Vec<Named> = answers
             .into_iter()
@@ -261,18 +269,21 @@ impl Master {
         Ok(Some(conn))
     }
 
-    /// A connection to one of the Sentinels, subscribed to master switches,
-    /// whose messages and disconnection come on `pushes`.
+    /// A connection to one of the Sentinels, tried in turn from the
+    /// `from`th, subscribed to master switches, whose messages and
+    /// disconnection come on `pushes`; and which Sentinel it is.
     async fn subscribe(
         &self,
         pushes: mpsc::UnboundedSender<PushInfo>,
-    ) -> Option<redis::aio::MultiplexedConnection> {
+        from: usize,
+    ) -> Option<(usize, redis::aio::MultiplexedConnection)> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(SENTINEL_TIMEOUT))
             .set_response_timeout(Some(SENTINEL_TIMEOUT))
             .set_push_sender(pushes);
-        for info in &self.sentinels {
-            let info = info.clone().set_redis_settings(
+        let n = self.sentinels.len();
+        for i in (from..from + n).map(|i| i % n) {
+            let info = self.sentinels[i].clone().set_redis_settings(
                 RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3),
             );
             let Ok(client) = redis::Client::open(info) else {
@@ -285,7 +296,7 @@ impl Master {
                 continue;
             };
             if conn.subscribe(SWITCH_MASTER).await.is_ok() {
-                return Some(conn);
+                return Some((i, conn));
             }
         }
         None
@@ -321,12 +332,22 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
     let mut seen = 0;
     // The connection moved, and the release subscriptions have not yet.
     let mut watches_behind = false;
+    // The Sentinel to try first for the next subscription.
+    let mut listen_from = 0;
     loop {
         let (tx, mut pushes) = mpsc::unbounded_channel();
-        let mut subscription = master.subscribe(tx).await;
+        let subscription = master.subscribe(tx, listen_from).await;
+        let listened = subscription.as_ref().map(|(i, _)| *i);
+        let subscription = subscription.map(|(_, conn)| conn);
         let mut ping = tokio::time::interval(SUBSCRIPTION_PING);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ping.reset();
+        // A ping in flight, polled beside everything else: a Sentinel that
+        // does not answer holds up nothing.
+        let mut pinging: Option<Pin<Box<dyn Future<Output = bool> + Send>>> = None;
+        // Without a Sentinel to listen to, when to try again (fixed here:
+        // the other branches fire often while commands fail).
+        let resubscribe_at = tokio::time::Instant::now() + RETRY_CAP;
         // A switch may have been missed while not subscribed.
         let mut ask = true;
         loop {
@@ -387,27 +408,38 @@ pub(super) async fn follow(mut master: Master, conn: Weak<Connection>, watches: 
                     None => break,
                 },
                 // Paced, but never in the way of a switch announced meanwhile.
-                _ = doubt.ask.notified(), if paced.is_none() => match pace.next() {
-                    None => ask = true,
-                    Some(at) => {
-                        paced = Some(at);
-                        ask = false;
+                // A wake left from before the last confirmation (acquisitions
+                // nudge while they wait) asks nothing.
+                _ = doubt.ask.notified(), if paced.is_none() => {
+                    ask = false;
+                    if doubt.is_unconfirmed() {
+                        match pace.next() {
+                            None => ask = true,
+                            Some(at) => paced = Some(at),
+                        }
                     }
-                },
+                }
                 _ = sleep_until_some(paced) => ask = true,
-                _ = ping.tick(), if subscription.is_some() => {
-                    let answered = match subscription.as_mut() {
-                        Some(sub) => redis::cmd("PING").query_async::<()>(sub).await.is_ok(),
-                        None => true,
-                    };
+                _ = ping.tick(), if pinging.is_none() => {
+                    ask = false;
+                    if let Some(sub) = &subscription {
+                        let mut sub = sub.clone();
+                        pinging = Some(Box::pin(async move {
+                            redis::cmd("PING").query_async::<()>(&mut sub).await.is_ok()
+                        }));
+                    }
+                }
+                answered = async { pinging.as_mut().expect("guarded").await }, if pinging.is_some() => {
+                    pinging = None;
+                    ask = false;
                     if !answered {
                         tracing::debug!("the Sentinel listened to stopped answering");
+                        listen_from = listened.map_or(0, |i| i + 1);
                         break;
                     }
-                    ask = false;
                 }
                 // No Sentinel to listen to: try to subscribe again soon.
-                _ = tokio::time::sleep(RETRY_CAP), if subscription.is_none() => break,
+                _ = tokio::time::sleep_until(resubscribe_at), if subscription.is_none() => break,
             }
         }
         drop(subscription);

@@ -102,8 +102,10 @@
 //! server is the master `<master>` and works on the one named under the
 //! highest config epoch (a Sentinel that has not heard of the last failover
 //! names the old master under an older one). A majority of the Sentinels
-//! listed must answer (each within a second): one Sentinel alone may be
-//! the one cut off from a failover the others made. The backend listens
+//! listed must answer (each within a second; a Sentinel leading a failover,
+//! which names the old master until it switches, does not count): one
+//! Sentinel alone may be the one cut off from a failover the others made.
+//! List every Sentinel of the group: the majority is of those listed. The backend listens
 //! for the Sentinels' `+switch-master` messages on one Sentinel, which it
 //! pings every second and replaces when it stops answering, and asks again
 //! when a command fails (asks for failing commands come at least 25 ms
