@@ -196,16 +196,13 @@ async fn find_pooler(url: &str) -> bool {
         Ok(row) => row.get(0),
         Err(_) => return false,
     };
+    // The driver's own reading of the URL (`host:port`, or `?port=`).
     let url_port = plain
-        .split_once("://")
-        .map_or(plain.as_str(), |(_, rest)| rest)
-        .split(['/', '?'])
-        .next()
-        .map(|host| host.rsplit('@').next().unwrap_or(host))
-        .and_then(|host| host.rsplit_once(':'))
-        .and_then(|(_, port)| port.parse::<i32>().ok())
+        .parse::<tokio_postgres::Config>()
+        .ok()
+        .and_then(|c| c.get_ports().first().copied())
         .unwrap_or(5432);
-    server_port.is_some_and(|p| p != url_port)
+    server_port.is_some_and(|p| p != i32::from(url_port))
 }
 
 async fn run(args: Args) -> ExitCode {

@@ -132,15 +132,8 @@ impl SentinelGroup {
     /// `SENTINEL <what> <MASTER>` to Sentinel `i`; `None` if it does not
     /// answer.
     async fn ask_sentinel<T: redis::FromRedisValue>(&self, i: usize, what: &str) -> Option<T> {
-        let client =
-            redis::Client::open(format!("redis://127.0.0.1:{}", self.sentinels[i])).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        redis::cmd("SENTINEL")
-            .arg(what)
-            .arg(MASTER)
-            .query_async(&mut conn)
+        self.sentinel_command(i, redis::cmd("SENTINEL").arg(what).arg(MASTER))
             .await
-            .ok()
     }
 
     /// Whether Sentinel `i` has a client subscribed to a channel (the
