@@ -32,6 +32,8 @@
 //! The whole description of the checks and of what each backend promises
 //! under which fault is in `bench/README.md` ("Torture").
 
+mod checks;
+mod clients;
 mod fault_proxy;
 mod history;
 mod nemesis;

@@ -1,23 +1,21 @@
 //! The run: servers, proxies, client processes, the faults, and the checks
 //! at the end.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
-use tower_lock::{Backend, BackendExt, MemoryBackend, Wait};
+use tower_lock::{Backend, MemoryBackend};
 
+use crate::checks::{leaks, liveness};
+use crate::clients::Clients;
 use crate::fault_proxy::{Fault, FaultProxy};
 use crate::history::{now_ns, Event, History, ProcessFault};
-use crate::redis_groups::{
-    cluster_failed_over, cluster_master, cluster_settled, failed_over, sentinel_master, settled,
-};
+use crate::redis_groups::Failover;
 use crate::register::Register;
-use crate::servers::{signal_pid, Kind, Server};
+use crate::servers::{signal_pid, step_clock, Kind, Server};
 use crate::worker::{self, ClientArgs, Rng, Sink, Worker};
 use crate::Args;
 
@@ -318,7 +316,11 @@ impl Nemesis {
                     .await
                     .map_err(|e| e.to_string())??;
                 let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
-                cluster_settled(&addrs, Duration::from_secs(30)).await;
+                Failover::Cluster {
+                    nodes: addrs.clone(),
+                }
+                .settled(Duration::from_secs(30))
+                .await;
                 addrs
             }
             None if sentinel => {
@@ -365,6 +367,21 @@ impl Nemesis {
         } else {
             (addrs.clone(), addrs)
         };
+        // Server faults in a group that fails over go to its master.
+        let failover = if self.given.is_some() {
+            None
+        } else if sentinel {
+            Some(Failover::Sentinel {
+                sentinels: addrs.clone(),
+                data: data.clone(),
+            })
+        } else if cluster {
+            Some(Failover::Cluster {
+                nodes: data.clone(),
+            })
+        } else {
+            None
+        };
         // Kept running to the end of the run (dropped, a server stops).
         let _sentinels = servers.split_off(data.len().min(servers.len()));
         let servers: Vec<Arc<Mutex<Server>>> = servers
@@ -395,12 +412,7 @@ impl Nemesis {
             quarantine: a.quarantine,
             root: root.to_owned(),
         };
-        let mut clients = Clients {
-            work: work.to_owned(),
-            running: HashMap::new(),
-            next: 0,
-            events: tx.clone(),
-        };
+        let mut clients = Clients::new(work, tx.clone());
         for _ in 0..a.processes {
             let (id, proxies) = clients.prepare(&addrs).await?;
             clients.spawn(client_args(id, rng.next(), &proxies), proxies)?;
@@ -463,69 +475,41 @@ impl Nemesis {
                             .process_fault(&id, ProcessFault::Paused(stop, cont));
                     }
                 }
-                FaultKind::ServerKill if sentinel => {
-                    // The master, so that the Sentinels fail over; it comes
-                    // back empty, once they have, as a replica.
-                    let Some(master) = sentinel_master(&addrs, &data).await else {
+                FaultKind::ServerKill if failover.is_some() => {
+                    // A master, so that the group replaces it; it comes back
+                    // empty, once replaced, and rejoins as a replica.
+                    let group = failover.as_ref().expect("a group that fails over");
+                    let Some(master) = group.master(rng.next()).await else {
                         continue;
                     };
                     let server = servers[master].clone();
                     server.lock().unwrap().kill();
-                    if !failed_over(&addrs, data[master], Duration::from_secs(30)).await {
-                        eprintln!("torture: the Sentinels did not fail over within 30 s");
+                    if !group.failed_over(master, Duration::from_secs(30)).await {
+                        eprintln!("torture: {} did not fail over within 30 s", group.who());
                     }
                     tokio::task::spawn_blocking(move || server.lock().unwrap().restart())
                         .await
                         .map_err(|e| e.to_string())??;
-                    // Restarted, it calls itself master (empty) until the
-                    // Sentinels convert it; a failover may also be followed
-                    // by another (a Sentinel finding the new master slow to
+                    // Restarted, it may call itself master (empty) until the
+                    // group converts it; a failover may also be followed by
+                    // another (a Sentinel finding the new master slow to
                     // answer): the fault lasts until the group has settled.
-                    settled(&addrs, &data, Duration::from_secs(30)).await;
+                    group.settled(Duration::from_secs(30)).await;
                 }
-                FaultKind::ServerPause if sentinel => {
-                    let Some(master) = sentinel_master(&addrs, &data).await else {
+                FaultKind::ServerPause if failover.is_some() => {
+                    let group = failover.as_ref().expect("a group that fails over");
+                    let Some(master) = group.master(rng.next()).await else {
                         continue;
                     };
                     let server = &servers[master];
                     server.lock().unwrap().signal("STOP");
                     tokio::time::sleep(lease * 3 / 2).await;
                     server.lock().unwrap().signal("CONT");
-                    // Failed over meanwhile (or in the moments after: the
-                    // Sentinels may be finishing), it still serves as master
-                    // until they convert it (up to ten seconds here).
-                    if failed_over(&addrs, data[master], lease * 2).await {
-                        settled(&addrs, &data, Duration::from_secs(30)).await;
-                    }
-                }
-                FaultKind::ServerKill if cluster => {
-                    // A master, so that its replica takes over; it comes
-                    // back empty and rejoins as that one's replica.
-                    let Some(master) = cluster_master(&data, rng.next()).await else {
-                        continue;
-                    };
-                    let server = servers[master].clone();
-                    server.lock().unwrap().kill();
-                    if !cluster_failed_over(&data, data[master], Duration::from_secs(30)).await {
-                        eprintln!("torture: the cluster did not fail over within 30 s");
-                    }
-                    tokio::task::spawn_blocking(move || server.lock().unwrap().restart())
-                        .await
-                        .map_err(|e| e.to_string())??;
-                    cluster_settled(&data, Duration::from_secs(30)).await;
-                }
-                FaultKind::ServerPause if cluster => {
-                    let Some(master) = cluster_master(&data, rng.next()).await else {
-                        continue;
-                    };
-                    let server = &servers[master];
-                    server.lock().unwrap().signal("STOP");
-                    tokio::time::sleep(lease * 3 / 2).await;
-                    server.lock().unwrap().signal("CONT");
-                    // Replaced meanwhile (or in the moments after), it
-                    // serves its slots until it hears of it.
-                    cluster_failed_over(&data, data[master], lease * 2).await;
-                    cluster_settled(&data, Duration::from_secs(30)).await;
+                    // Replaced meanwhile (or in the moments after: the group
+                    // may be finishing), it still serves as master until it
+                    // hears of it.
+                    group.failed_over(master, lease * 2).await;
+                    group.settled(Duration::from_secs(30)).await;
                 }
                 FaultKind::ServerKill => {
                     let server = servers[rng.below(servers.len() as u64) as usize].clone();
@@ -650,338 +634,6 @@ fn collect(mut rx: mpsc::UnboundedReceiver<(String, Event)>) -> Arc<Mutex<Histor
         }
     });
     history
-}
-
-/// The client processes of a run.
-struct Clients {
-    work: PathBuf,
-    /// Each client's process and its proxies, one per server.
-    running: HashMap<String, (tokio::process::Child, Vec<FaultProxy>)>,
-    next: u64,
-    events: mpsc::UnboundedSender<(String, Event)>,
-}
-
-impl Clients {
-    /// A new client's id and its proxies.
-    async fn prepare(
-        &mut self,
-        servers: &[SocketAddr],
-    ) -> Result<(String, Vec<FaultProxy>), String> {
-        self.next += 1;
-        let mut proxies = Vec::new();
-        for s in servers {
-            proxies.push(FaultProxy::start(*s).await.map_err(|e| e.to_string())?);
-        }
-        Ok((format!("p{}", self.next), proxies))
-    }
-
-    fn proxy(&self, id: &str, server: usize) -> Option<&FaultProxy> {
-        self.running.get(id)?.1.get(server)
-    }
-
-    /// The links (client, server index) a network fault cuts: one client
-    /// from one server or from all, or one server from every client.
-    fn links(&self, rng: &mut Rng, servers: usize) -> Vec<(String, usize)> {
-        let client = self.any(rng);
-        match rng.below(4) {
-            0 | 1 => vec![(client, rng.below(servers as u64) as usize)],
-            2 => (0..servers).map(|s| (client.clone(), s)).collect(),
-            _ => {
-                let server = rng.below(servers as u64) as usize;
-                self.running.keys().map(|id| (id.clone(), server)).collect()
-            }
-        }
-    }
-
-    async fn heal(&self) {
-        for (_, proxies) in self.running.values() {
-            for p in proxies {
-                p.heal().await;
-            }
-        }
-    }
-
-    fn spawn(&mut self, args: ClientArgs, proxies: Vec<FaultProxy>) -> Result<(), String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let log = std::fs::File::create(self.work.join(format!("{}.log", args.id)))
-            .map_err(|e| e.to_string())?;
-        let mut child = tokio::process::Command::new(exe)
-            .arg("--client")
-            .arg(args.format())
-            .stdout(std::process::Stdio::piped())
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        let stdout = child.stdout.take().expect("piped");
-        let (id, events) = (args.id.clone(), self.events.clone());
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(event) = Event::parse(&line) {
-                    let _ = events.send((id.clone(), event));
-                }
-            }
-        });
-        self.running.insert(args.id, (child, proxies));
-        Ok(())
-    }
-
-    fn any(&self, rng: &mut Rng) -> String {
-        let mut ids: Vec<&String> = self.running.keys().collect();
-        ids.sort();
-        ids[rng.below(ids.len() as u64) as usize].clone()
-    }
-
-    fn pid(&self, id: &str) -> Option<u32> {
-        self.running.get(id)?.0.id()
-    }
-
-    /// `kill -9`; returns when it is dead, with the time.
-    /// `kill -9` of a client process; returns when the signal was sent. A
-    /// killed process runs no further code once SIGKILL is sent (within
-    /// microseconds), whereas it is reaped only later: counting it alive
-    /// until then would flag as overlaps the grants that backends freeing a
-    /// dead client's locks at once (PostgreSQL, MariaDB) make in between.
-    async fn kill(&mut self, id: &str) -> Option<u64> {
-        let (mut child, _proxies) = self.running.remove(id)?;
-        let at = now_ns();
-        let _ = child.start_kill();
-        let _ = child.wait().await;
-        Some(at)
-    }
-
-    /// Waits for every client to exit; kills the ones still running after
-    /// `limit` and says how many.
-    async fn wait_all(&mut self, limit: Duration) -> usize {
-        let deadline = tokio::time::Instant::now() + limit;
-        let mut stragglers = 0;
-        for (_, (mut child, _proxies)) in self.running.drain() {
-            if tokio::time::timeout_at(deadline, child.wait())
-                .await
-                .is_err()
-            {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-                stragglers += 1;
-            }
-        }
-        stragglers
-    }
-}
-
-/// Locks every key once with `wait`: the keys that cannot be had.
-async fn liveness(
-    backend: Arc<dyn Backend>,
-    keys: &[String],
-    lease: Duration,
-    wait: Duration,
-) -> u64 {
-    let tries: Vec<_> = keys
-        .iter()
-        .map(|k| {
-            let (backend, k) = (backend.clone(), k.clone());
-            tokio::spawn(async move {
-                match backend
-                    .lock(k.as_str())
-                    .lease(lease)
-                    .wait(Wait::Timeout(wait))
-                    .await
-                {
-                    Ok(guard) => guard.release().await.is_ok(),
-                    Err(e) => {
-                        eprintln!("torture: key {k} not acquirable after the faults healed: {e}");
-                        false
-                    }
-                }
-            })
-        })
-        .collect();
-    let mut unavailable = 0;
-    for t in tries {
-        if !t.await.unwrap_or(false) {
-            unavailable += 1;
-        }
-    }
-    unavailable
-}
-
-/// Lock keys or nodes still on the servers once `within` has passed (the
-/// leases and sessions of killed clients end first).
-async fn leaks(
-    kind: &str,
-    servers: &[SocketAddr],
-    root: &str,
-    within: Duration,
-) -> Result<u64, String> {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let left = match kind {
-            "zk" | "zk3" => zk_nodes(servers[0], root).await?,
-            "postgres" => advisory_locks(servers[0]).await?,
-            "postgres-table" => lease_rows(servers[0], root).await?,
-            "mysql" => user_locks(servers[0], root).await?,
-            "etcd" | "etcd3" => etcd_keys(servers, root).await?,
-            _ => {
-                let mut n = 0;
-                for s in servers {
-                    n += redis_lock_keys(*s, root).await?;
-                }
-                n
-            }
-        };
-        if left == 0 || tokio::time::Instant::now() > deadline {
-            return Ok(left);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// What a forward step of a Redis server's wall clock by `step` does to
-/// locks: every key's time to live, which Redis counts on that clock, ends
-/// `step` sooner. Emulated by shortening the TTLs, because Debian's
-/// redis-server is linked with jemalloc, which libfaketime cannot run under
-/// (libfaketime issue 130).
-async fn step_clock(server: SocketAddr, root: &str, step: Duration) -> Result<(), String> {
-    let client = redis::Client::open(format!("redis://{server}")).map_err(|e| e.to_string())?;
-    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-        return Ok(()); // down or restarting: nothing to step
-    };
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{{{root}-k*"))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
-    let step = step.as_millis() as i64;
-    for key in keys.iter().filter(|k| !k.ends_with(":fence")) {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        if ttl > 0 {
-            let _: i64 = redis::cmd("PEXPIRE")
-                .arg(key)
-                .arg((ttl - step).max(1))
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(())
-}
-
-async fn redis_lock_keys(server: SocketAddr, root: &str) -> Result<u64, String> {
-    let client = redis::Client::open(format!("redis://{server}")).map_err(|e| e.to_string())?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| format!("redis at {server}: {e}"))?;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{{{root}-k*"))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(keys.iter().filter(|k| !k.ends_with(":fence")).count() as u64)
-}
-
-/// A client of the harness's own PostgreSQL server.
-async fn pg_client(server: SocketAddr) -> Result<tokio_postgres::Client, String> {
-    let url = format!("postgres://postgres@{server}/postgres");
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .map_err(|e| format!("postgres at {server}: {e}"))?;
-    tokio::spawn(connection);
-    Ok(client)
-}
-
-/// Advisory locks held or waited for on the harness's own server.
-async fn advisory_locks(server: SocketAddr) -> Result<u64, String> {
-    let n: i64 = pg_client(server)
-        .await?
-        .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
-            &[],
-        )
-        .await
-        .map_err(|e| e.to_string())?
-        .get(0);
-    Ok(n as u64)
-}
-
-/// The harness's lease rows left on its own server.
-async fn lease_rows(server: SocketAddr, root: &str) -> Result<u64, String> {
-    let n: i64 = pg_client(server)
-        .await?
-        .query_one(
-            "SELECT count(*) FROM tower_lock_leases WHERE key LIKE $1",
-            &[&format!("{root}-k%")],
-        )
-        .await
-        .map_err(|e| e.to_string())?
-        .get(0);
-    Ok(n as u64)
-}
-
-/// The harness's keys still locked with `GET_LOCK` (named as the backend
-/// names them).
-async fn user_locks(server: SocketAddr, root: &str) -> Result<u64, String> {
-    use mysql_async::prelude::Queryable;
-    let mut conn = mysql_async::Conn::from_url(format!("mysql://root@{server}/test"))
-        .await
-        .map_err(|e| format!("mariadb at {server}: {e}"))?;
-    let mut n = 0;
-    // Far more keys than any run uses.
-    for key in crate::worker::keys(root, 64) {
-        let used: Option<u64> = conn
-            .exec_first(
-                "SELECT IS_USED_LOCK(IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256)))",
-                (&key, &key, &key),
-            )
-            .await
-            .map_err(|e| e.to_string())?
-            .flatten();
-        n += u64::from(used.is_some());
-    }
-    let _ = conn.disconnect().await;
-    Ok(n)
-}
-
-/// The lock keys under the run's root (the server may be restarting).
-async fn etcd_keys(servers: &[SocketAddr], root: &str) -> Result<u64, String> {
-    let endpoints: Vec<String> = servers.iter().map(|s| s.to_string()).collect();
-    let mut etcd = etcd_client::Client::connect(&endpoints, None)
-        .await
-        .map_err(|e| format!("etcd at {endpoints:?}: {e}"))?;
-    let options = etcd_client::GetOptions::new()
-        .with_prefix()
-        .with_count_only();
-    let got = etcd
-        .get(format!("/{root}/"), Some(options))
-        .await
-        .map_err(|e| format!("etcd at {endpoints:?}: {e}"))?;
-    Ok(got.count() as u64)
-}
-
-async fn zk_nodes(server: SocketAddr, root: &str) -> Result<u64, String> {
-    let zk = zookeeper_client::Client::connect(&server.to_string())
-        .await
-        .map_err(|e| format!("zookeeper at {server}: {e}"))?;
-    let dir = format!("/{root}");
-    let keys = match zk.list_children(&dir).await {
-        Ok(keys) => keys,
-        Err(zookeeper_client::Error::NoNode) => return Ok(0),
-        Err(e) => return Err(e.to_string()),
-    };
-    let mut n = 0;
-    for key in keys {
-        match zk.list_children(&format!("{dir}/{key}")).await {
-            Ok(children) => n += children.len() as u64,
-            Err(zookeeper_client::Error::NoNode) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    Ok(n)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -5,9 +5,60 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// A group of Redis servers that fails over on its own: the nemesis stops
+/// or kills its master and waits for the group to replace it.
+pub enum Failover {
+    /// Servers watched by Sentinels (clients are given the Sentinels).
+    Sentinel {
+        sentinels: Vec<SocketAddr>,
+        data: Vec<SocketAddr>,
+    },
+    /// A Redis Cluster's nodes, masters and replicas.
+    Cluster { nodes: Vec<SocketAddr> },
+}
+
+impl Failover {
+    /// Who fails over, for messages.
+    pub fn who(&self) -> &'static str {
+        match self {
+            Failover::Sentinel { .. } => "the Sentinels",
+            Failover::Cluster { .. } => "the cluster",
+        }
+    }
+
+    /// The index of a master among the data servers (with several, as
+    /// Cluster has, the `pick`-th modulo their number).
+    pub async fn master(&self, pick: u64) -> Option<usize> {
+        match self {
+            Failover::Sentinel { sentinels, data } => sentinel_master(sentinels, data).await,
+            Failover::Cluster { nodes } => cluster_master(nodes, pick).await,
+        }
+    }
+
+    /// Waits (up to `within`) until the data server `old` is no longer
+    /// named master; whether that happened.
+    pub async fn failed_over(&self, old: usize, within: Duration) -> bool {
+        match self {
+            Failover::Sentinel { sentinels, data } => {
+                failed_over(sentinels, data[old], within).await
+            }
+            Failover::Cluster { nodes } => cluster_failed_over(nodes, nodes[old], within).await,
+        }
+    }
+
+    /// Waits (up to `within`) until every server agrees on who is master:
+    /// until then a replaced master may still serve.
+    pub async fn settled(&self, within: Duration) {
+        match self {
+            Failover::Sentinel { sentinels, data } => settled(sentinels, data, within).await,
+            Failover::Cluster { nodes } => cluster_settled(nodes, within).await,
+        }
+    }
+}
+
 /// Which of the Redis servers `data` the Sentinels (any of `sentinels`)
 /// name as the master.
-pub async fn sentinel_master(sentinels: &[SocketAddr], data: &[SocketAddr]) -> Option<usize> {
+async fn sentinel_master(sentinels: &[SocketAddr], data: &[SocketAddr]) -> Option<usize> {
     for s in sentinels {
         let Ok(client) = redis::Client::open(format!("redis://{s}")) else {
             continue;
@@ -30,7 +81,7 @@ pub async fn sentinel_master(sentinels: &[SocketAddr], data: &[SocketAddr]) -> O
 
 /// Waits (up to `within`) until the Sentinels name a master other than
 /// `old`; whether they do.
-pub async fn failed_over(sentinels: &[SocketAddr], old: SocketAddr, within: Duration) -> bool {
+async fn failed_over(sentinels: &[SocketAddr], old: SocketAddr, within: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let mut named = Vec::new();
@@ -52,7 +103,7 @@ pub async fn failed_over(sentinels: &[SocketAddr], old: SocketAddr, within: Dura
 /// other Redis server of `data` says it is a replica of it. Until then two
 /// servers may both serve as master (one the Sentinels have replaced but
 /// not yet converted).
-pub async fn settled(sentinels: &[SocketAddr], data: &[SocketAddr], within: Duration) {
+async fn settled(sentinels: &[SocketAddr], data: &[SocketAddr], within: Duration) {
     let deadline = tokio::time::Instant::now() + within;
     while tokio::time::Instant::now() < deadline {
         let mut named = Vec::new();
@@ -147,7 +198,7 @@ async fn cluster_view(addr: SocketAddr) -> Option<Vec<(u16, String)>> {
 /// The index in `nodes` of one of the masters that serve slots (the
 /// `pick`-th, modulo their number), as the first node that answers names
 /// them.
-pub async fn cluster_master(nodes: &[SocketAddr], pick: u64) -> Option<usize> {
+async fn cluster_master(nodes: &[SocketAddr], pick: u64) -> Option<usize> {
     for addr in nodes {
         if let Some(view) = cluster_view(*addr).await {
             let (port, _) = view.get(pick as usize % view.len().max(1))?;
@@ -159,7 +210,7 @@ pub async fn cluster_master(nodes: &[SocketAddr], pick: u64) -> Option<usize> {
 
 /// Waits (up to `within`) until no live node of `nodes` names `old` as a
 /// master serving slots; whether that happened.
-pub async fn cluster_failed_over(nodes: &[SocketAddr], old: SocketAddr, within: Duration) -> bool {
+async fn cluster_failed_over(nodes: &[SocketAddr], old: SocketAddr, within: Duration) -> bool {
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let mut named = false;
@@ -181,7 +232,7 @@ pub async fn cluster_failed_over(nodes: &[SocketAddr], old: SocketAddr, within: 
 /// Waits (up to `within`) until every node of `nodes` answers, says the
 /// cluster is ok, and agrees with the others on which master serves which
 /// slots. Until then a master the others have replaced may still serve.
-pub async fn cluster_settled(nodes: &[SocketAddr], within: Duration) {
+async fn cluster_settled(nodes: &[SocketAddr], within: Duration) {
     let deadline = tokio::time::Instant::now() + within;
     while tokio::time::Instant::now() < deadline {
         let mut views = Vec::new();
