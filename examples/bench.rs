@@ -20,7 +20,10 @@
 //! through `mysql_async` (`impl=mysql-async-2xselect`), on etcd one put
 //! and one delete through `etcd-client` (`impl=etcd-client-put-delete`),
 //! printed as
-//! `workload=uncontended` lines to sit beside the locks'.
+//! `workload=uncontended` lines to sit beside the locks'. Given a
+//! `redis+sentinel://` or `redis+cluster://` URL, the Redis floor is a
+//! master's (the one the Sentinels name; a master among the nodes), its
+//! line tagged `sentinels=N` or `servers=N` as the locks' lines are.
 //!
 //! `--release drop` (the default) releases each lock by dropping its guard,
 //! as the layer and the extractors do: remote backends then send the release
@@ -28,7 +31,8 @@
 //! on the same connection. `--release await` calls `guard.release().await`,
 //! which waits for the answer: one more round trip per cycle. Its lines carry
 //! `release=await` after the workload. Lines measured on a ZooKeeper
-//! ensemble or an etcd cluster carry `servers=N` there too.
+//! ensemble, an etcd cluster or a Redis Cluster carry `servers=N` there
+//! too, and Redis through Sentinel `sentinels=N`.
 //!
 //! `http` on the memory backend also measures, in the same run and phases,
 //! the handler a user would write instead of the library: the route's SKU
@@ -442,7 +446,20 @@ fn latencies(n: usize, mut samples: Vec<Duration>) -> String {
 /// ZooKeeper lock needs at least.
 async fn floor(backend: &str, n: usize) -> ExitCode {
     if backend.starts_with("redis://") {
-        return redis_floor(backend, n).await;
+        return redis_floor(backend, n, "").await;
+    }
+    if backend.starts_with("redis+sentinel://") || backend.starts_with("redis+cluster://") {
+        // The master's floor, on a line tagged as the locks' lines are (the
+        // replicas a write waits for are the locks' business, not the
+        // floor's).
+        let tag = servers_setting(backend.split('?').next().unwrap_or(backend));
+        return match redis_group_master(backend).await {
+            Ok(master) => redis_floor(&master, n, &tag).await,
+            Err(e) => {
+                eprintln!("bench: {e}");
+                ExitCode::from(2)
+            }
+        };
     }
     if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         return postgres_floor(backend, n).await;
@@ -459,7 +476,7 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
         .map(|r| r.split('/').next().unwrap_or(r))
     else {
         eprintln!(
-            "bench: the floor workload is measured for redis://, zk://, postgres://, mysql:// and etcd:// backends only"
+            "bench: the floor workload is measured for redis:// (and redis+sentinel://, redis+cluster://), zk://, postgres://, mysql:// and etcd:// backends only"
         );
         return ExitCode::from(2);
     };
@@ -486,10 +503,50 @@ async fn floor(backend: &str, n: usize) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// The `redis://` URL of the master behind a `redis+sentinel://` URL (as
+/// the first Sentinel that answers names it) or of a master of a
+/// `redis+cluster://` one (the first node given that says it is one).
+/// Only the bench's own URLs: no credentials, no database.
+async fn redis_group_master(url: &str) -> Result<String, String> {
+    let (sentinel, rest) = match url.strip_prefix("redis+sentinel://") {
+        Some(rest) => (true, rest),
+        None => (false, url.strip_prefix("redis+cluster://").unwrap_or(url)),
+    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let hosts = hosts.split('?').next().unwrap_or(hosts);
+    let name = path.split(['/', '?']).next().unwrap_or("");
+    for host in hosts.split(',') {
+        let Ok(client) = redis::Client::open(format!("redis://{host}")) else {
+            continue;
+        };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        if sentinel {
+            let addr: redis::RedisResult<Option<(String, u16)>> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(name)
+                .query_async(&mut conn)
+                .await;
+            if let Ok(Some((ip, port))) = addr {
+                return Ok(format!("redis://{ip}:{port}"));
+            }
+        } else {
+            let role: redis::RedisResult<Vec<redis::Value>> =
+                redis::cmd("ROLE").query_async(&mut conn).await;
+            if matches!(role.as_deref(), Ok([redis::Value::BulkString(r), ..]) if r == b"master") {
+                return Ok(format!("redis://{host}"));
+            }
+        }
+    }
+    Err(format!("no master found behind {url}"))
+}
+
 /// Two PINGs per sample through the `redis` crate's `ConnectionManager`, the
 /// connection the Redis backend uses: the round trips a lock needs at least,
-/// as this client makes them.
-async fn redis_floor(url: &str, n: usize) -> ExitCode {
+/// as this client makes them. `tag` marks a group's master (` sentinels=N`,
+/// ` servers=N`).
+async fn redis_floor(url: &str, n: usize, tag: &str) -> ExitCode {
     let conn = match redis::Client::open(url) {
         Ok(client) => redis::aio::ConnectionManager::new(client).await,
         Err(e) => Err(e),
@@ -514,7 +571,7 @@ async fn redis_floor(url: &str, n: usize) -> ExitCode {
     })
     .await;
     println!(
-        "impl=redis-rs-2xping backend=redis workload=uncontended {}",
+        "impl=redis-rs-2xping backend=redis workload=uncontended{tag} {}",
         latencies(n, samples)
     );
     ExitCode::SUCCESS

@@ -63,7 +63,7 @@ start_sentinel bench-sentinel >&2
 sentinel="redis+sentinel://$sentinel_urls/locks"
 acked="$sentinel?wait_replicas=2&wait_timeout_ms=100"
 for _ in 1 2 3; do
-    run "$bench" --backend "redis://$sentinel_master" --workload floor --n 5000
+    run "$bench" --backend "$sentinel" --workload floor --n 5000
     run "$bench" --backend "$sentinel" --workload uncontended --n 5000
     run "$bench" --backend "$acked" --workload uncontended --n 5000
 done
@@ -78,7 +78,7 @@ start_redis_cluster bench-cluster >&2
 rcluster="redis+cluster://$redis_cluster_urls"
 rcluster_acked="$rcluster?wait_replicas=1&wait_timeout_ms=100"
 for _ in 1 2 3; do
-    run "$bench" --backend "redis://$redis_cluster_master" --workload floor --n 5000
+    run "$bench" --backend "$rcluster" --workload floor --n 5000
     run "$bench" --backend "$rcluster" --workload uncontended --n 5000
     run "$bench" --backend "$rcluster_acked" --workload uncontended --n 5000
 done

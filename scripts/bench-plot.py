@@ -82,17 +82,28 @@ def values(lines, key):
     return [v for v in (num(l, key) for l in lines) if v is not None]
 
 
-def uncontended(lines, backend, impl, release=None):
+# The settings that mark a line as measured on something other than one
+# server in the default mode (bench/README.md): a line is drawn only where
+# every one of them is as asked (by default, absent).
+SETTINGS = ("servers", "sentinels", "wait_replicas", "mode", "via")
+
+
+def settings(**given):
+    return {k: given.get(k) for k in SETTINGS}
+
+
+def uncontended(lines, backend, impl, release=None, **given):
     return values(
-        select(lines, impl=impl, backend=backend, workload="uncontended", release=release),
+        select(lines, impl=impl, backend=backend, workload="uncontended", release=release,
+               **settings(**given)),
         "p50_us",
     )
 
 
-def contended(lines, backend, impl):
+def contended(lines, backend, impl, **given):
     # One process of 8 workers: the `--processes` lines are another figure.
-    rows = [l for l in select(lines, impl=impl, backend=backend, workload="contended",
-                              release=None, processes=None)]
+    rows = select(lines, impl=impl, backend=backend, workload="contended", release=None,
+                  processes=None, **settings(**given))
     return values(rows, "cycles_per_s")
 
 
@@ -158,6 +169,38 @@ def panels(lines):
                 Bar("tower-lock", contended(lines, backend, "tower-lock"), OURS),
                 Bar(peer, contended(lines, backend, peer_impl), PEER),
             ]))
+    table = {"mode": "lease-table"}
+    out.append(Panel(
+        "PostgreSQL lease table: uncontended acquire + release, p50", "µs", "lower", [
+            Bar(ours_drop, uncontended(lines, "postgres", "tower-lock", **table), OURS),
+            Bar(ours_await, uncontended(lines, "postgres", "tower-lock", "await", **table),
+                OURS_ALT),
+            Bar("psycopg2, ShedLock's statement",
+                uncontended(lines, "postgres", "psycopg2-lease-table", **table), PEER),
+            Bar("floor: 2 × committed upsert, same Rust driver",
+                uncontended(lines, "postgres", "tokio-postgres-2xupsert", **table), FLOOR),
+        ]))
+    out.append(Panel(
+        "PostgreSQL lease table: 8 workers on one key", "cycles/s", "higher", [
+            Bar("tower-lock", contended(lines, "postgres", "tower-lock", **table), OURS),
+            Bar("psycopg2, ShedLock's statement",
+                contended(lines, "postgres", "psycopg2-lease-table", **table), PEER),
+        ]))
+    out.append(Panel(
+        "etcd: uncontended acquire + release, p50", "µs", "lower", [
+            Bar(ours_drop, uncontended(lines, "etcd", "tower-lock"), OURS),
+            Bar(ours_await, uncontended(lines, "etcd", "tower-lock", "await"), OURS_ALT),
+            Bar("Go concurrency.Mutex (etcdctl lock)",
+                uncontended(lines, "etcd", "go-concurrency-mutex"), PEER),
+            Bar("floor: put + delete, same Rust client",
+                uncontended(lines, "etcd", "etcd-client-put-delete"), FLOOR),
+        ]))
+    out.append(Panel(
+        "etcd: 8 workers on one key", "cycles/s", "higher", [
+            Bar("tower-lock", contended(lines, "etcd", "tower-lock"), OURS),
+            Bar("Go concurrency.Mutex (etcdctl lock)",
+                contended(lines, "etcd", "go-concurrency-mutex"), PEER),
+        ]))
     http = select(lines, impl="tower-lock", backend="memory", workload="http")
     hand = select(lines, impl="hand-mutex-map", backend="memory", workload="http")
     calib = select(lines, impl="bare-vs-bare", backend="memory", workload="http")

@@ -333,7 +333,7 @@ start_etcd() {
 
 # start_sentinel NAME: a Redis master, two replicas and three Sentinels
 # monitoring it as `locks`; sets $sentinel_urls (the Sentinels' host:port
-# list) and $sentinel_master (the master's host:port).
+# list).
 start_sentinel() {
     local name=$1 i master port sentinels=()
     start_redis "$name-redis0"
@@ -365,12 +365,10 @@ start_sentinel() {
         wait_for 30 "Sentinel $i finding both replicas" sentinel_knows_replicas "${i##*:}" 2
     done
     sentinel_urls=$(IFS=,; echo "${sentinels[*]}")
-    sentinel_master=127.0.0.1:$master
 }
 
 # start_redis_cluster NAME: a Redis Cluster of three masters and a replica
-# of each; sets $redis_cluster_urls (every node's host:port) and
-# $redis_cluster_master (a master's host:port, for the floor).
+# of each; sets $redis_cluster_urls (every node's host:port).
 start_redis_cluster() {
     local name=$1 i port bus nodes=()
     for i in 0 1 2 3 4 5; do
@@ -391,7 +389,6 @@ start_redis_cluster() {
         wait_for 30 "cluster node $i to say the cluster is ok" cluster_ok "${i##*:}"
     done
     redis_cluster_urls=$(IFS=,; echo "${nodes[*]}")
-    redis_cluster_master=${nodes[0]}
 }
 
 # cluster_ok PORT: the cluster node on PORT says the cluster is ok.
