@@ -37,9 +37,10 @@ pub struct Capabilities {
     /// (ZooKeeper's sequential nodes); Redis has no queue.
     pub fifo: bool,
     /// An acquisition that finds the lock held waits for it in the server,
-    /// whatever connection each request goes on (MariaDB's `GET_LOCK`): one
-    /// sent before an earlier release is applied is granted once it is,
-    /// without another round trip. (One that does not wait, or waits less
+    /// whatever connection each request goes on: one sent before an earlier
+    /// release is applied is granted once it is (MariaDB's `GET_LOCK`,
+    /// without another round trip; etcd's queue of contender keys, through
+    /// the watch it then sets up). (One that does not wait, or waits less
     /// than the release takes, may find the lock busy instead.)
     pub waits_in_server: bool,
 }

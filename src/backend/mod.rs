@@ -61,7 +61,8 @@
 //!   as soon as the release is on the wire instead of a round trip later.
 //! - [`Capabilities::waits_in_server`]: the same shortcut where the release
 //!   and the next acquire go on different connections, but the acquire
-//!   waits in the server for the release (MariaDB's `GET_LOCK`).
+//!   waits in the server for the release (MariaDB's `GET_LOCK`, etcd's
+//!   queue of contender keys).
 //! - [`Capabilities::fifo`]: whether the server queues waiters from every
 //!   process in order. Where it does not, a process that gives a lock back
 //!   with waiters of its own lets them ask again only once the release is

@@ -396,7 +396,9 @@ super::cohort::cohort_backend!(EtcdBackend, "etcd");
 
 // Keys queue by create revision across every client. Releases are not
 // ordered before later requests: one client's requests travel on
-// concurrent HTTP/2 streams.
+// concurrent HTTP/2 streams. A create applied before the release it
+// followed finds the released key ahead and waits in the queue for its
+// delete, so the next acquire need not wait for the release's answer.
 protocol_backend!(
     Etcd,
     "etcd",
@@ -404,6 +406,7 @@ protocol_backend!(
         .no_semaphore()
         .max_tokens(TOKEN_SPACING)
         .fifo(true)
+        .waits_in_server(true)
 );
 
 impl EtcdInner {
