@@ -332,7 +332,7 @@ impl Contender {
 
     /// Deletes the key now. Cancelled, the drop finishes the job.
     pub(super) async fn delete(mut self) -> Result<(), LockError> {
-        delete_until_done(&self.session, self.key(), None).await?;
+        delete_until_done(&self.session, self.key(), Some(self.revision), None).await?;
         self.done = true;
         Ok(())
     }
@@ -346,6 +346,7 @@ impl Contender {
                 .slot
                 .take()
                 .expect("a contender keeps its slot until held"),
+            revision: self.revision,
         }
     }
 }
@@ -464,7 +465,10 @@ impl Drop for Contender {
                     return;
                 }
             }
-            if let Err(e) = delete_until_done(&session, &slot.name, None).await {
+            // The key's revision may be unknown (the create failed without
+            // an answer): whatever holds the name is ours, as it is not
+            // put again before this delete ends.
+            if let Err(e) = delete_until_done(&session, &slot.name, None, None).await {
                 tracing::warn!(key = slot.name, error = %e, "deleting an etcd lock key failed");
             }
             // Only now may the name be put again.
@@ -475,21 +479,34 @@ impl Drop for Contender {
 
 /// Deletes `key`, retrying through uncertain failures while the lease may
 /// still hold it (until `deadline`, if given, once the lease has ended).
+/// With `created_at`, only the key created at that revision: an attempt
+/// that timed out may still be applied after a later one was answered and
+/// the name put again, and must not delete the new key.
 async fn delete_until_done(
     session: &Session,
     key: &str,
+    created_at: Option<i64>,
     deadline: Option<Instant>,
 ) -> Result<(), LockError> {
     let kv = session.client.kv_client();
     let go_on = |s: &Session| {
         !s.ended.load(Ordering::Acquire) || deadline.is_some_and(|d| Instant::now() < d)
     };
+    let txn = created_at.map(|revision| {
+        Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+            .and_then([TxnOp::delete(key, None)])
+    });
     retry_while(session, go_on, || {
-        let mut kv = kv.clone();
-        async move { kv.delete(key, None).await }
+        let (mut kv, txn) = (kv.clone(), txn.clone());
+        async move {
+            match txn {
+                Some(txn) => kv.txn(txn).await.map(drop),
+                None => kv.delete(key, None).await.map(drop),
+            }
+        }
     })
     .await
-    .map(drop)
     .map_err(|e| etcd_error("deleting the lock key", e))
 }
 
@@ -500,6 +517,8 @@ pub(super) struct EtcdLock {
     /// Freed when the lock is dropped, which is after its release has
     /// been answered or given up.
     slot: Slot,
+    /// The key's create revision: the release deletes only that key.
+    revision: i64,
 }
 
 impl EtcdLock {
@@ -532,7 +551,7 @@ impl Protocol for EtcdLock {
     /// moved to another), until the lease ends.
     async fn release(&self) -> Released {
         self.unlist();
-        match delete_until_done(&self.session, self.key(), None).await {
+        match delete_until_done(&self.session, self.key(), Some(self.revision), None).await {
             Ok(()) => Released {
                 result: Ok(()),
                 again: false,
@@ -548,6 +567,12 @@ impl Protocol for EtcdLock {
     /// Deletes until done, or the lease has ended and `deadline` passed.
     async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {
         self.unlist();
-        delete_until_done(&self.session, self.key(), Some(deadline)).await
+        delete_until_done(
+            &self.session,
+            self.key(),
+            Some(self.revision),
+            Some(deadline),
+        )
+        .await
     }
 }
