@@ -105,7 +105,21 @@ async fn settle_empty(test: &str) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("keys left behind: {:?}", keys_under(test).await);
+    let mut left = Vec::new();
+    for key in keys_under(test).await {
+        let got = raw().await.get(key.as_str(), None).await.unwrap();
+        let Some(kv) = got.kvs().first() else {
+            continue;
+        };
+        let ttl = raw().await.lease_time_to_live(kv.lease(), None).await;
+        left.push(format!(
+            "{key} (lease {:x} with {:?} s to live, create revision {})",
+            kv.lease(),
+            ttl.map(|t| t.ttl()),
+            kv.create_revision()
+        ));
+    }
+    panic!("keys left behind: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -327,9 +341,14 @@ async fn etcdctl_lock_and_this_backend_exclude_each_other_both_ways() {
     let out = theirs.0.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
+        let mut out = BufReader::new(out);
         let mut line = String::new();
-        BufReader::new(out).read_line(&mut line).unwrap();
+        out.read_line(&mut line).unwrap();
         let _ = tx.send(line);
+        // Read on to the end: etcdctl prints the key's value on a second
+        // line, and a closed pipe there kills it by SIGPIPE before it
+        // unlocks, leaving its key for its lease's 60 s.
+        let _ = std::io::copy(&mut out, &mut std::io::sink());
     });
     assert!(
         rx.recv_timeout(Duration::from_millis(700)).is_err(),
