@@ -484,8 +484,9 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
         BackendFuture::new(async move {
             match after {
                 After::Sent => {
-                    // On the wire after one poll: the next local acquire,
-                    // sent now, lands after it.
+                    // Sent after one poll: the next local acquire, sent
+                    // now, lands after it (ordered requests) or waits in
+                    // the server for it (etcd's queue, `GET_LOCK`).
                     let first = poll_once(&mut release);
                     lock(&self.local).take();
                     match first {

@@ -12,7 +12,7 @@ use etcd_client::{
     TxnOp, TxnOpResponse,
 };
 
-use super::session::{etcd_error, lock, retry, retry_while, Session};
+use super::session::{etcd_error, lock, retry, retry_while, uncertain, Session};
 use crate::backend::lease::{Protocol, Released};
 use crate::error::LockError;
 use crate::mode::Wait;
@@ -332,7 +332,13 @@ impl Contender {
 
     /// Deletes the key now. Cancelled, the drop finishes the job.
     pub(super) async fn delete(mut self) -> Result<(), LockError> {
-        delete_until_done(&self.session, self.key(), Some(self.revision), None).await?;
+        delete_until_done(
+            &self.session,
+            self.key(),
+            Some(self.revision),
+            Until::Answered,
+        )
+        .await?;
         self.done = true;
         Ok(())
     }
@@ -421,9 +427,7 @@ async fn delete_if_created_at(
     key: &str,
     revision: i64,
 ) -> Result<(), LockError> {
-    let txn = Txn::new()
-        .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-        .and_then([TxnOp::delete(key, None)]);
+    let txn = delete_created_at(key, revision);
     let kv = session.client.kv_client();
     retry(session, "deleting a stray lock key", || {
         let (mut kv, txn) = (kv.clone(), txn.clone());
@@ -431,6 +435,13 @@ async fn delete_if_created_at(
     })
     .await
     .map(drop)
+}
+
+/// Deletes `key` only if it was created at `revision`.
+fn delete_created_at(key: &str, revision: i64) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+        .and_then([TxnOp::delete(key, None)])
 }
 
 fn by_create(order: SortOrder) -> GetOptions {
@@ -468,7 +479,7 @@ impl Drop for Contender {
             // The key's revision may be unknown (the create failed without
             // an answer): whatever holds the name is ours, as it is not
             // put again before this delete ends.
-            if let Err(e) = delete_until_done(&session, &slot.name, None, None).await {
+            if let Err(e) = delete_until_done(&session, &slot.name, None, Until::Gone(None)).await {
                 tracing::warn!(key = slot.name, error = %e, "deleting an etcd lock key failed");
             }
             // Only now may the name be put again.
@@ -477,27 +488,33 @@ impl Drop for Contender {
     }
 }
 
-/// Deletes `key`, retrying through uncertain failures while the lease may
-/// still hold it (until `deadline`, if given, once the lease has ended).
-/// With `created_at`, only the key created at that revision: an attempt
-/// that timed out may still be applied after a later one was answered and
-/// the name put again, and must not delete the new key.
+/// Who waits for a delete of a lock key, and so how long it goes on.
+#[derive(Clone, Copy)]
+enum Until {
+    /// A caller waits for the answer: sent again after failures that may
+    /// not have been applied, while the lease lasts; a refusal is returned
+    /// (and the background goes on, [`Until::Gone`]).
+    Answered,
+    /// In the background, where no one would hear of a refusal: sent again
+    /// after any failure while the lease may hold the key (and once it has
+    /// ended, until the deadline, if given). A key left in place keeps the
+    /// lock from every contender until the lease ends, so even a definite
+    /// refusal (too many requests, an expired auth token) is asked again.
+    Gone(Option<Instant>),
+}
+
+/// Deletes `key` (with `created_at`, only the key created at that revision:
+/// an attempt that timed out may still be applied after a later one was
+/// answered and the name put again, and must not delete the new key).
 async fn delete_until_done(
     session: &Session,
     key: &str,
     created_at: Option<i64>,
-    deadline: Option<Instant>,
+    until: Until,
 ) -> Result<(), LockError> {
     let kv = session.client.kv_client();
-    let go_on = |s: &Session| {
-        !s.ended.load(Ordering::Acquire) || deadline.is_some_and(|d| Instant::now() < d)
-    };
-    let txn = created_at.map(|revision| {
-        Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-            .and_then([TxnOp::delete(key, None)])
-    });
-    retry_while(session, go_on, || {
+    let txn = created_at.map(|revision| delete_created_at(key, revision));
+    let call = || {
         let (mut kv, txn) = (kv.clone(), txn.clone());
         async move {
             match txn {
@@ -505,9 +522,23 @@ async fn delete_until_done(
                 None => kv.delete(key, None).await.map(drop),
             }
         }
-    })
-    .await
-    .map_err(|e| etcd_error("deleting the lock key", e))
+    };
+    let live = |s: &Session| !s.ended.load(Ordering::Acquire);
+    let result = match until {
+        Until::Answered => retry_while(session, live, call).await,
+        Until::Gone(deadline) => {
+            let go_on = || live(session) || deadline.is_some_and(|d| Instant::now() < d);
+            let warned = std::cell::Cell::new(false);
+            let again = move |e: &etcd_client::Error| {
+                if !uncertain(e) && !warned.replace(true) {
+                    tracing::warn!(key, error = %e, "etcd refused to delete a lock key; asking again");
+                }
+                true
+            };
+            crate::backend::retry::retry_uncertain(again, go_on, call).await
+        }
+    };
+    result.map_err(|e| etcd_error("deleting the lock key", e))
 }
 
 /// A held lock key. Its lease is the session's, kept alive by it;
@@ -551,28 +582,25 @@ impl Protocol for EtcdLock {
     /// moved to another), until the lease ends.
     async fn release(&self) -> Released {
         self.unlist();
-        match delete_until_done(&self.session, self.key(), Some(self.revision), None).await {
+        let key = self.key();
+        match delete_until_done(&self.session, key, Some(self.revision), Until::Answered).await {
             Ok(()) => Released {
                 result: Ok(()),
                 again: false,
             },
             Err(e) => Released {
-                // It may not have run: go on trying in the background.
+                // Refused, or it may not have run: go on in the background.
                 result: Err(e),
                 again: true,
             },
         }
     }
 
-    /// Deletes until done, or the lease has ended and `deadline` passed.
+    /// Deletes until done, through refusals too, or the lease has ended
+    /// and `deadline` passed.
     async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {
         self.unlist();
-        delete_until_done(
-            &self.session,
-            self.key(),
-            Some(self.revision),
-            Some(deadline),
-        )
-        .await
+        let until = Until::Gone(Some(deadline));
+        delete_until_done(&self.session, self.key(), Some(self.revision), until).await
     }
 }
