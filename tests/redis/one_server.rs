@@ -1,0 +1,542 @@
+//! Behaviour on one redis-server: exclusion, hand-over, renewal, loss,
+//! modes, errors and redis-py interop.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn excludes_under_contention_with_increasing_tokens() {
+    let b = backend("contention").await;
+    common::excludes_with_increasing_tokens(&[b], "hot", 16, 15).await;
+    // Only the fencing counter stays behind.
+    let url = redis_url();
+    assert_eq!(
+        keys_under(&url, &prefix("contention")).await,
+        [format!("{}{{hot}}:fence", prefix("contention"))]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_left_for_a_waiter_that_never_takes_it_goes_back_within_the_bound() {
+    // A waiter whose future is never polled again after the lock is passed
+    // to it: the lock left for it must not stay with this process (renewed
+    // all along) past the cohort's time bound.
+    let options = RedisOptions::default()
+        .prefix(prefix("parked"))
+        .cohort(CohortOptions::default().max_hold(Duration::from_millis(300)));
+    let here = RedisBackend::connect_with(&redis_url(), options)
+        .await
+        .unwrap();
+    let elsewhere = backend("parked").await;
+    let held = here.lock("k").await.unwrap();
+    let mut forgotten = Box::pin(std::future::IntoFuture::into_future(
+        here.lock("k").wait(tower_lock::Wait::Forever),
+    ));
+    // Polled until it is queued behind the holder, then never again.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), &mut forgotten)
+            .await
+            .is_err()
+    );
+    drop(held);
+    let taken = elsewhere.lock("k").wait(Duration::from_secs(5)).await;
+    assert!(
+        taken.is_ok(),
+        "the lock stayed with the forgotten waiter: {taken:?}"
+    );
+    taken.unwrap().release().await.unwrap();
+    drop(forgotten);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_passes_to_local_waiters_with_one_redis_acquire_per_bound() {
+    let cohort = CohortOptions::default()
+        .max_grants(8)
+        .max_hold(Duration::from_secs(60));
+    let options = RedisOptions::default()
+        .prefix(prefix("baton"))
+        .cohort(cohort);
+    let b = RedisBackend::connect_with(&redis_url(), options)
+        .await
+        .unwrap();
+    let url = redis_url();
+    let fence = format!("{}{{k}}:fence", prefix("baton"));
+    let mut conn = raw(&url).await;
+    let first = b.lock("k").await.unwrap();
+    let counter: u64 = conn.get(&fence).await.unwrap();
+    let tokens = Arc::new(Mutex::new(vec![first.token().get()]));
+    let waiters: Vec<_> = (0..16)
+        .map(|_| {
+            let (b, tokens) = (b.clone(), tokens.clone());
+            tokio::spawn(async move {
+                let g = b.lock("k").wait(Duration::from_secs(10)).await.unwrap();
+                tokens.lock().unwrap().push(g.token().get());
+                g.release().await.unwrap();
+            })
+        })
+        .collect();
+    // Let every waiter queue behind the holder.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    // 17 grants from three Redis acquisitions, each reserving 8 tokens:
+    // consecutive within a block; between blocks the counter may jump to
+    // the server's clock, which it never falls behind.
+    let tokens = tokens.lock().unwrap().clone();
+    let mut runs = vec![1];
+    for pair in tokens.windows(2) {
+        assert!(pair[1] > pair[0], "tokens rise: {tokens:?}");
+        if pair[1] == pair[0] + 1 {
+            *runs.last_mut().unwrap() += 1;
+        } else {
+            runs.push(1);
+        }
+    }
+    assert_eq!(runs, [8, 8, 1], "{tokens:?}");
+    let after: u64 = conn.get(&fence).await.unwrap();
+    assert!(after >= counter + 16);
+    assert_eq!(after, tokens[16] + 7, "the last block's end");
+    assert_eq!(keys_under(&url, &prefix("baton")).await, [fence]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_connections_with_queues_of_their_own_take_turns() {
+    let (a, b) = (backend("turns").await, backend("turns").await);
+    let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
+    common::assert_neither_starved(counts);
+    a.flush().await;
+    b.flush().await;
+    let fence = format!("{}{{k}}:fence", prefix("turns"));
+    assert_eq!(keys_under(&redis_url(), &prefix("turns")).await, [fence]);
+}
+
+#[tokio::test]
+async fn a_release_wakes_the_waiter_long_before_the_lease_ends() {
+    let b = backend("wake").await;
+    let holder = b.lock("k").lease(Duration::from_secs(60)).await.unwrap();
+    let waiter = {
+        // Another instance, as another process would be: the waiter must
+        // learn of the release from Redis, not from this process's queue.
+        let b = backend("wake").await;
+        // A waiter relying on the lease would wait 60 s; the budget is 10.
+        tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(10)).await })
+    };
+    // The waiter listens on the key's release channel rather than polling.
+    let url = redis_url();
+    let channel = format!("{}{{k}}:rel", prefix("wake"));
+    let mut subscribed = 0;
+    for _ in 0..100 {
+        let (_, n): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut raw(&url).await)
+            .await
+            .unwrap();
+        subscribed = n;
+        if n > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(subscribed, 1, "the waiter did not subscribe to {channel}");
+    holder.release().await.unwrap();
+    let g = waiter
+        .await
+        .unwrap()
+        .expect("the waiter was not woken by the release");
+    g.release().await.unwrap();
+    assert!(b.lock("k").fail_fast().await.is_ok());
+}
+
+#[tokio::test]
+async fn renewal_keeps_a_lock_past_its_lease() {
+    let b = backend("renew").await;
+    let g = b.lock("k").lease(Duration::from_millis(300)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(!g.is_lost());
+    assert!(matches!(
+        b.lock("k").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let other = backend("renew").await; // another "process"
+    assert!(matches!(
+        other.lock("k").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    g.release().await.unwrap();
+    assert!(other.lock("k").fail_fast().await.is_ok());
+}
+
+#[tokio::test]
+async fn waiters_in_one_process_are_served_in_arrival_order() {
+    let b = backend("fifo").await;
+    let holder = b.lock("k").await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    // More waiters than one Redis acquisition serves (8 grants): the order
+    // holds across the lock going back to Redis and being taken again.
+    for i in 0..20 {
+        let (b, order) = (b.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let g = b.lock("k").wait(Duration::from_secs(10)).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::task::yield_now().await;
+            g.release().await.unwrap();
+        }));
+        // On the current-thread runtime this runs waiter i until it queues.
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+    }
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+
+    // In every mode: a reader that arrives after a queued writer waits for
+    // it, though it could share with the reader holding the key.
+    let reader = b.lock("doc").read().await.unwrap();
+    let writer = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("doc").write().wait(Duration::from_secs(10)).await })
+    };
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!writer.is_finished());
+    let late = b.lock("doc").read().fail_fast().await;
+    assert!(
+        matches!(late, Err(LockError::Busy)),
+        "a reader overtook a queued writer: {late:?}"
+    );
+    reader.release().await.unwrap();
+    writer.await.unwrap().unwrap().release().await.unwrap();
+}
+
+#[tokio::test]
+async fn tokens_keep_rising_when_the_fencing_counter_expires() {
+    let url = redis_url();
+    let b = backend("fence-expiry").await;
+    let fence = format!("{}{{k}}:fence", prefix("fence-expiry"));
+    let mut conn = raw(&url).await;
+    let day_ms = 24 * 3600 * 1000;
+    let mut last = 0;
+    for round in 0..3 {
+        // A burst of acquisitions moves the counter on; then it expires.
+        for i in 0..50 {
+            let g = if i % 5 == 0 {
+                b.lock("k").read().await.unwrap()
+            } else {
+                b.lock("k").await.unwrap()
+            };
+            assert!(
+                g.token().get() > last,
+                "round {round}: token {} after {last}",
+                g.token()
+            );
+            last = g.token().get();
+            g.release().await.unwrap();
+        }
+        // The counter outlives its key by a day, not forever.
+        let ttl: i64 = conn.pttl(&fence).await.unwrap();
+        assert!(ttl > day_ms - 60_000 && ttl <= day_ms, "{fence} PTTL {ttl}");
+        let _: bool = conn.pexpire(&fence, 1).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let exists: bool = conn.exists(&fence).await.unwrap();
+        assert!(!exists, "{fence} did not expire");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_is_not_handed_to_the_next_local_waiter() {
+    let url = redis_url();
+    let cohort = CohortOptions::default()
+        .max_grants(8)
+        .max_hold(Duration::from_secs(60));
+    let options = RedisOptions::default()
+        .prefix(prefix("lost-baton"))
+        .cohort(cohort);
+    let b = RedisBackend::connect_with(&url, options).await.unwrap();
+    let lease = Duration::from_millis(600);
+    let g = b.lock("k").lease(lease).await.unwrap();
+    let lost = when_lost(g.held().lost_signal());
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move { b.lock("k").lease(lease).wait(Duration::from_secs(10)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Taken away in Redis: the holder's renewal finds it gone.
+    let key = b.redis_key(&LockKey::new("k").unwrap());
+    let deleted: i64 = raw(&url).await.del(&key).await.unwrap();
+    assert_eq!(deleted, 1, "the lock was not in Redis under {key}");
+    lost_at(lost, 2 * lease, "taken away").await;
+    let first = g.token().get();
+    drop(g);
+    // Handed on, the waiter would hold nothing in Redis, with the next token
+    // of the lost lock's block.
+    let next = waiter.await.unwrap().unwrap();
+    let exists: bool = raw(&url).await.exists(&key).await.unwrap();
+    assert!(
+        exists,
+        "the waiter was given the lost lock: {key} is not in Redis"
+    );
+    assert!(
+        next.token().get() >= first + 8,
+        "token {} is from the lost lock's block (from {first})",
+        next.token()
+    );
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_away_is_reported_lost_within_a_renewal_and_before_its_lease_ends() {
+    let url = redis_url();
+    let b = backend("taken").await;
+    let lease = Duration::from_millis(600);
+    let asked = Instant::now();
+    let g = b.lock("k").lease(lease).await.unwrap();
+    let lost = when_lost(g.held().lost_signal());
+    let key = b.redis_key(&LockKey::new("k").unwrap());
+    let deleted: i64 = raw(&url).await.del(&key).await.unwrap();
+    let taken = Instant::now();
+    assert_eq!(deleted, 1, "the lock was not in Redis under {key}");
+    let lost = lost_at(lost, 2 * lease, "taken away").await;
+    told_within_a_renewal(lost, asked, lease, taken, "the key was deleted");
+    assert!(g
+        .held()
+        .lost_signal()
+        .reason()
+        .unwrap()
+        .contains("another owner"));
+}
+
+/// A holder's renewals fail (see [`Fault`]) while Redis stays up, and a
+/// second client, connected directly, waits for the key. The holder must be
+/// told before its lease can have ended, and before the other client is
+/// granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_or_timed_out_renewal_is_told_before_the_lease_ends_and_anyone_else_is_granted() {
+    let url = redis_url();
+    let lease = Duration::from_millis(900);
+    let user = format!("tower-lock-test-{}", std::process::id());
+    for fault in [Fault::Silent, Fault::Cut, Fault::Refused] {
+        let test = format!("cutoff-{fault:?}");
+        let addr = socket_addr(&url);
+        let proxy = FaultProxy::start(addr).await.unwrap();
+        let holder_url = match fault {
+            Fault::Refused => {
+                let _: () = redis::cmd("ACL")
+                    .arg(&["SETUSER", &user, "reset", "on", ">pw", "~*", "&*", "+@all"])
+                    .query_async(&mut raw(&url).await)
+                    .await
+                    .unwrap();
+                format!("redis://{user}:pw@{addr}/")
+            }
+            _ => format!("redis://{}/", proxy.addr()),
+        };
+        let holder = backend_at(&holder_url, &prefix(&test)).await;
+        let other = backend(&test).await;
+        let g = holder.lock("k").lease(lease).await.unwrap();
+        let lost = when_lost(g.held().lost_signal());
+        // A few renewals go through first.
+        tokio::time::sleep(lease + lease / 4).await;
+        assert!(!g.is_lost(), "{fault:?}: lost before the fault");
+        let waiter = tokio::spawn(async move {
+            let g = other
+                .lock("k")
+                .lease(lease)
+                .wait(Duration::from_secs(10))
+                .await;
+            (Instant::now(), g)
+        });
+        // Every renewal Redis granted was sent before `last_sent`, so the
+        // lease lasted at most until `last_sent + lease`.
+        let (last_sent, why) = match fault {
+            Fault::Silent => (
+                proxy.set(ProxyFault::Freeze).await,
+                "renewing the lease timed out",
+            ),
+            Fault::Cut => (proxy.set(ProxyFault::Drop).await, "renewing the lease"),
+            Fault::Refused => {
+                let _: () = redis::cmd("ACL")
+                    .arg(&["SETUSER", &user, "-@scripting"])
+                    .query_async(&mut raw(&url).await)
+                    .await
+                    .unwrap();
+                (Some(Instant::now()), "renewing the lease failed")
+            }
+        };
+        let last_sent = last_sent.expect("the holder's requests went through the proxy");
+        let lost = lost_at(lost, 2 * lease, &format!("{fault:?}")).await;
+        let (granted, g2) = waiter.await.unwrap();
+        let g2 = g2.unwrap_or_else(|e| panic!("{fault:?}: Redis did not grant the key: {e}"));
+        let reason = told_in_time(&g, lost, last_sent, lease, granted, &format!("{fault:?}"));
+        assert!(reason.contains(why), "{fault:?}: {reason}");
+        assert!(g2.token() > g.token());
+        g2.release().await.unwrap();
+        drop(g);
+        drop(proxy);
+    }
+    let _: () = redis::cmd("ACL")
+        .arg(&["DELUSER", &user])
+        .query_async(&mut raw(&url).await)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn read_write_and_semaphore() {
+    let b = backend("modes").await;
+    let r1 = b.lock("doc").read().await.unwrap();
+    let other = backend("modes").await;
+    let r2 = other.lock("doc").read().fail_fast().await.unwrap();
+    assert!(matches!(
+        other.lock("doc").write().fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    drop(r1);
+    r2.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await; // the dropped one releases in the background
+    let w = other
+        .lock("doc")
+        .write()
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(matches!(
+        b.lock("doc").read().fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    w.release().await.unwrap();
+
+    let s1 = b.lock("pool").semaphore(2).await.unwrap();
+    let s2 = other.lock("pool").semaphore(2).await.unwrap();
+    assert!(matches!(
+        backend("modes")
+            .await
+            .lock("pool")
+            .semaphore(2)
+            .fail_fast()
+            .await,
+        Err(LockError::Busy)
+    ));
+    s1.release().await.unwrap();
+    let s3 = backend("modes")
+        .await
+        .lock("pool")
+        .semaphore(2)
+        .fail_fast()
+        .await
+        .unwrap();
+    assert!(s3.token() > s2.token());
+    s2.release().await.unwrap();
+    s3.release().await.unwrap();
+    let url = redis_url();
+    let left = keys_under(&url, &prefix("modes")).await;
+    assert!(
+        left.iter().all(|k| k.ends_with(":fence")),
+        "left behind: {left:?}"
+    );
+}
+
+#[tokio::test]
+async fn multi_key_through_the_core() {
+    let b = backend("multi").await;
+    let set = b.lock_all(["b", "a"]).await.unwrap();
+    let other = backend("multi").await;
+    assert!(matches!(
+        other.lock_all(["a", "c"]).fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    set.release().await.unwrap();
+    other
+        .lock_all(["a", "c"])
+        .fail_fast()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_clear_error() {
+    let err = RedisBackend::connect("redis://127.0.0.1:1/")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    assert!(
+        err.to_string().contains("redis lock backend unavailable"),
+        "{err}"
+    );
+}
+
+/// Runs a redis-py script against `url`; its stdout, trimmed.
+fn python(script: &str, url: &str) -> std::process::Child {
+    Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(script)
+        .arg(url)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("/usr/bin/python3 with redis-py (Debian python3-redis) is needed")
+}
+
+fn first_line(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.trim().to_owned()
+}
+
+#[tokio::test]
+async fn interoperates_with_redis_py_lock() {
+    let url = redis_url();
+    let b = backend("redispy").await;
+    let name = b.redis_key(&LockKey::new("order-1").unwrap());
+
+    // redis-py holds: we wait, and get it once Python releases.
+    let mut py = python(
+        &format!(
+            "import sys, time, redis\n\
+             r = redis.Redis.from_url(sys.argv[1])\n\
+             l = r.lock({name:?}, timeout=10)\n\
+             assert l.acquire(blocking=False)\n\
+             print('held', flush=True)\n\
+             time.sleep(0.5)\n\
+             l.release()\n"
+        ),
+        &url,
+    );
+    assert_eq!(first_line(&mut py), "held");
+    assert!(matches!(
+        b.lock("order-1").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let g = b
+        .lock("order-1")
+        .wait(Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(py.wait().unwrap().success());
+
+    // We hold: redis-py cannot take it, then can once we release.
+    let mut py = python(
+        &format!(
+            "import sys, redis\n\
+             r = redis.Redis.from_url(sys.argv[1])\n\
+             l = r.lock({name:?}, timeout=10)\n\
+             print('busy' if not l.acquire(blocking=False) else 'got', flush=True)\n\
+             print('got' if l.acquire(blocking=True, blocking_timeout=10) else 'timeout', flush=True)\n\
+             l.release()\n"
+        ),
+        &url,
+    );
+    assert_eq!(first_line(&mut py), "busy");
+    g.release().await.unwrap();
+    assert_eq!(first_line(&mut py), "got");
+    assert!(py.wait().unwrap().success());
+}
