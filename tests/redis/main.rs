@@ -12,7 +12,7 @@
 
 #[cfg(not(feature = "redis"))]
 compile_error!(
-    "tests/redis.rs needs the `redis` feature (Cargo.toml's self dev-dependency enables it); \
+    "tests/redis/ needs the `redis` feature (Cargo.toml's self dev-dependency enables it); \
      run scripts/test-all.sh, or `cargo test --all-features` with the servers it starts"
 );
 
