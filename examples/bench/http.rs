@@ -1,0 +1,219 @@
+//! `http`: the bare route, the route under `LockLayer` and the hand-written
+//! mutex map, served in this process and driven by the same clients.
+
+use super::*;
+
+async fn order(Path(sku): Path<String>) -> String {
+    sku
+}
+
+async fn serve(app: Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// Connections to one server, kept for the whole run.
+struct Clients {
+    clients: Vec<common::Client>,
+    /// Distinguishes the SKUs of every request this set sends.
+    sent: u64,
+}
+
+impl Clients {
+    async fn connect(addr: std::net::SocketAddr, conns: usize) -> Clients {
+        let mut clients = Vec::with_capacity(conns);
+        for _ in 0..conns {
+            clients.push(common::Client::connect(addr).await.expect("connect"));
+        }
+        Clients { clients, sent: 0 }
+    }
+
+    /// Every connection sends requests back to back for `dur`, each on a SKU
+    /// no other request uses; returns how many completed and the time they
+    /// took (from the start until the last request in flight at `dur` is
+    /// answered).
+    async fn drive(&mut self, dur: Duration) -> (u64, Duration) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let base = self.sent;
+        let started = Instant::now();
+        let tasks: Vec<_> = self
+            .clients
+            .drain(..)
+            .enumerate()
+            .map(|(c, mut client)| {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let mut done = 0u64;
+                    let mut path = String::with_capacity(48);
+                    while !stop.load(Ordering::Relaxed) {
+                        use std::fmt::Write;
+                        path.clear();
+                        write!(path, "/orders/sku-{base}-{c}-{done}").unwrap();
+                        let reply = client.post(&path).await.expect("request");
+                        assert!(reply.status.is_success(), "{} {}", reply.status, reply.body);
+                        done += 1;
+                    }
+                    (client, done)
+                })
+            })
+            .collect();
+        tokio::time::sleep(dur).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut total = 0;
+        for t in tasks {
+            let (client, done) = t.await.expect("client");
+            self.clients.push(client);
+            total += done;
+        }
+        self.sent += total;
+        (total, started.elapsed())
+    }
+}
+
+/// The handler a user would write instead of the library: a shared map of
+/// per-key `tokio::sync::Mutex`es, the entry removed when its last user
+/// leaves so that the map does not grow with every key ever seen.
+type MutexMap = Arc<DashMap<String, Arc<tokio::sync::Mutex<()>>>>;
+
+/// One user's share of a key's mutex in a [`MutexMap`]. Every clone and
+/// every drop of the `Arc` in the map happens under the map's shard lock,
+/// so the strong count seen there is exact: the user that leaves last
+/// (count back to 1, the map's own) removes the entry. A request cancelled
+/// while it waits leaves through the same `Drop`.
+struct MapEntry<'a> {
+    map: &'a DashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    key: String,
+    mutex: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl<'a> MapEntry<'a> {
+    fn enter(map: &'a DashMap<String, Arc<tokio::sync::Mutex<()>>>, key: &str) -> Self {
+        let mutex = map.entry(key.to_owned()).or_default().value().clone();
+        MapEntry {
+            map,
+            key: key.to_owned(),
+            mutex: Some(mutex),
+        }
+    }
+
+    fn mutex(&self) -> &tokio::sync::Mutex<()> {
+        self.mutex.as_deref().expect("entered")
+    }
+}
+
+impl Drop for MapEntry<'_> {
+    fn drop(&mut self) {
+        let ours = self.mutex.take();
+        if let dashmap::Entry::Occupied(e) = self.map.entry(std::mem::take(&mut self.key)) {
+            // Under the shard lock: no one can clone the entry meanwhile.
+            drop(ours);
+            if Arc::strong_count(e.get()) == 1 {
+                e.remove();
+            }
+        }
+    }
+}
+
+/// `POST /orders/{sku}` under the hand-written lock: the same handler as the
+/// bare route, called while the SKU's mutex is held.
+async fn order_mutex_map(State(map): State<MutexMap>, Path(sku): Path<String>) -> String {
+    let entry = MapEntry::enter(&map, &sku);
+    let _held = entry.mutex().lock().await;
+    order(Path(sku)).await
+    // `_held` unlocks, then `entry` leaves the map (reverse declaration order).
+}
+
+/// Requests per second of the `http` routes.
+pub(super) struct Rates {
+    pub(super) bare: f64,
+    /// Under `LockLayer` (bare under `--calibrate`).
+    pub(super) locked: f64,
+    /// Under the hand-written mutex map (bare under `--calibrate`), on the
+    /// memory backend.
+    pub(super) peer: Option<f64>,
+}
+
+/// The `impl=` of the `http` workload's hand-written peer.
+pub(super) const HAND_MUTEX_MAP: &str = "hand-mutex-map";
+
+/// Servers in this process, one per route, each with its own `conns`
+/// connections from the same client code: the bare route, the route under
+/// `LockLayer` and, on the memory backend, the route under the hand-written
+/// mutex map (`impl=hand-mutex-map`). Under `--calibrate` every route is the
+/// bare one, which shows how far apart identical routes measure. The phases
+/// alternate in order and in reverse (A-B-B-A with two routes, A-B-C-C-B-A
+/// with three), so that drift falls on every route alike; a rate is the
+/// requests a route answered over the time its phases actually took.
+pub(super) async fn http(
+    backend: Arc<dyn Backend>,
+    conns: usize,
+    secs: u64,
+    calibrate: bool,
+) -> Rates {
+    let route = || Router::new().route("/orders/{sku}", post(order));
+    // The hand-written map is a peer of the memory backend only: it locks
+    // within one process.
+    let with_peer = backend.name() == "memory";
+    let mut addrs = vec![serve(route()).await];
+    addrs.push(if calibrate {
+        serve(route()).await
+    } else {
+        serve(route().route_layer(LockLayer::with_locker(
+            Locker::from_arc(backend),
+            PathParam("sku"),
+        )))
+        .await
+    });
+    let map: MutexMap = Arc::default();
+    if with_peer {
+        addrs.push(if calibrate {
+            serve(route()).await
+        } else {
+            serve(
+                Router::new()
+                    .route("/orders/{sku}", post(order_mutex_map))
+                    .with_state(map.clone()),
+            )
+            .await
+        });
+    }
+    let mut routes = Vec::new();
+    for addr in addrs {
+        routes.push(Clients::connect(addr, conns).await);
+    }
+    // Warm up, then alternate short phases.
+    for clients in &mut routes {
+        clients.drive(Duration::from_millis(250)).await;
+    }
+    let phases = (secs * 10).max(2) as u32;
+    let phase = Duration::from_secs(secs) / phases;
+    // Requests answered and the time they took, per route.
+    let mut sums = vec![(0u64, Duration::ZERO); routes.len()];
+    for i in 0..phases {
+        let mut turns: Vec<usize> = (0..routes.len()).collect();
+        if i % 2 == 1 {
+            turns.reverse();
+        }
+        for r in turns {
+            let (n, t) = routes[r].drive(phase).await;
+            sums[r].0 += n;
+            sums[r].1 += t;
+        }
+    }
+    // Every request has been answered: a map that forgets idle keys is
+    // empty again, although every request used a SKU of its own.
+    assert!(map.is_empty(), "the mutex map kept {} idle keys", map.len());
+    let rps: Vec<f64> = sums
+        .iter()
+        .map(|(n, t)| *n as f64 / t.as_secs_f64())
+        .collect();
+    Rates {
+        bare: rps[0],
+        locked: rps[1],
+        peer: rps.get(2).copied(),
+    }
+}
