@@ -5,9 +5,10 @@ use std::future::Future;
 use std::time::Duration;
 
 /// Runs `call` again, with a backoff from 10 ms doubling to 500 ms, while
-/// it fails in a way `uncertain` says may not have been applied (a broken
-/// connection, a member without a leader) and `go_on()` says the session or
-/// lease it belongs to may still hold. The first other outcome is returned.
+/// it fails in a way `uncertain` says is worth another try (for most
+/// callers: it may not have been applied, as after a broken connection or
+/// with a member without a leader) and `go_on()` says the session or lease
+/// it belongs to may still hold. The first other outcome is returned.
 pub(crate) async fn retry_uncertain<T, E, F, Fut>(
     uncertain: impl Fn(&E) -> bool,
     go_on: impl Fn() -> bool,

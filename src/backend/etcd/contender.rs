@@ -427,7 +427,7 @@ async fn delete_if_created_at(
     key: &str,
     revision: i64,
 ) -> Result<(), LockError> {
-    let txn = delete_created_at(key, revision);
+    let txn = delete_if_created_at_txn(key, revision);
     let kv = session.client.kv_client();
     retry(session, "deleting a stray lock key", || {
         let (mut kv, txn) = (kv.clone(), txn.clone());
@@ -438,7 +438,7 @@ async fn delete_if_created_at(
 }
 
 /// Deletes `key` only if it was created at `revision`.
-fn delete_created_at(key: &str, revision: i64) -> Txn {
+fn delete_if_created_at_txn(key: &str, revision: i64) -> Txn {
     Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, revision)])
         .and_then([TxnOp::delete(key, None)])
@@ -495,11 +495,13 @@ enum Until {
     /// not have been applied, while the lease lasts; a refusal is returned
     /// (and the background goes on, [`Until::Gone`]).
     Answered,
-    /// In the background, where no one would hear of a refusal: sent again
-    /// after any failure while the lease may hold the key (and once it has
-    /// ended, until the deadline, if given). A key left in place keeps the
-    /// lock from every contender until the lease ends, so even a definite
-    /// refusal (too many requests, an expired auth token) is asked again.
+    /// In the background: sent again after failures that may not have been
+    /// applied while the lease may hold the key (and once it has ended,
+    /// until the deadline, if given). A key left in place keeps the lock
+    /// from every contender until the lease ends, so a refusal (too many
+    /// requests) is asked again too, for one lease TTL: one that lasts
+    /// longer will not pass, and the task ends, so that dropping the
+    /// backend still revokes the lease and frees the key.
     Gone(Option<Instant>),
 }
 
@@ -513,7 +515,7 @@ async fn delete_until_done(
     until: Until,
 ) -> Result<(), LockError> {
     let kv = session.client.kv_client();
-    let txn = created_at.map(|revision| delete_created_at(key, revision));
+    let txn = created_at.map(|revision| delete_if_created_at_txn(key, revision));
     let call = || {
         let (mut kv, txn) = (kv.clone(), txn.clone());
         async move {
@@ -528,12 +530,22 @@ async fn delete_until_done(
         Until::Answered => retry_while(session, live, call).await,
         Until::Gone(deadline) => {
             let go_on = || live(session) || deadline.is_some_and(|d| Instant::now() < d);
-            let warned = std::cell::Cell::new(false);
+            let refused_since = std::cell::Cell::new(None);
+            let ttl = session.ttl;
             let again = move |e: &etcd_client::Error| {
-                if !uncertain(e) && !warned.replace(true) {
-                    tracing::warn!(key, error = %e, "etcd refused to delete a lock key; asking again");
+                if uncertain(e) {
+                    return true;
                 }
-                true
+                let since = match refused_since.get() {
+                    Some(since) => since,
+                    None => {
+                        tracing::warn!(key, error = %e, "etcd refused to delete a lock key; asking again for a lease TTL");
+                        let now = Instant::now();
+                        refused_since.set(Some(now));
+                        now
+                    }
+                };
+                since.elapsed() < ttl
             };
             crate::backend::retry::retry_uncertain(again, go_on, call).await
         }
@@ -577,9 +589,10 @@ impl Protocol for EtcdLock {
         Ok(())
     }
 
-    /// One delete, sent when first polled; sent again at once when it
-    /// could not be delivered (a member is down and the client has not yet
-    /// moved to another), until the lease ends.
+    /// One delete, sent when first polled; sent again, after a short
+    /// backoff, when it may not have been applied (a member is down and the
+    /// client has not yet moved to another), until the lease ends. A
+    /// refusal is returned, and the background asks again.
     async fn release(&self) -> Released {
         self.unlist();
         let key = self.key();
@@ -596,8 +609,8 @@ impl Protocol for EtcdLock {
         }
     }
 
-    /// Deletes until done, through refusals too, or the lease has ended
-    /// and `deadline` passed.
+    /// Deletes until done (through refusals for a lease TTL), or the lease
+    /// has ended and `deadline` passed.
     async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {
         self.unlist();
         let until = Until::Gone(Some(deadline));

@@ -93,9 +93,10 @@
 //!
 //! A release is one delete. [`LockGuard::release`](crate::LockGuard::release)
 //! waits for its answer; dropping the guard sends it and goes on, the
-//! answer awaited in the background and the delete sent again after any
-//! failure (a refusal too: the key would keep the lock from everyone) until
-//! done or, once the lease has ended, a lease time after the release.
+//! answer awaited in the background and the delete sent again after a
+//! broken connection (and, for one lease TTL, after a refusal: the key
+//! would keep the lock from everyone) until done or, once the lease has
+//! ended, a lease time after the release.
 //! [`Backend::flush`](crate::Backend::flush) waits for them. When the
 //! backend is dropped, its lease is revoked, which deletes whatever it
 //! still held.

@@ -37,6 +37,8 @@ pub(super) struct EtcdInner {
 pub(super) struct Session {
     pub(super) client: etcd::Client,
     pub(super) lease: i64,
+    /// The TTL the server granted the lease.
+    pub(super) ttl: Duration,
     /// Until when the server surely keeps the lease: see [`keep_alive`].
     /// Its locks share it.
     pub(super) alive_until: Arc<Deadline>,
@@ -188,10 +190,12 @@ impl EtcdInner {
                 }
             };
         // The server may grant more than asked (its minimum TTL).
-        let known_alive = known_alive(Duration::from_secs(granted.ttl().max(1) as u64));
+        let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        let known_alive = known_alive(ttl);
         let session = Arc::new(Session {
             client,
             lease: granted.id(),
+            ttl,
             alive_until: Arc::new(Deadline::new(sent + known_alive)),
             ended: AtomicBool::new(false),
             ended_notify: tokio::sync::Notify::new(),
