@@ -306,11 +306,7 @@ fn etcdctl_lock(name: &str) -> common::KillOnDrop {
 }
 
 fn interrupt(child: &common::KillOnDrop) {
-    let status = Command::new("kill")
-        .args(["-INT", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    assert!(common::signal(&child.0, "INT"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -379,12 +379,9 @@ impl Server {
         ([127, 0, 0, 1], self.port).into()
     }
 
-    /// Sends `sig` (`-STOP`, `-CONT`) to the server.
+    /// Sends `sig` (`STOP`, `CONT`) to the server.
     fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "kill {sig} failed");
+        assert!(common::signal(&self.child, sig), "kill -{sig} failed");
     }
 }
 

@@ -80,12 +80,7 @@ async fn a_paused_holder_loses_the_lock_and_its_stale_token_is_refused() {
     let url = redis_url();
     let mut holder = child("holder", test, &[("LEASE_MS", "600".into())]);
     let stale: u64 = read_value(&mut holder, "token").parse().unwrap();
-    let pid = holder.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-        .unwrap()
-        .success());
+    assert!(common::signal(&holder, "STOP"));
 
     // The lease runs out while the holder is stopped; we take the key and
     // write with our (higher) token.
@@ -94,11 +89,7 @@ async fn a_paused_holder_loses_the_lock_and_its_stale_token_is_refused() {
     assert!(g.token().get() > stale);
     assert!(fenced_write(&url, &format!("{}store", prefix(test)), g.token().get()).await);
 
-    assert!(Command::new("kill")
-        .args(["-CONT", &pid])
-        .status()
-        .unwrap()
-        .success());
+    assert!(common::signal(&holder, "CONT"));
     // The holder wakes, learns at its next renewal that the lock is gone,
     // and its write is refused by the fenced store.
     assert_eq!(read_value(&mut holder, "stale_write"), "refused");

@@ -41,7 +41,7 @@ async fn redlock_works_with_one_of_three_down_and_fails_at_once_with_two() {
         let take_down = |servers: &mut Vec<Server>| {
             let s = servers.pop().unwrap();
             if stop {
-                s.signal("-STOP");
+                s.signal("STOP");
                 // Kept, stopped, until the end of the round.
                 servers.insert(0, s);
             }
@@ -118,9 +118,9 @@ async fn redlock_undoes_a_failed_round_on_every_instance() {
     // where the attempt lands once it runs again.
     run(&servers[1], redis::cmd("FLUSHALL")).await;
     run(&servers[2], redis::cmd("FLUSHALL")).await;
-    servers[1].signal("-STOP");
+    servers[1].signal("STOP");
     let r = backend.lock("k").fail_fast().await;
-    servers[1].signal("-CONT");
+    servers[1].signal("CONT");
     assert!(matches!(r, Err(LockError::Busy)), "{r:?}");
     assert_eq!(run(&servers[2], exists(fence)).await, redis::Value::Int(1));
     assert_eq!(
@@ -183,15 +183,15 @@ async fn redlock_undoes_a_round_cancelled_in_flight() {
         .release()
         .await
         .unwrap();
-    servers[1].signal("-STOP");
-    servers[2].signal("-STOP");
+    servers[1].signal("STOP");
+    servers[2].signal("STOP");
     // Shorter than the per-instance answer timeout: the round is in flight
     // when the wait runs out.
     let r = backend.lock("k").wait(Duration::from_millis(50)).await;
     assert!(matches!(r, Err(LockError::Timeout { .. })), "{r:?}");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    servers[1].signal("-CONT");
-    servers[2].signal("-CONT");
+    servers[1].signal("CONT");
+    servers[2].signal("CONT");
     backend.flush().await;
     let other = RedlockBackend::connect(&url).await.unwrap();
     let r = other.lock("k").fail_fast().await;

@@ -82,10 +82,7 @@ impl ZkServer {
     }
 
     fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([sig, &self.child.id().to_string()])
-            .status();
-        assert!(status.is_ok_and(|s| s.success()), "kill {sig} failed");
+        assert!(common::signal(&self.child, sig), "kill -{sig} failed");
     }
 }
 
@@ -171,7 +168,7 @@ async fn a_server_paused_past_the_session_timeout_aborts_the_holder_before_anyon
     settle(&client, "/paused/42", 2).await;
     drop(client);
 
-    server.signal("-STOP");
+    server.signal("STOP");
     // The server heard nothing from the holder after this, and can expire
     // its session a session timeout later at the earliest. It runs again
     // past that, expires the session if the holder is silent, and may then
@@ -179,7 +176,7 @@ async fn a_server_paused_past_the_session_timeout_aborts_the_holder_before_anyon
     let stopped = Instant::now();
     eprintln!("paused: server stopped");
     tokio::time::sleep_until((stopped + SESSION * 3 / 2).into()).await;
-    server.signal("-CONT");
+    server.signal("CONT");
     eprintln!("paused: server resumed");
     let (answered, response) = tokio::time::timeout(4 * SESSION, response)
         .await
