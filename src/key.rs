@@ -147,11 +147,28 @@ fn validate(own: &str) -> Result<(), KeyError> {
     if own == "." || own == ".." {
         return Err(KeyError::DotSegment);
     }
-    // One pass over the bytes, on the hot path of every request. The control
-    // characters (`char::is_control`: U+0000..=U+001F, U+007F..=U+009F) are
-    // the bytes 0x00..=0x1F and 0x7F, and 0xC2 followed by 0x80..=0x9F.
     let bytes = own.as_bytes();
-    let mut ascii = true;
+    // The common case, on the hot path of every request: printable ASCII
+    // with no `/`, checked in a loop the compiler vectorises (a fold: `all`
+    // would stop early, one byte at a time). Only a blank (all spaces, or
+    // spaces at an edge) is left to refuse.
+    let printable = bytes
+        .iter()
+        .fold(true, |ok, &b| ok & matches!(b, b' '..=b'~') & (b != b'/'));
+    if printable {
+        if bytes[0] == b' ' || bytes[bytes.len() - 1] == b' ' {
+            let all = bytes.iter().all(|&b| b == b' ');
+            return Err(if all {
+                KeyError::Blank
+            } else {
+                KeyError::EdgeBlank
+            });
+        }
+        return Ok(());
+    }
+    // One pass over the bytes. The control characters (`char::is_control`:
+    // U+0000..=U+001F, U+007F..=U+009F) are the bytes 0x00..=0x1F and 0x7F,
+    // and 0xC2 followed by 0x80..=0x9F.
     for (i, &b) in bytes.iter().enumerate() {
         match b {
             b'/' => return Err(KeyError::ForbiddenChar('/')),
@@ -160,19 +177,8 @@ fn validate(own: &str) -> Result<(), KeyError> {
                 let c = own[i..].chars().next().expect("valid UTF-8");
                 return Err(KeyError::ForbiddenChar(c));
             }
-            0x80.. => ascii = false,
             _ => {}
         }
-    }
-    if ascii {
-        // The only blank ASCII character left is the space.
-        if bytes.iter().all(|&b| b == b' ') {
-            return Err(KeyError::Blank);
-        }
-        if bytes[0] == b' ' || bytes[bytes.len() - 1] == b' ' {
-            return Err(KeyError::EdgeBlank);
-        }
-        return Ok(());
     }
     if let Some(c) = own.chars().find(|&c| misleading(c)) {
         return Err(KeyError::Invisible(c));
