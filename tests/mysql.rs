@@ -239,11 +239,7 @@ async fn bad_urls_and_an_unreachable_server_are_clear_errors_within_the_timeout(
         let e = MysqlBackend::connect(bad).await.unwrap_err();
         assert!(matches!(e, LockError::Config(_)), "{bad}: {e:?}");
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let started = Instant::now();
     let e = MysqlBackend::connect_with(
         &format!("mysql://root@127.0.0.1:{port}/test"),

@@ -63,6 +63,17 @@ pub fn signal(child: &std::process::Child, signal: &str) -> bool {
         .success()
 }
 
+/// Stops a server a test started, from a `Drop`: resumed in case a test
+/// left it paused, killed, its exit awaited. Never panics.
+pub fn stop(child: &mut std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .arg("-CONT")
+        .arg(child.id().to_string())
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// `kill -9` of a server a test started, if it runs, and its exit awaited.
 pub fn kill(child: Option<std::process::Child>) {
     if let Some(mut child) = child {

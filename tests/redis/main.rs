@@ -79,25 +79,15 @@ async fn keys_under(url: &str, prefix: &str) -> Vec<String> {
 
 // ---- other processes ----------------------------------------------------
 
-/// Runs this test binary again as a child in `role`.
-fn child(role: &str, test: &str, extra: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "child_entry",
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("TOWER_LOCK_CHILD", role)
-    .env("TOWER_LOCK_CHILD_PREFIX", prefix(test))
-    .env("TOWER_LOCK_REDIS_URL", redis_url())
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped());
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    cmd.spawn().unwrap()
+/// Runs this test binary again as a child in `role`, on the test's key
+/// prefix and Redis, with `extra` in its environment.
+fn child(role: &str, test: &str, extra: &[(&str, String)]) -> common::KillOnDrop {
+    let mut env = vec![
+        ("TOWER_LOCK_CHILD_PREFIX", prefix(test)),
+        ("TOWER_LOCK_REDIS_URL", redis_url()),
+    ];
+    env.extend(extra.iter().cloned());
+    common::spawn_child(role, &env)
 }
 
 /// A line `name=value` from the child's output.
@@ -387,11 +377,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::stop(&mut self.child);
     }
 }
 

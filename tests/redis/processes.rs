@@ -8,10 +8,10 @@ async fn excludes_between_processes() {
     let url = redis_url();
     let log = format!("{}log", prefix(test));
     let _: () = raw(&url).await.del(&log).await.unwrap();
-    let mut kids: Vec<(Child, BufReader<ChildStdout>)> = (0..2)
+    let mut kids: Vec<(common::KillOnDrop, BufReader<ChildStdout>)> = (0..2)
         .map(|_| {
             let mut c = child("worker", test, &[]);
-            let out = BufReader::new(c.stdout.take().unwrap());
+            let out = BufReader::new(c.0.stdout.take().unwrap());
             (c, out)
         })
         .collect();
@@ -19,7 +19,7 @@ async fn excludes_between_processes() {
         common::expect_word(out, "ready");
     }
     for (c, _) in &mut kids {
-        writeln!(c.stdin.as_mut().unwrap(), "go").unwrap();
+        writeln!(c.0.stdin.as_mut().unwrap(), "go").unwrap();
     }
     for (c, out) in &mut kids {
         let mut line = String::new();
@@ -33,7 +33,7 @@ async fn excludes_between_processes() {
             line.clear();
         }
         assert_eq!(overlaps.as_deref(), Some("0"));
-        assert!(c.wait().unwrap().success());
+        assert!(c.0.wait().unwrap().success());
     }
     let entries: Vec<String> = raw(&url).await.lrange(&log, 0, -1).await.unwrap();
     check_two_process_log(&entries, 100);
@@ -46,8 +46,8 @@ async fn a_release_reaches_redis_when_the_process_exits_right_after() {
     let b = backend(test).await;
     for how in ["await", "drop_flush"] {
         let mut c = child("release_and_exit", test, &[("HOW", how.into())]);
-        read_value(&mut c, "token");
-        assert!(c.wait().unwrap().success());
+        read_value(&mut c.0, "token");
+        assert!(c.0.wait().unwrap().success());
         // Other connections see the release a moment later; a lost one
         // would keep the key for the child's whole lease.
         let g = b.lock("exit").wait(Duration::from_secs(5)).await;
@@ -62,9 +62,9 @@ async fn a_release_reaches_redis_when_the_process_exits_right_after() {
 async fn a_killed_holder_frees_the_key_when_its_lease_ends() {
     let test = "killed";
     let mut holder = child("holder", test, &[("LEASE_MS", "1000".into())]);
-    read_value(&mut holder, "token");
-    holder.kill().unwrap(); // SIGKILL: no release, no renewal
-    holder.wait().unwrap();
+    read_value(&mut holder.0, "token");
+    holder.0.kill().unwrap(); // SIGKILL: no release, no renewal
+    holder.0.wait().unwrap();
     let b = backend(test).await;
     assert!(matches!(
         b.lock("held").fail_fast().await,
@@ -79,8 +79,8 @@ async fn a_paused_holder_loses_the_lock_and_its_stale_token_is_refused() {
     let test = "paused";
     let url = redis_url();
     let mut holder = child("holder", test, &[("LEASE_MS", "600".into())]);
-    let stale: u64 = read_value(&mut holder, "token").parse().unwrap();
-    assert!(common::signal(&holder, "STOP"));
+    let stale: u64 = read_value(&mut holder.0, "token").parse().unwrap();
+    assert!(common::signal(&holder.0, "STOP"));
 
     // The lease runs out while the holder is stopped; we take the key and
     // write with our (higher) token.
@@ -89,11 +89,11 @@ async fn a_paused_holder_loses_the_lock_and_its_stale_token_is_refused() {
     assert!(g.token().get() > stale);
     assert!(fenced_write(&url, &format!("{}store", prefix(test)), g.token().get()).await);
 
-    assert!(common::signal(&holder, "CONT"));
+    assert!(common::signal(&holder.0, "CONT"));
     // The holder wakes, learns at its next renewal that the lock is gone,
     // and its write is refused by the fenced store.
-    assert_eq!(read_value(&mut holder, "stale_write"), "refused");
-    assert!(holder.wait().unwrap().success());
+    assert_eq!(read_value(&mut holder.0, "stale_write"), "refused");
+    assert!(holder.0.wait().unwrap().success());
     g.release().await.unwrap();
 }
 

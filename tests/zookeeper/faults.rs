@@ -13,11 +13,7 @@ struct ZkServer {
 
 impl ZkServer {
     fn start(name: &str) -> ZkServer {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = common::free_port();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("zk-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -88,11 +84,7 @@ impl ZkServer {
 
 impl Drop for ZkServer {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::stop(&mut self.child);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -126,9 +118,9 @@ async fn a_server_paused_past_the_session_timeout_aborts_the_holder_before_anyon
         .layer(LockLayer::new(zk.clone(), Header::new("x-order")))
         .service_fn({
             let (aborted, lost_at) = (aborted.clone(), lost_at.clone());
-            move |req: http::Request<axum::body::Body>| {
+            move |_req: http::Request<axum::body::Body>| {
                 let flag = Flag(aborted.clone());
-                let held = req.extensions().get::<HeldLock>().cloned().unwrap();
+                let held = HeldLock::current().expect("called by the layer");
                 let lost_at = lost_at.clone();
                 tokio::spawn(async move {
                     held.lost().await;

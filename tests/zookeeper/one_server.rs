@@ -327,11 +327,7 @@ async fn several_keys_at_once() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_a_clear_error_within_the_timeout() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let started = Instant::now();
     let e = ZookeeperBackend::connect_with(
         &format!("zk://127.0.0.1:{port}"),
