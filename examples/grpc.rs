@@ -31,8 +31,8 @@
 //! | account busy, with `.fail_fast()`, or still busy when the wait runs out | `ABORTED`: retry later (`grpc-retry-pushback-ms` says when) |
 //! | lock backend down, lock lost during the call | `UNAVAILABLE` |
 //!
-//! The handler finds the lock (key, fencing token) in the request
-//! extensions: `request.extensions().get::<HeldLock>()`.
+//! The handler finds the lock (key, fencing token) with
+//! `HeldLock::current()`.
 
 use std::convert::Infallible;
 use std::error::Error;
@@ -85,12 +85,8 @@ async fn debit(
     bank: Arc<Bank>,
     request: tonic::Request<DebitRequest>,
 ) -> Result<tonic::Response<DebitReply>, Status> {
-    // The layer's `HeldLock`: tonic moves the HTTP request's extensions into
-    // the `tonic::Request`.
-    let held = request
-        .extensions()
-        .get::<HeldLock>()
-        .cloned()
+    // The lock the layer holds for this call.
+    let held = HeldLock::current()
         .ok_or_else(|| Status::internal("no LockLayer in front of the service"))?;
     // The layer has locked (and so validated) this very metadata value.
     let account = request

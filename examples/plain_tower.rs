@@ -24,8 +24,8 @@
 //!    the layer answers with the inner service's body type, so that type
 //!    must be able to carry the layer's own answers (rejections); axum's
 //!    `Body` can, any other body does once wrapped in `LockBody`;
-//! 3. the `HeldLock` the layer puts in the request extensions (key, fencing
-//!    token, lost signal);
+//! 3. `HeldLock::current()`, the lock the layer holds for the request being
+//!    served (key, fencing token, lost signal);
 //! 4. hyper-util's `TowerToHyperService` to hand the tower service to hyper.
 //!
 //! [`Header`]: tower_lock::Header
@@ -77,11 +77,7 @@ async fn handle(
     }
     let (mut parts, _body) = req.into_parts();
     // The lock the layer holds for this request.
-    let held = parts
-        .extensions
-        .get::<HeldLock>()
-        .cloned()
-        .expect("the LockLayer runs before the handler");
+    let held = HeldLock::current().expect("the LockLayer runs before the handler");
     // The layer has answered 400 to a request without a valid account.
     let Some(account) = ACCOUNT.extract(&mut parts).ok().flatten() else {
         return Ok(text(StatusCode::BAD_REQUEST, "no account\n".into()));

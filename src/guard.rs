@@ -19,8 +19,9 @@ use crate::token::FencingToken;
 /// A description of a held lock: key, mode, fencing token, how long the
 /// acquisition waited, and the lost signal.
 ///
-/// Cheap to clone. The [`LockLayer`](crate::LockLayer) puts one in the request
-/// extensions; with the `axum` feature a handler takes it as an extractor.
+/// Cheap to clone. Under a [`LockLayer`](crate::LockLayer), the inner service
+/// gets the request's with [`HeldLock::current`]; with the `axum` feature a
+/// handler takes it as an extractor.
 ///
 /// # Examples
 ///
@@ -47,6 +48,43 @@ pub struct HeldLock {
 }
 
 impl HeldLock {
+    /// The lock the [`LockLayer`](crate::LockLayer) holds for the request
+    /// being served (with nested layers, the innermost that holds one):
+    /// `Some` while its inner service is called and its response future
+    /// polled, `None` elsewhere (outside a layer, on a request the layer
+    /// passed through unlocked, in a task the handler spawned: take it
+    /// before spawning).
+    ///
+    /// The layer puts it in the request extensions only when asked to
+    /// ([`LockLayer::held_lock_extension`](crate::LockLayer::held_lock_extension)):
+    /// that costs every request an allocation, and the layer already keeps it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use bytes::Bytes;
+    /// use http::{Request, Response};
+    /// use http_body_util::Full;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_lock::{HeldLock, LockBody, LockLayer, MemoryBackend, QueryParam};
+    ///
+    /// let service = ServiceBuilder::new()
+    ///     .layer(LockLayer::new(MemoryBackend::new(), QueryParam("account")))
+    ///     .service_fn(|_req: Request<()>| async {
+    ///         let held = HeldLock::current().expect("under the layer");
+    ///         let body = LockBody::wrap(Full::new(Bytes::from(held.key().to_string())));
+    ///         Ok::<_, std::convert::Infallible>(Response::new(body))
+    ///     });
+    /// let res = service.oneshot(Request::post("/?account=7").body(()).unwrap()).await.unwrap();
+    /// assert_eq!(res.status(), 200);
+    /// assert!(HeldLock::current().is_none(), "not while serving a request");
+    /// # }
+    /// ```
+    pub fn current() -> Option<HeldLock> {
+        crate::reentry::layer_lock()
+    }
+
     /// The locked key (namespace included).
     pub fn key(&self) -> &LockKey {
         &self.key
@@ -141,7 +179,19 @@ enum Lease {
 pub(crate) struct SharedLease {
     pub(crate) held: HeldLock,
     pub(crate) backend_id: usize,
-    handle: Arc<dyn LeaseHandle>,
+    /// Taken by the last guard to let go; `None` once it has.
+    handle: Option<Arc<dyn LeaseHandle>>,
+}
+
+impl Drop for SharedLease {
+    /// The last guard found another reference alive (the request's lock
+    /// list looking it up, on the request's thread, while the guard was
+    /// dropped on another): that reference, the last, releases the lock.
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.release_on_drop();
+        }
+    }
 }
 
 impl LockGuard {
@@ -182,7 +232,7 @@ impl LockGuard {
             self.lease = Lease::Shared(Arc::new(SharedLease {
                 held: self.held.clone(),
                 backend_id,
-                handle: handle.clone(),
+                handle: Some(handle.clone()),
             }));
         }
         match &self.lease {
@@ -195,7 +245,7 @@ impl LockGuard {
     fn take_handle(&mut self) -> Option<Arc<dyn LeaseHandle>> {
         match std::mem::replace(&mut self.lease, Lease::Released) {
             Lease::Own(handle) => Some(handle),
-            Lease::Shared(shared) => Arc::into_inner(shared).map(|s| s.handle),
+            Lease::Shared(shared) => Arc::into_inner(shared).and_then(|mut s| s.handle.take()),
             Lease::Borrowed | Lease::Released => None,
         }
     }
@@ -405,5 +455,24 @@ impl Drop for LockSet {
         while let Some(g) = self.guards.pop() {
             drop(g);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{BackendExt, MemoryBackend};
+
+    /// The request's lock list briefly holds a shared lock's last reference
+    /// while its last guard is dropped (on another thread): the lock is
+    /// released when that reference goes, not leaked.
+    #[tokio::test]
+    async fn a_shared_lock_outliving_its_guards_is_released_by_its_last_reference() {
+        let backend = MemoryBackend::new();
+        let mut guard = backend.lock("k").await.unwrap();
+        let looked_up = guard.share(1).expect("an own lock can be shared").clone();
+        drop(guard);
+        assert_eq!(backend.active_keys(), 1, "released under a live reference");
+        drop(looked_up);
+        assert_eq!(backend.active_keys(), 0, "the lock leaked");
     }
 }

@@ -66,6 +66,10 @@ struct Acquiring {
     deadline: Option<Instant>,
     /// When the acquisition first had to wait; `None` while it never did.
     waiting_since: Option<Instant>,
+    /// Whether the lock joins the request's list for re-entrancy: not a
+    /// layer's own, which its own scope lists (recorded in the scope it was
+    /// taken from, a sub-request's would be the parent request's).
+    record: bool,
     span: tracing::Span,
 }
 
@@ -135,6 +139,7 @@ impl LockFuture {
                 wait,
                 deadline,
                 waiting_since,
+                record: true,
                 span,
             }),
             sleep: None,
@@ -153,6 +158,7 @@ impl LockFuture {
                 wait: Wait::FailFast,
                 deadline: None,
                 waiting_since: None,
+                record: false,
                 span: tracing::Span::none(),
             }),
             sleep: None,
@@ -166,6 +172,15 @@ impl LockFuture {
             sleep: None,
             reentered: Some(guard),
         }
+    }
+
+    /// Keeps the lock out of the request's re-entrancy list: the layer's
+    /// own acquisition, which its scope lists.
+    pub(crate) fn unrecorded(mut self) -> Self {
+        if let Some(state) = &mut self.state {
+            state.record = false;
+        }
+        self
     }
 
     /// The result, if the backend decided without waiting (the memory
@@ -222,7 +237,9 @@ fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockG
                 lost,
             };
             let mut guard = LockGuard::new(held, handle, state.span);
-            crate::reentry::record(&mut guard, state.backend_id);
+            if state.record {
+                crate::reentry::record(&mut guard, state.backend_id);
+            }
             Ok(guard)
         }
         Err(e) => {

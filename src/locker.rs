@@ -118,9 +118,10 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 /// # Re-entrancy
 ///
 /// Within one request served under a [`LockLayer`](crate::LockLayer), a
-/// lock the request already holds (the layer's, or one its handler took) is
-/// re-entered rather than waited for, when it is asked for again through the
-/// same backend (or a clone of it), with [`lock`](Self::lock),
+/// lock the request already holds (a layer's, nested layers included, or
+/// one its handler took) is re-entered rather than waited for, when it is
+/// asked for again through the same backend (or a clone of it), with
+/// [`lock`](Self::lock),
 /// [`lock_all`](Self::lock_all) or [`BackendExt::lock`]:
 ///
 /// - in the same mode, or a read lock under a write lock: the acquisition
@@ -134,8 +135,15 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 ///   [`LockError::Reentry`] (a 500 from a handler), rather than wait for
 ///   itself until the wait runs out.
 ///
-/// "The request" is the code the layer's response future runs: the handler
-/// and what it awaits. A task the handler spawns is not part of it, nor is
+/// "The request" is the code the layer runs: the inner service's `call`,
+/// the handler and what it awaits, including layers nested inside this one
+/// (an inner layer on the same key re-enters this layer's lock, and holds it
+/// only as long as this layer does) and sub-requests the handler serves in
+/// process through a router (they see the request's locks, but the locks
+/// their own layers take are theirs: two concurrent sub-requests on one key
+/// still exclude each other). Concurrent branches of one handler
+/// (`tokio::join!`) that lock the same key share it, as any re-entrant lock
+/// would. A task the handler spawns is not part of the request, nor is
 /// another request, even for the same key: those wait as usual, which is
 /// the point of the lock. Outside a request there is no re-entrancy: a
 /// second `lock` of a held key waits.

@@ -1,49 +1,95 @@
 //! Re-entrancy: the locks the request being served already holds.
 //!
-//! The [`LockLayer`](crate::LockLayer)'s response future runs the inner
-//! service's future inside a task-local scope that lists the request's locks:
+//! The [`LockLayer`](crate::LockLayer) calls and polls the inner service
+//! inside a thread-local scope that lists the request's locks:
 //! the layer's own, then every lock the handler takes while it runs. An
 //! acquisition that finds its key there, through the same backend, does not
 //! ask the backend (it would wait for itself): it gets a nested guard on the
-//! same lock, or at once an error if the modes cannot share.
+//! same lock, or at once an error if the modes cannot share. A layer inside
+//! another copies the outer layers' locks into its scope. The scope is set
+//! only while the inner service is called or polled: the inner future is
+//! dropped outside it.
 
 use std::cell::RefCell;
-use std::future::Future;
 use std::sync::{Arc, Weak};
-
-use tokio::task::futures::TaskLocalFuture;
 
 use crate::error::LockError;
 use crate::guard::{HeldLock, LockGuard, SharedLease};
 use crate::key::LockKey;
+use crate::lost::LostSignal;
 use crate::mode::LockMode;
 
-tokio::task_local! {
-    static REQUEST: RefCell<RequestLocks>;
-}
+// A reference to the request's locks, set while its service runs: only a
+// pointer is swapped in and out at each poll, where a value-holding task
+// local would copy the whole list in and out.
+scoped_tls::scoped_thread_local!(static REQUEST: RequestLocks);
 
-/// The locks one request holds: the layer's, described (the layer releases
-/// it when the response is ready, so nested guards only borrow it), and
-/// those its handler took, weakly, so that one released early is not kept
-/// alive here.
-#[derive(Default)]
+/// The locks one request holds: the layer's own guard, which it releases
+/// when the response is ready (so nested guards only borrow it), those of
+/// the layers around it, and those its handler took, weakly, so that one
+/// released early is not kept alive here. It lives in the layer's response
+/// future.
 pub(crate) struct RequestLocks {
+    /// The layer's guard and the [`Backend::instance_id`](crate::Backend::instance_id)
+    /// of its backend.
+    layer: Option<(usize, LockGuard)>,
+    /// The locks of the layers this one runs inside, innermost last: the
+    /// scope of an inner layer hides the outer one's. Empty (no allocation)
+    /// unless layers are nested.
+    outer: Vec<(usize, HeldLock)>,
     // The `Vec` only allocates when a handler takes locks.
-    layer: Option<(usize, HeldLock)>,
-    taken: Vec<Weak<SharedLease>>,
+    taken: RefCell<Vec<Weak<SharedLease>>>,
 }
 
-/// `future`, run with the layer's lock `held` (through the backend
-/// `backend_id`) as the request's first lock.
-pub(crate) fn scope<F: Future>(
-    layer: Option<(usize, HeldLock)>,
-    future: F,
-) -> TaskLocalFuture<RefCell<RequestLocks>, F> {
-    let locks = RequestLocks {
-        layer,
-        taken: Vec::new(),
-    };
-    REQUEST.scope(RefCell::new(locks), future)
+impl RequestLocks {
+    /// The locks of a request that holds the layer's `guard` (none when it
+    /// passed through unlocked), taken through the backend `backend_id`,
+    /// inside the scope of any layer around this one.
+    pub(crate) fn new(layer: Option<(usize, LockGuard)>) -> Self {
+        let outer = in_request(|around| {
+            let mut outer = around.outer.clone();
+            outer.extend(around.layer.as_ref().map(|(id, g)| (*id, g.held().clone())));
+            outer
+        });
+        RequestLocks {
+            layer,
+            outer: outer.unwrap_or_default(),
+            taken: RefCell::default(),
+        }
+    }
+
+    /// Every layer's lock in this scope, innermost first.
+    fn layer_locks(&self) -> impl Iterator<Item = (usize, &HeldLock)> {
+        let own = self.layer.as_ref().map(|(id, g)| (*id, g.held()));
+        own.into_iter()
+            .chain(self.outer.iter().rev().map(|(id, held)| (*id, held)))
+    }
+
+    /// Runs `f` (a call or a poll of the inner service) as this request.
+    pub(crate) fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
+        REQUEST.set(self, f)
+    }
+
+    /// The lost signal of the layer's lock.
+    pub(crate) fn layer_lost(&self) -> Option<&LostSignal> {
+        self.layer.as_ref().map(|(_, g)| g.held().lost_signal())
+    }
+
+    /// Takes the layer's guard out, to release it or hand it to the body.
+    pub(crate) fn take_layer(&mut self) -> Option<LockGuard> {
+        self.layer.take().map(|(_, g)| g)
+    }
+}
+
+/// `f` on the locks of the request being served; `None` outside one.
+fn in_request<R>(f: impl FnOnce(&RequestLocks) -> R) -> Option<R> {
+    REQUEST.is_set().then(|| REQUEST.with(f))
+}
+
+/// The lock the innermost layer that holds one holds for the request being
+/// served, if any.
+pub(crate) fn layer_lock() -> Option<HeldLock> {
+    in_request(|locks| locks.layer_locks().next().map(|(_, held)| held.clone())).flatten()
 }
 
 /// What to do with an acquisition of `key` in `mode` on the backend
@@ -55,27 +101,24 @@ pub(crate) fn reenter(
     key: &LockKey,
     mode: LockMode,
 ) -> Option<Result<LockGuard, LockError>> {
-    REQUEST
-        .try_with(|locks| {
-            let locks = locks.borrow();
-            let held_by_layer = locks
-                .layer
-                .as_ref()
-                .filter(|(id, held)| *id == backend_id && held.key == *key);
-            if let Some((_, held)) = held_by_layer {
-                return Some(nest(held, mode, || LockGuard::borrowed(held.clone())));
-            }
-            let shared = locks
-                .taken
-                .iter()
-                .filter_map(Weak::upgrade)
-                .find(|s| s.backend_id == backend_id && s.held.key == *key)?;
-            Some(nest(&shared.held, mode, || {
-                LockGuard::nested(shared.clone())
-            }))
-        })
-        .ok()
-        .flatten()
+    in_request(|locks| {
+        let held_by_layer = locks
+            .layer_locks()
+            .find(|(id, held)| *id == backend_id && held.key == *key);
+        if let Some((_, held)) = held_by_layer {
+            return Some(nest(held, mode, || LockGuard::borrowed(held.clone())));
+        }
+        let shared = locks
+            .taken
+            .borrow()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|s| s.backend_id == backend_id && s.held.key == *key)?;
+        Some(nest(&shared.held, mode, || {
+            LockGuard::nested(shared.clone())
+        }))
+    })
+    .flatten()
 }
 
 /// A nested guard if `held` can be re-entered in `wanted` mode.
@@ -99,15 +142,15 @@ fn nest(
 /// `backend_id`, so that a later acquisition of the same key in the same
 /// request re-enters it. Outside a request it costs one thread-local look.
 pub(crate) fn record(guard: &mut LockGuard, backend_id: usize) {
-    let _ = REQUEST.try_with(|locks| {
+    in_request(|locks| {
         let Some(shared) = guard.share(backend_id) else {
             return;
         };
-        let mut locks = locks.borrow_mut();
+        let mut taken = locks.taken.borrow_mut();
         // Forget released locks, so a handler taking many in turn does not
         // grow the list.
-        locks.taken.retain(|w| w.strong_count() > 0);
-        locks.taken.push(Arc::downgrade(shared));
+        taken.retain(|w| w.strong_count() > 0);
+        taken.push(Arc::downgrade(shared));
     });
 }
 

@@ -153,6 +153,161 @@ async fn a_handler_relocking_its_own_key_reenters_with_the_same_token() {
     assert_eq!(backend.active_keys(), 0, "a lock leaked");
 }
 
+/// Two layers on one route: the outer locks the tenant (a header), the
+/// inner the SKU (a path parameter, passed through unlocked when absent).
+/// The handler sees the innermost lock held, and re-enters the outer one's
+/// key rather than wait for it until the wait runs out.
+#[tokio::test]
+async fn nested_layers_each_lock_is_seen_and_reentered() {
+    let backend = MemoryBackend::new();
+    let tenant = LockLayer::new(backend.clone(), Header::new("x-tenant"))
+        .namespace("tenant")
+        .wait(Duration::from_secs(5));
+    let sku = LockLayer::new(backend.clone(), QueryParam("sku"))
+        .namespace("sku")
+        .on_missing_key(OnMissingKey::PassThrough);
+    let locker = tenant.locker().clone();
+    let handler = post(|locker: Locker, held: HeldLock| async move {
+        // The tenant's key, held by the outer layer: re-entered at once
+        // (fail-fast: waiting for it would be waiting for itself).
+        let again = locker.lock("t1").fail_fast().await?;
+        assert_eq!(again.key().as_str(), "tenant:t1");
+        if held.key().as_str() == "tenant:t1" {
+            assert_eq!(
+                again.token(),
+                held.token(),
+                "a nested guard shares the token"
+            );
+        }
+        Ok::<_, LockError>(held.key().to_string())
+    });
+    let app = Router::new()
+        .route("/orders", handler)
+        .route_layer(sku)
+        .route_layer(tenant)
+        .layer(Extension(locker));
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let tenant: &[(&str, &[u8])] = &[("x-tenant", b"t1")];
+    // Both layers lock: the handler's lock is the inner one's.
+    let reply = c.send("POST", "/orders?sku=A1", tenant).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body, "sku:A1");
+    // The inner layer passes through: the outer one's lock is the handler's.
+    let reply = c.send("POST", "/orders", tenant).await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body, "tenant:t1");
+    assert_eq!(backend.active_keys(), 0, "a lock leaked");
+}
+
+/// A handler that serves sub-requests in process, through a router under a
+/// layer, concurrently and on the same key: each sub-request's lock still
+/// excludes the other's (a layer's own lock is not shared with its
+/// siblings through the parent request), and none is left behind.
+#[tokio::test]
+async fn concurrent_sub_requests_on_one_key_still_exclude() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
+
+    let backend = MemoryBackend::new();
+    let inside = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let sub: Router = Router::new()
+        .route(
+            "/sku/{sku}",
+            post({
+                let inside = inside.clone();
+                move || async move {
+                    let now = inside.0.fetch_add(1, Ordering::SeqCst) + 1;
+                    inside.1.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    inside.0.fetch_sub(1, Ordering::SeqCst);
+                    "done"
+                }
+            }),
+        )
+        .route_layer(LockLayer::new(backend.clone(), PathParam("sku")).namespace("sku"));
+    let parent = post(move || async move {
+        let call = |sub: Router| {
+            let request = http::Request::post("/sku/A1")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            sub.oneshot(request)
+        };
+        let (a, b) = tokio::join!(call(sub.clone()), call(sub));
+        format!("{} {}", a.unwrap().status(), b.unwrap().status())
+    });
+    let app = Router::new()
+        .route("/batch/{id}", parent)
+        .route_layer(LockLayer::new(backend.clone(), PathParam("id")).namespace("batch"));
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/batch/7").await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body, "200 OK 200 OK");
+    assert_eq!(
+        inside.1.load(Ordering::SeqCst),
+        1,
+        "two sub-requests ran at once on one key"
+    );
+    assert_eq!(backend.active_keys(), 0, "a lock leaked");
+}
+
+/// With `held_lock_extension`, an inner service that handles the request
+/// on another task finds the lock in the extensions, whether the layer got
+/// it at once or had to wait; without it, only through `HeldLock::current`.
+#[tokio::test]
+async fn the_held_lock_extension_reaches_another_task() {
+    use tower::{Service, ServiceExt};
+
+    let backend = MemoryBackend::new();
+    let service = |insert: bool| {
+        tower::ServiceBuilder::new()
+            .layer(LockLayer::new(backend.clone(), QueryParam("job")).held_lock_extension(insert))
+            .service_fn(|req: http::Request<axum::body::Body>| async move {
+                let current = HeldLock::current().map(|h| h.token());
+                let spawned =
+                    tokio::spawn(
+                        async move { req.extensions().get::<HeldLock>().map(|h| h.token()) },
+                    );
+                let text = format!("{current:?} {:?}", spawned.await.unwrap());
+                Ok::<_, std::convert::Infallible>(axum::response::IntoResponse::into_response(text))
+            })
+    };
+    let request = || {
+        http::Request::post("/?job=9")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let text = |res: axum::response::Response| async move {
+        let body = axum::body::to_bytes(res.into_body(), 1024).await.unwrap();
+        String::from_utf8(body.to_vec()).unwrap()
+    };
+    // Granted at once.
+    let res = service(true).oneshot(request()).await.unwrap();
+    assert_eq!(
+        text(res).await,
+        "Some(FencingToken(1)) Some(FencingToken(1))"
+    );
+    let res = service(false).oneshot(request()).await.unwrap();
+    assert_eq!(text(res).await, "Some(FencingToken(2)) None");
+    // Granted after a wait.
+    let held = backend.lock("9").await.unwrap();
+    let mut waiting = service(true);
+    let pending = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut waiting)
+        .await
+        .unwrap()
+        .call(request());
+    let pending = tokio::spawn(pending);
+    eventually("the request queued", || backend.queued("9") == 1).await;
+    drop(held);
+    let res = pending.await.unwrap().unwrap();
+    assert_eq!(
+        text(res).await,
+        "Some(FencingToken(4)) Some(FencingToken(4))"
+    );
+    assert_eq!(backend.active_keys(), 0, "a lock leaked");
+}
+
 #[tokio::test]
 async fn a_write_holder_may_read_but_a_reader_may_not_write() {
     let backend = MemoryBackend::new();

@@ -8,9 +8,11 @@ use http::StatusCode;
 use crate::guard::HeldLock;
 
 /// Rejection of the [`HeldLock`] and [`Locker`](crate::Locker) extractors when
-/// the request did not pass through a [`LockLayer`](crate::LockLayer) (for
-/// `Locker`: no `axum::Extension(locker)` was added): a server
-/// misconfiguration, answered 500 with a body that says how to fix it.
+/// the request holds no lock from a [`LockLayer`](crate::LockLayer) (it did
+/// not pass through one, or the layer let it through unlocked: use
+/// `Option<HeldLock>` there) or, for `Locker`, when no
+/// `axum::Extension(locker)` was added: a server misconfiguration, answered
+/// 500 with a body that says how to fix it.
 ///
 /// # Examples
 ///
@@ -78,12 +80,8 @@ impl IntoResponse for MissingLockExtension {
 impl<S: Send + Sync> FromRequestParts<S> for HeldLock {
     type Rejection = MissingLockExtension;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<HeldLock>()
-            .cloned()
-            .ok_or(MissingLockExtension { what: "HeldLock" })
+    async fn from_request_parts(_parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        HeldLock::current().ok_or(MissingLockExtension { what: "HeldLock" })
     }
 }
 
@@ -106,9 +104,9 @@ impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for HeldLock {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(
-        parts: &mut Parts,
+        _parts: &mut Parts,
         _state: &S,
     ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<HeldLock>().cloned())
+        Ok(HeldLock::current())
     }
 }

@@ -81,7 +81,7 @@ pin_project! {
     ///
     /// // A plain tower service: no axum.
     /// let debit = tower::service_fn(|req: Request<()>| async move {
-    ///     let held = req.extensions().get::<HeldLock>().expect("under the layer");
+    ///     let held = HeldLock::current().expect("under the layer");
     ///     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(format!("debited {}", held.key())))))
     /// });
     /// let service = ServiceBuilder::new()

@@ -83,6 +83,8 @@ pub(crate) struct Config {
     pub(crate) on_missing: OnMissingKey,
     pub(crate) on_lost: OnLost,
     pub(crate) hold_body: bool,
+    /// Whether the request extensions get a copy of the `HeldLock`.
+    pub(crate) held_lock_extension: bool,
     pub(crate) retry_after: Duration,
     pub(crate) grpc: bool,
     pub(crate) reject: Option<Arc<RejectFn>>,

@@ -1,4 +1,3 @@
-use std::cell::RefCell;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -8,7 +7,6 @@ use std::task::{ready, Context, Poll};
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::task::futures::TaskLocalFuture;
 use tower_service::Service;
 
 use super::config::{Config, OnLost, Policy};
@@ -16,8 +14,7 @@ use super::LockableBody;
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::lock_future::LockFuture;
-use crate::lost::LostSignal;
-use crate::reentry::{self, RequestLocks};
+use crate::reentry::RequestLocks;
 use crate::rejection::{FromLockError, LockRejection};
 
 pin_project! {
@@ -71,14 +68,14 @@ pin_project! {
             pending: Box<Pending<S, ReqBody>>,
         },
         Running {
-            // Run in the request's re-entrancy scope: the handler's locks on
-            // its own key re-enter the layer's.
+            // Polled in the request's re-entrancy scope, `locks`: the
+            // handler's locks on its own key re-enter the layer's.
             #[pin]
-            future: TaskLocalFuture<RefCell<RequestLocks>, S::Future>,
-            // Dropped after `future`: fields drop in order, so a handler that
-            // is cancelled stops before its lock is released.
-            guard: Option<LockGuard>,
-            lost: LostSignal,
+            future: S::Future,
+            // Holds the layer's guard. Dropped after `future`: fields drop
+            // in order, so a handler that is cancelled stops before its lock
+            // is released.
+            locks: RequestLocks,
         },
     }
 }
@@ -87,20 +84,21 @@ impl<S, ReqBody> State<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    /// The inner service's `future` running under `guard` (none when the
-    /// request passed through unlocked), in the request's re-entrancy scope.
-    fn running(future: S::Future, guard: Option<LockGuard>, config: &Config) -> Self {
-        let lost = guard
-            .as_ref()
-            .map_or_else(LostSignal::never, |g| g.held().lost_signal().clone());
-        let layer_lock = guard
-            .as_ref()
-            .map(|g| (config.locker.backend().instance_id(), g.held().clone()));
-        State::Running {
-            future: reentry::scope(layer_lock, future),
-            guard,
-            lost,
+    /// Calls `service` with `request`, under the layer's `guard` (none when
+    /// the request passes through unlocked), in the request's scope.
+    fn call(
+        service: &mut S,
+        mut request: Request<ReqBody>,
+        guard: Option<LockGuard>,
+        config: &Config,
+    ) -> Self {
+        if let Some(guard) = guard.as_ref().filter(|_| config.held_lock_extension) {
+            request.extensions_mut().insert(guard.held().clone());
         }
+        let backend_id = config.locker.backend().instance_id();
+        let locks = RequestLocks::new(guard.map(|g| (backend_id, g)));
+        let future = locks.enter(|| service.call(request));
+        State::Running { future, locks }
     }
 }
 
@@ -124,9 +122,15 @@ where
         }
     }
 
-    pub(crate) fn running(future: S::Future, guard: Option<LockGuard>, config: &Config) -> Self {
+    /// Calls `service` with `request` under `guard` (see [`State::call`]).
+    pub(crate) fn call(
+        service: &mut S,
+        request: Request<ReqBody>,
+        guard: Option<LockGuard>,
+        config: &Config,
+    ) -> Self {
         ResponseFuture {
-            state: State::running(future, guard, config),
+            state: State::call(service, request, guard, config),
             policy: config.policy(),
         }
     }
@@ -173,8 +177,8 @@ where
                         Ok(guard) => {
                             let request = pending.request.take().expect("request present");
                             let mut service = pending.service.take().expect("service present");
-                            let future = service.call(with_lock(request, &guard));
-                            let running = State::running(future, Some(guard), &pending.config);
+                            let running =
+                                State::call(&mut service, request, Some(guard), &pending.config);
                             this.state.set(running);
                         }
                         Err(e) => {
@@ -185,26 +189,26 @@ where
                         }
                     }
                 }
-                StateProj::Running {
-                    future,
-                    guard,
-                    lost,
-                } => {
+                StateProj::Running { future, locks } => {
                     let abort = this.policy.on_lost == OnLost::Abort;
+                    let lost = locks.layer_lost().filter(|_| abort);
                     // One atomic load before the handler runs; a waker is
                     // registered only if the handler has to wait.
-                    let result = if abort && lost.is_lost() {
+                    let result = if lost.is_some_and(|l| l.is_lost()) {
                         None
                     } else {
-                        match future.poll(cx) {
+                        match locks.enter(|| future.poll(cx)) {
                             Poll::Ready(result) => Some(result),
-                            Poll::Pending if abort && lost.poll_lost(cx).is_ready() => None,
+                            Poll::Pending if lost.is_some_and(|l| l.poll_lost(cx).is_ready()) => {
+                                None
+                            }
                             Poll::Pending => return Poll::Pending,
                         }
                     };
-                    let guard = guard.take();
+                    let guard = locks.take_layer();
                     let Some(result) = result else {
-                        let reason = lost.reason().unwrap_or("lock lost").to_owned();
+                        let reason = guard.as_ref().and_then(|g| g.held().lost_signal().reason());
+                        let reason = reason.unwrap_or("lock lost").to_owned();
                         tracing::warn!(
                             key = guard.as_ref().map(|g| g.key().as_str()),
                             reason,
@@ -248,11 +252,4 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
-}
-
-/// Puts the held lock in the request extensions, for the `HeldLock`
-/// extractor.
-pub(super) fn with_lock<B>(mut request: Request<B>, guard: &LockGuard) -> Request<B> {
-    request.extensions_mut().insert(guard.held().clone());
-    request
 }

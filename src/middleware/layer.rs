@@ -30,8 +30,9 @@ use crate::source::KeySource;
 /// [`LockRejection`] lists the statuses, and [`on_rejection`](Self::on_rejection)
 /// replaces them.
 ///
-/// The layer puts a [`HeldLock`](crate::HeldLock) in the request extensions
-/// for handlers to extract. To take more locks inside a handler, give it the
+/// Handlers find the lock it holds with the [`HeldLock`](crate::HeldLock)
+/// extractor, or [`HeldLock::current`](crate::HeldLock::current) without
+/// axum. To take more locks inside a handler, give it the
 /// layer's [`Locker`] with `.layer(axum::Extension(layer.locker().clone()))`:
 /// it locks under the layer's namespace, wait and lease, so
 /// `locker.lock("A1")` in a handler and a request for `A1` exclude each
@@ -81,6 +82,7 @@ impl LockLayer {
                 on_missing: OnMissingKey::Reject,
                 on_lost: OnLost::Abort,
                 hold_body: false,
+                held_lock_extension: false,
                 retry_after: Duration::from_secs(1),
                 grpc: false,
                 reject: None,
@@ -159,6 +161,42 @@ impl LockLayer {
     /// streamed from the locked state.
     pub fn hold_until_body_sent(self, hold: bool) -> Self {
         self.edit(|c| c.hold_body = hold)
+    }
+
+    /// Also puts a copy of the [`HeldLock`](crate::HeldLock) in the request
+    /// extensions, for inner services that read it where
+    /// [`HeldLock::current`](crate::HeldLock::current) cannot: on another
+    /// task (behind a `tower::buffer::Buffer`, or a handler that hands the
+    /// request to a spawned task). Off by default: it costs every request
+    /// an allocation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use bytes::Bytes;
+    /// use http::{Request, Response};
+    /// use http_body_util::Full;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_lock::{HeldLock, LockBody, LockLayer, MemoryBackend, QueryParam};
+    ///
+    /// let service = ServiceBuilder::new()
+    ///     .layer(LockLayer::new(MemoryBackend::new(), QueryParam("job")).held_lock_extension(true))
+    ///     .service_fn(|req: Request<()>| async move {
+    ///         // Handled on another task: no `HeldLock::current()` there.
+    ///         let key = tokio::spawn(async move {
+    ///             let held = req.extensions().get::<HeldLock>().expect("put there by the layer");
+    ///             held.key().to_string()
+    ///         });
+    ///         let body = LockBody::wrap(Full::new(Bytes::from(key.await.unwrap())));
+    ///         Ok::<_, std::convert::Infallible>(Response::new(body))
+    ///     });
+    /// let res = service.oneshot(Request::post("/?job=9").body(()).unwrap()).await.unwrap();
+    /// assert_eq!(res.status(), 200);
+    /// # }
+    /// ```
+    pub fn held_lock_extension(self, insert: bool) -> Self {
+        self.edit(|c| c.held_lock_extension = insert)
     }
 
     /// The `Retry-After` of a 423 or 503 answer, rounded up to whole seconds.
@@ -261,6 +299,7 @@ impl fmt::Debug for LockLayer {
             .field("on_missing", &c.on_missing)
             .field("on_lost", &c.on_lost)
             .field("hold_body", &c.hold_body)
+            .field("held_lock_extension", &c.held_lock_extension)
             .finish_non_exhaustive()
     }
 }

@@ -8,7 +8,6 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::config::{Config, OnMissingKey};
-use super::future::with_lock;
 use super::{LockableBody, ResponseFuture};
 use crate::key::KeyError;
 use crate::lock_future::LockFuture;
@@ -30,7 +29,7 @@ use crate::source::KeySource;
 ///
 /// // A plain tower service: no axum.
 /// let debit = tower::service_fn(|req: Request<()>| async move {
-///     let held = req.extensions().get::<HeldLock>().expect("under the layer");
+///     let held = HeldLock::current().expect("under the layer");
 ///     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(format!("debited {}", held.key())))))
 /// });
 /// let service = ServiceBuilder::new()
@@ -92,7 +91,7 @@ impl<S> LockService<S> {
     {
         let config = &self.config;
         if config.on_missing == OnMissingKey::PassThrough {
-            return ResponseFuture::running(self.inner.call(request), None, config);
+            return ResponseFuture::call(&mut self.inner, request, None, config);
         }
         let source = config.source.describe();
         ResponseFuture::rejected(LockRejection::MissingKey { source, reason }, config)
@@ -134,14 +133,13 @@ where
         let mode = config.mode_for(&parts);
         let backend = &**locker.backend();
         let (wait, lease) = (locker.default_wait(), locker.default_lease());
-        let mut lock = LockFuture::start(backend, key, mode, wait, None, lease);
+        let mut lock = LockFuture::start(backend, key, mode, wait, None, lease).unrecorded();
         match lock.try_ready() {
             // Granted at once (uncontended memory backend): `self.inner` was
             // made ready by `poll_ready`, so call it now.
             Some(Ok(guard)) => {
-                let request = with_lock(Request::from_parts(parts, body), &guard);
-                let future = self.inner.call(request);
-                ResponseFuture::running(future, Some(guard), config)
+                let request = Request::from_parts(parts, body);
+                ResponseFuture::call(&mut self.inner, request, Some(guard), config)
             }
             Some(Err(e)) => ResponseFuture::rejected(LockRejection::Lock(e), config),
             None => {
