@@ -15,6 +15,16 @@ use super::free_ports;
 /// The name the Sentinels monitor the master under.
 pub const MASTER: &str = "locks";
 
+/// How long the master may be silent before the Sentinels fail it over
+/// while the group comes up: long, so that a loaded machine (a full
+/// resynchronisation's fork, other suites' servers) cannot fail it over
+/// before a test begins. Once ready, the group sets [`DOWN_AFTER_MS`].
+const STARTING_DOWN_AFTER_MS: u64 = 60_000;
+
+/// How long the master may be silent before the Sentinels fail it over,
+/// once the group is up: the tests wait for failovers.
+const DOWN_AFTER_MS: u64 = 1_000;
+
 pub struct SentinelGroup {
     dir: PathBuf,
     /// The Redis servers' ports; server 0 starts as the master.
@@ -87,7 +97,7 @@ impl SentinelGroup {
             format!(
                 "port {}\nbind 127.0.0.1\ndir {}\n\
                  sentinel monitor {MASTER} 127.0.0.1 {} 2\n\
-                 sentinel down-after-milliseconds {MASTER} 1000\n\
+                 sentinel down-after-milliseconds {MASTER} {STARTING_DOWN_AFTER_MS}\n\
                  sentinel failover-timeout {MASTER} 3000\n",
                 self.sentinels[i],
                 self.dir.display(),
@@ -194,25 +204,63 @@ impl SentinelGroup {
             .unwrap()
     }
 
-    /// Every Sentinel knows the master and both replicas.
+    /// Every Sentinel knows the master and both replicas; then the
+    /// Sentinels fail the master over after [`DOWN_AFTER_MS`] of silence.
     async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut ready = true;
+            let mut seen = Vec::new();
             for i in 0..3 {
-                ready &= self.master_port(i).await == Some(self.redis[0]);
-                ready &= self.replicas_known(i).await == 2;
+                seen.push((self.master_port(i).await, self.replicas_known(i).await));
             }
-            if ready {
-                return;
+            if seen.iter().all(|&s| s == (Some(self.redis[0]), 2)) {
+                break;
             }
             assert!(
                 Instant::now() < deadline,
-                "the Sentinels did not come up (logs in {})",
-                self.dir.display()
+                "the Sentinels did not come up in 30 s: master {}, replicas {:?}; \
+                 each Sentinel's (master port, replicas known): {seen:?}\n{}",
+                self.redis[0],
+                &self.redis[1..],
+                self.log_tails()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        for i in 0..3 {
+            let set: Option<String> = self
+                .sentinel_command(
+                    i,
+                    redis::cmd("SENTINEL")
+                        .arg("SET")
+                        .arg(MASTER)
+                        .arg("down-after-milliseconds")
+                        .arg(DOWN_AFTER_MS),
+                )
+                .await;
+            assert_eq!(
+                set.as_deref(),
+                Some("OK"),
+                "Sentinel {i} takes the down-after time"
+            );
+        }
+    }
+
+    /// The last lines of every server's log, for a failure message (a CI
+    /// run's logs are gone with its machine).
+    fn log_tails(&self) -> String {
+        let mut out = String::new();
+        let names = (0..3).map(|i| format!("redis{i}"));
+        for name in names.chain((0..3).map(|i| format!("sentinel{i}"))) {
+            let text =
+                std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {name}.log, last lines:\n"));
+            for line in &lines[lines.len().saturating_sub(8)..] {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     async fn replicas_known(&self, i: usize) -> usize {
