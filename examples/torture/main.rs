@@ -35,6 +35,7 @@
 mod checks;
 mod clients;
 mod fault_proxy;
+mod faults;
 mod history;
 mod nemesis;
 mod redis_groups;

@@ -12,63 +12,13 @@ use tower_lock::{Backend, MemoryBackend};
 use crate::checks::{leaks, liveness};
 use crate::clients::Clients;
 use crate::fault_proxy::{Fault, FaultProxy};
+use crate::faults::{self, FaultKind};
 use crate::history::{now_ns, Event, History, ProcessFault};
 use crate::redis_groups::Failover;
 use crate::register::Register;
 use crate::servers::{signal_pid, step_clock, Kind, Server};
 use crate::worker::{self, ClientArgs, Rng, Sink, Worker};
 use crate::Args;
-
-/// A fault the nemesis can inject.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum FaultKind {
-    /// Both directions between clients and one server held.
-    Partition,
-    /// Client-to-server held; server-to-client flows.
-    PartitionUp,
-    /// Server-to-client held; client-to-server flows.
-    PartitionDown,
-    /// Connections to one server closed, new ones refused.
-    Drop,
-    /// Up to a quarter lease of latency on one server's traffic.
-    Latency,
-    /// `kill -9` of a client process (a new one takes its place).
-    Kill,
-    /// `SIGSTOP` of a client process for one and a half leases.
-    Pause,
-    /// `kill -9` of a server and a restart.
-    ServerKill,
-    /// `SIGSTOP` of a server for one and a half leases.
-    ServerPause,
-    /// Redlock: one server's wall clock stepped forward by two leases
-    /// (Kleppmann's case against Redlock), emulated: see [`step_clock`].
-    Clock,
-    /// In process: a waiting or holding task cancelled.
-    Cancel,
-    /// In process: a holder panics.
-    Panic,
-}
-
-const ALL: [(FaultKind, &str); 12] = [
-    (FaultKind::Partition, "partition"),
-    (FaultKind::PartitionUp, "partition-up"),
-    (FaultKind::PartitionDown, "partition-down"),
-    (FaultKind::Drop, "drop"),
-    (FaultKind::Latency, "latency"),
-    (FaultKind::Kill, "kill"),
-    (FaultKind::Pause, "pause"),
-    (FaultKind::ServerKill, "server-kill"),
-    (FaultKind::ServerPause, "server-pause"),
-    (FaultKind::Clock, "clock"),
-    (FaultKind::Cancel, "cancel"),
-    (FaultKind::Panic, "panic"),
-];
-
-impl FaultKind {
-    fn name(self) -> &'static str {
-        ALL.iter().find(|(k, _)| *k == self).expect("listed").1
-    }
-}
 
 /// The planned run.
 pub struct Nemesis {
@@ -128,48 +78,7 @@ impl Nemesis {
         {
             return Err(format!("unknown backend {:?}", args.backend));
         }
-        let possible: Vec<FaultKind> = ALL
-            .iter()
-            .map(|(k, _)| *k)
-            .filter(|k| match (kind.as_str(), k) {
-                ("memory", FaultKind::Cancel | FaultKind::Panic) => true,
-                ("memory", _) | (_, FaultKind::Cancel | FaultKind::Panic) => false,
-                // Clients reach the Redis servers at the addresses the
-                // Sentinels (or the cluster) give, not through the proxies:
-                // the faults are the master's (kill, pause) and the
-                // clients'.
-                (
-                    "sentinel" | "sentinel-wait" | "cluster" | "cluster-wait",
-                    FaultKind::Partition
-                    | FaultKind::PartitionUp
-                    | FaultKind::PartitionDown
-                    | FaultKind::Drop
-                    | FaultKind::Latency,
-                ) => false,
-                (_, FaultKind::ServerKill | FaultKind::ServerPause) => given.is_none(),
-                (kind, FaultKind::Clock) => kind == "redlock" && given.is_none(),
-                _ => true,
-            })
-            .collect();
-        let faults = match args.nemesis.as_str() {
-            "all" => possible,
-            "none" => Vec::new(),
-            list => list
-                .split(',')
-                .map(|name| {
-                    let k = ALL
-                        .iter()
-                        .find(|(_, n)| *n == name)
-                        .map(|(k, _)| *k)
-                        .ok_or(format!("unknown fault {name:?}"))?;
-                    if possible.contains(&k) {
-                        Ok(k)
-                    } else {
-                        Err(format!("fault {name:?} does not apply to this backend (server faults need servers the harness starts)"))
-                    }
-                })
-                .collect::<Result<_, String>>()?,
-        };
+        let faults = faults::choose(&kind, given.is_some(), &args.nemesis)?;
         Ok(Nemesis {
             args: args.clone(),
             kind,
