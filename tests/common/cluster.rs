@@ -159,9 +159,9 @@ impl Cluster {
         while self.leader().await.is_none() {
             assert!(
                 Instant::now() < deadline,
-                "the {:?} cluster did not come up (logs in {})",
+                "the {:?} cluster did not come up\n{}",
                 self.engine,
-                self.dir.display()
+                super::log_tails(&self.dir)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -15,6 +15,36 @@ pub mod sentinel;
 /// A Redis Cluster of three masters and their replicas on loopback.
 pub mod redis_cluster;
 
+/// The last lines of every `*.log` under `dir` (a test's servers), for a
+/// failure message: a CI run's files are gone with its machine.
+pub fn log_tails(dir: &std::path::Path) -> String {
+    fn logs(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                logs(&path, found);
+            } else if path.extension().is_some_and(|e| e == "log") {
+                found.push(path);
+            }
+        }
+    }
+    let mut found = Vec::new();
+    logs(dir, &mut found);
+    found.sort();
+    let mut out = format!("logs in {}:\n", dir.display());
+    for path in found {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let name = path.strip_prefix(dir).unwrap_or(&path).display();
+        out.push_str(&format!("--- {name}, last lines:\n"));
+        for line in &lines[lines.len().saturating_sub(8)..] {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
 /// A free loopback port, for a server a test starts (or for one that is
 /// surely not listening).
 pub fn free_port() -> u16 {

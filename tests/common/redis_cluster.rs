@@ -362,8 +362,8 @@ impl RedisCluster {
         while !cond().await {
             assert!(
                 Instant::now() < deadline,
-                "{what}: not within 30 s (logs in {})",
-                self.dir.display()
+                "{what}: not within 30 s\n{}",
+                super::log_tails(&self.dir)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -222,7 +222,7 @@ impl SentinelGroup {
                  each Sentinel's (master port, replicas known): {seen:?}\n{}",
                 self.redis[0],
                 &self.redis[1..],
-                self.log_tails()
+                super::log_tails(&self.dir)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -243,24 +243,6 @@ impl SentinelGroup {
                 "Sentinel {i} takes the down-after time"
             );
         }
-    }
-
-    /// The last lines of every server's log, for a failure message (a CI
-    /// run's logs are gone with its machine).
-    fn log_tails(&self) -> String {
-        let mut out = String::new();
-        let names = (0..3).map(|i| format!("redis{i}"));
-        for name in names.chain((0..3).map(|i| format!("sentinel{i}"))) {
-            let text =
-                std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            out.push_str(&format!("--- {name}.log, last lines:\n"));
-            for line in &lines[lines.len().saturating_sub(8)..] {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-        out
     }
 
     async fn replicas_known(&self, i: usize) -> usize {
@@ -301,8 +283,8 @@ impl SentinelGroup {
             }
             assert!(
                 Instant::now() < deadline,
-                "no failover from port {old} within 30 s (logs in {})",
-                self.dir.display()
+                "no failover from port {old} within 30 s; each Sentinel's master: {named:?}\n{}",
+                super::log_tails(&self.dir)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -63,10 +63,7 @@ impl ZkServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!(
-            "ZooKeeper did not start; see {}",
-            self.dir.join("zookeeper.log").display()
-        );
+        panic!("ZooKeeper did not start\n{}", common::log_tails(&self.dir));
     }
 
     /// Kills the server and starts it again on the same port and data.
