@@ -84,66 +84,42 @@ impl LockFuture {
         deadline: Option<Instant>,
         lease: Duration,
     ) -> Self {
-        if let LockMode::Semaphore { permits: 0 } = mode {
-            return Self::failed(LockError::InvalidMode(
-                "a semaphore needs at least one permit".into(),
-            ));
+        match acquiring(backend, key, mode, wait, deadline, lease) {
+            Started::Later(state) => LockFuture {
+                state: Some(state),
+                sleep: None,
+                reentered: None,
+            },
+            Started::Now(Ok(guard)) => Self::reentered(guard),
+            Started::Now(Err(e)) => Self::failed(e),
         }
-        if !backend.capabilities().supports(mode) {
-            return Self::failed(LockError::InvalidMode(format!(
-                "the {} backend has no {mode} locks",
-                backend.name()
-            )));
-        }
-        let backend_id = backend.instance_id();
-        // A request that already holds the key must not wait for itself.
-        match crate::reentry::reenter(backend_id, &key, mode) {
-            None => {}
-            Some(Ok(guard)) => return Self::reentered(guard),
-            Some(Err(e)) => return Self::failed(e),
-        }
-        // The backend counts a shared deadline's remainder as its wait.
-        let backend_wait = match (deadline, wait) {
-            (Some(d), Wait::Timeout(_)) => {
-                Wait::Timeout(d.saturating_duration_since(Instant::now()))
-            }
-            _ => wait,
+    }
+
+    /// Starts the layer's own acquisition, which its scope lists, so it is
+    /// not recorded in the request's list (a sub-request's would land in the
+    /// parent's). The result at once when the backend decided without
+    /// waiting (the memory backend, uncontended; an invalid mode), else the
+    /// future to wait on: the layer then calls the inner service at once,
+    /// without a second state.
+    pub(crate) fn begin_unrecorded<B: Backend + ?Sized>(
+        backend: &B,
+        key: LockKey,
+        mode: LockMode,
+        wait: Wait,
+        lease: Duration,
+    ) -> Started<LockFuture> {
+        let mut state = match acquiring(backend, key, mode, wait, None, lease) {
+            Started::Later(state) => state,
+            Started::Now(now) => return Started::Now(now),
         };
-        let name = backend.name();
-        let span = tracing::debug_span!(
-            "lock",
-            key = %key,
-            backend = name,
-            mode = mode.as_str(),
-            wait_us = Empty,
-            hold_us = Empty,
-            outcome = Empty,
-        );
-        let request = LockRequest {
-            key: key.clone(),
-            mode,
-            wait: backend_wait,
-            lease,
-            tokens: 1,
-        };
-        let acquire = span.in_scope(|| backend.acquire(request));
-        // Queued from now, whenever the future is first polled.
-        let waiting_since = (!acquire.is_ready()).then(Instant::now);
-        LockFuture {
-            state: Some(Acquiring {
-                acquire: Ok(acquire),
-                key: Some(key),
-                mode,
-                backend: name,
-                backend_id,
-                wait,
-                deadline,
-                waiting_since,
-                record: true,
-                span,
+        state.record = false;
+        match state.acquire.as_mut().map(BackendFuture::take_ready) {
+            Ok(Some(result)) => Started::Now(finish(state, result)),
+            _ => Started::Later(LockFuture {
+                state: Some(state),
+                sleep: None,
+                reentered: None,
             }),
-            sleep: None,
-            reentered: None,
         }
     }
 
@@ -174,19 +150,8 @@ impl LockFuture {
         }
     }
 
-    /// Keeps the lock out of the request's re-entrancy list: the layer's
-    /// own acquisition, which its scope lists.
-    pub(crate) fn unrecorded(mut self) -> Self {
-        if let Some(state) = &mut self.state {
-            state.record = false;
-        }
-        self
-    }
-
-    /// The result, if the backend decided without waiting (the memory
-    /// backend's uncontended path, an invalid key). The layer uses it to call
-    /// the inner service at once instead of through a second state.
-    pub(crate) fn try_ready(&mut self) -> Option<Result<LockGuard, LockError>> {
+    /// The result, if the backend decided without waiting.
+    fn try_ready(&mut self) -> Option<Result<LockGuard, LockError>> {
         if let Some(guard) = self.reentered.take() {
             return Some(Ok(guard));
         }
@@ -200,6 +165,81 @@ impl LockFuture {
         };
         Some(finish(self.state.take()?, result))
     }
+}
+
+/// An acquisition just started: decided before any wait, or `W` to finish.
+pub(crate) enum Started<W> {
+    /// Granted (or re-entered) or refused without waiting.
+    Now(Result<LockGuard, LockError>),
+    /// To be finished: it may have to wait.
+    Later(W),
+}
+
+/// The checks and the backend call every acquisition starts with: the
+/// state to finish or wait on, or what was decided before asking the
+/// backend (a re-entered guard, an invalid mode).
+fn acquiring<B: Backend + ?Sized>(
+    backend: &B,
+    key: LockKey,
+    mode: LockMode,
+    wait: Wait,
+    deadline: Option<Instant>,
+    lease: Duration,
+) -> Started<Acquiring> {
+    if let LockMode::Semaphore { permits: 0 } = mode {
+        return Started::Now(Err(LockError::InvalidMode(
+            "a semaphore needs at least one permit".into(),
+        )));
+    }
+    if !backend.capabilities().supports(mode) {
+        return Started::Now(Err(LockError::InvalidMode(format!(
+            "the {} backend has no {mode} locks",
+            backend.name()
+        ))));
+    }
+    let backend_id = backend.instance_id();
+    // A request that already holds the key must not wait for itself.
+    match crate::reentry::reenter(backend_id, &key, mode) {
+        None => {}
+        Some(result) => return Started::Now(result),
+    }
+    // The backend counts a shared deadline's remainder as its wait.
+    let backend_wait = match (deadline, wait) {
+        (Some(d), Wait::Timeout(_)) => Wait::Timeout(d.saturating_duration_since(Instant::now())),
+        _ => wait,
+    };
+    let name = backend.name();
+    let span = tracing::debug_span!(
+        "lock",
+        key = %key,
+        backend = name,
+        mode = mode.as_str(),
+        wait_us = Empty,
+        hold_us = Empty,
+        outcome = Empty,
+    );
+    let request = LockRequest {
+        key: key.clone(),
+        mode,
+        wait: backend_wait,
+        lease,
+        tokens: 1,
+    };
+    let acquire = span.in_scope(|| backend.acquire(request));
+    // Queued from now, whenever the future is first polled.
+    let waiting_since = (!acquire.is_ready()).then(Instant::now);
+    Started::Later(Acquiring {
+        acquire: Ok(acquire),
+        key: Some(key),
+        mode,
+        backend: name,
+        backend_id,
+        wait,
+        deadline,
+        waiting_since,
+        record: true,
+        span,
+    })
 }
 
 /// Turns the backend's answer into a guard or an error, and traces it.

@@ -10,7 +10,7 @@ use tower_service::Service;
 use super::config::{Config, OnMissingKey};
 use super::{LockableBody, ResponseFuture};
 use crate::key::KeyError;
-use crate::lock_future::LockFuture;
+use crate::lock_future::{LockFuture, Started};
 use crate::rejection::LockRejection;
 use crate::source::KeySource;
 
@@ -133,16 +133,15 @@ where
         let mode = config.mode_for(&parts);
         let backend = &**locker.backend();
         let (wait, lease) = (locker.default_wait(), locker.default_lease());
-        let mut lock = LockFuture::start(backend, key, mode, wait, None, lease).unrecorded();
-        match lock.try_ready() {
+        match LockFuture::begin_unrecorded(backend, key, mode, wait, lease) {
             // Granted at once (uncontended memory backend): `self.inner` was
             // made ready by `poll_ready`, so call it now.
-            Some(Ok(guard)) => {
+            Started::Now(Ok(guard)) => {
                 let request = Request::from_parts(parts, body);
                 ResponseFuture::call(&mut self.inner, request, Some(guard), config)
             }
-            Some(Err(e)) => ResponseFuture::rejected(LockRejection::Lock(e), config),
-            None => {
+            Started::Now(Err(e)) => ResponseFuture::rejected(LockRejection::Lock(e), config),
+            Started::Later(lock) => {
                 // The ready instance goes into the future, to be called once
                 // the lock is held; a clone takes its place here.
                 let clone = self.inner.clone();
