@@ -230,9 +230,10 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for i in 0..3 {
-            self.signal(i, "CONT");
-            self.kill(i);
+        for member in &mut self.members {
+            if let Some(child) = &mut member.child {
+                super::stop(child);
+            }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -85,21 +85,20 @@ pub async fn no_task_left_after(before: usize) {
 /// `kill -SIGNAL` (`STOP`, `CONT`) of a server a test started; whether it
 /// was sent.
 pub fn signal(child: &std::process::Child, signal: &str) -> bool {
+    send(child, signal).expect("kill runs").success()
+}
+
+fn send(child: &std::process::Child, signal: &str) -> std::io::Result<std::process::ExitStatus> {
     std::process::Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(child.id().to_string())
         .status()
-        .expect("kill runs")
-        .success()
 }
 
 /// Stops a server a test started, from a `Drop`: resumed in case a test
 /// left it paused, killed, its exit awaited. Never panics.
 pub fn stop(child: &mut std::process::Child) {
-    let _ = std::process::Command::new("kill")
-        .arg("-CONT")
-        .arg(child.id().to_string())
-        .status();
+    let _ = send(child, "CONT");
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -382,11 +382,8 @@ impl RedisCluster {
 
 impl Drop for RedisCluster {
     fn drop(&mut self) {
-        for child in &mut self.children {
-            if let Some(c) = child {
-                super::signal(c, "CONT");
-            }
-            super::kill(child.take());
+        for child in self.children.iter_mut().flatten() {
+            super::stop(child);
         }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);

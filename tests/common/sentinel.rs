@@ -293,13 +293,9 @@ impl SentinelGroup {
 
 impl Drop for SentinelGroup {
     fn drop(&mut self) {
-        for child in self.redis_children.iter_mut().flatten() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for child in &mut self.sentinel_children {
-            let _ = child.kill();
-            let _ = child.wait();
+        let redis = self.redis_children.iter_mut().flatten();
+        for child in redis.chain(&mut self.sentinel_children) {
+            super::stop(child);
         }
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
