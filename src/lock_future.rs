@@ -199,9 +199,8 @@ fn acquiring<B: Backend + ?Sized>(
     }
     let backend_id = backend.instance_id();
     // A request that already holds the key must not wait for itself.
-    match crate::reentry::reenter(backend_id, &key, mode) {
-        None => {}
-        Some(result) => return Started::Now(result),
+    if let Some(now) = crate::reentry::reenter(backend_id, &key, mode) {
+        return Started::Now(now);
     }
     // The backend counts a shared deadline's remainder as its wait.
     let backend_wait = match (deadline, wait) {
