@@ -112,19 +112,26 @@ async fn every_layout_works_on_every_master() {
     all.release().await.unwrap();
 
     // Waiting for replicas: granted while the slot's replica acknowledges,
-    // refused while it is stopped.
+    // refused while it is stopped. The grant may wait long: with every test
+    // of this file running its own cluster, an acknowledgement can take more
+    // than the 200 ms the refusal waits.
     let waits = backend(
+        &cluster.url("?wait_replicas=1&wait_timeout_ms=5000"),
+        RedisOptions::default().response_timeout(Duration::from_secs(10)),
+    )
+    .await;
+    waits.lock(key).await.unwrap().release().await.unwrap();
+    let refuses = backend(
         &cluster.url("?wait_replicas=1&wait_timeout_ms=200"),
         RedisOptions::default(),
     )
     .await;
-    waits.lock(key).await.unwrap().release().await.unwrap();
     let (_, replica) = cluster
         .master_of(cluster.slot(&format!("lock:{{{key}}}")).await)
         .await;
     let replica = replica.expect("the master has a replica");
     cluster.signal(replica.port, "STOP");
-    let refused = waits.lock(key).fail_fast().await;
+    let refused = refuses.lock(key).fail_fast().await;
     cluster.signal(replica.port, "CONT");
     match refused {
         Err(LockError::Backend { message, .. }) if message.contains("replicas acknowledged") => {}
@@ -155,7 +162,7 @@ async fn every_layout_works_on_every_master() {
         .await
         .unwrap();
 
-    for backend in [&a, &b, &waits] {
+    for backend in [&a, &b, &waits, &refuses] {
         backend.flush().await;
     }
     assert_eq!(
