@@ -237,6 +237,7 @@ run "$bench" --backend memory "${contended[@]}"
 run "$bench" --backend memory "${contended[@]}" --no-lock
 run "$bench" --backend memory --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend memory --workload http --secs "$secs" --conns 32
+run "$bench" --backend memory --workload http --secs "$secs" --conns 32 --mount route
 run "$bench" --backend memory --workload http --secs "$secs" --conns 32 --calibrate
 
 # Close tee's input and let it finish writing, then draw the figures.

@@ -85,7 +85,7 @@ def values(lines, key):
 # The settings that mark a line as measured on something other than one
 # server in the default mode (bench/README.md): a line is drawn only where
 # every one of them is as asked (by default, absent).
-SETTINGS = ("servers", "sentinels", "wait_replicas", "mode", "via")
+SETTINGS = ("servers", "sentinels", "wait_replicas", "mode", "via", "mount")
 
 
 def settings(**given):
@@ -201,8 +201,14 @@ def panels(lines):
             Bar("Go concurrency.Mutex (etcdctl lock)",
                 contended(lines, "etcd", "go-concurrency-mutex"), PEER),
         ]))
-    http = select(lines, impl="tower-lock", backend="memory", workload="http")
-    hand = select(lines, impl="hand-mutex-map", backend="memory", workload="http")
+    http = select(lines, impl="tower-lock", backend="memory", workload="http", mount=None)
+    # The peer's lines of the same runs (they share the bare rate): a run
+    # with `--mount route` has its own bare rate, and older runs did not tag
+    # its peer line.
+    bares = {l.get("rps_bare") for l in http}
+    hand = [l for l in select(lines, impl="hand-mutex-map", backend="memory", workload="http",
+                              mount=None)
+            if l.get("rps_bare") in bares]
     calib = select(lines, impl="bare-vs-bare", backend="memory", workload="http")
     note = ""
     if calib:
@@ -212,7 +218,7 @@ def panels(lines):
     out.append(Panel(
         "Memory backend: POST /orders/{sku} over HTTP, 32 connections", "req/s", "higher", [
             Bar("bare route (no lock)", values(http, "rps_bare"), FLOOR),
-            Bar("tower-lock LockLayer", values(http, "rps_locked"), OURS,
+            Bar("tower-lock LockLayer on the handler", values(http, "rps_locked"), OURS,
                 note=ratio_note(http)),
             Bar("by hand: DashMap of tokio Mutexes", values(hand, "rps_locked"), PEER,
                 note=ratio_note(hand)),

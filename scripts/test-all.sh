@@ -130,13 +130,21 @@ cargo run -q --example plain_tower -- --self-test || die "plain_tower self-test 
 cargo run -q --example grpc | tail -n 1 | grep -qx "every lock released" || die "grpc example failed"
 
 step "bench example, short runs"
-for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16" "http --secs 1 --conns 4"; do
+for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16" "http --secs 1 --conns 4" \
+    "http --secs 1 --conns 4 --mount route"; do
     # shellcheck disable=SC2086
     line=$(cargo run -q --example bench -- --backend memory --workload $workload)
     echo "$line"
     # The http workload adds the hand-written peer's line after ours.
     first=${line%%$'\n'*}
     [[ "$first" == impl=tower-lock\ backend=memory\ * ]] || die "bench printed an unexpected line: $line"
+    if [[ "$workload" == *--mount\ route* ]]; then
+        # Both lines of the run, ours and the peer's, say how it was mounted.
+        [[ "$first" == *\ mount=route\ * && "${line#*$'\n'}" == *\ mount=route\ * ]] ||
+            die "bench did not tag --mount route: $line"
+    else
+        [[ "$line" != *mount=* ]] || die "bench tagged a run it did not mount with route_layer: $line"
+    fi
     [[ "$line" != *overlaps=* || "$line" == *overlaps=0* ]] || die "bench saw overlapping holders: $line"
 done
 for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL" "$TOWER_LOCK_MYSQL_URL" "$TOWER_LOCK_ETCD_URL"; do
@@ -164,6 +172,20 @@ line=$(cargo run -q --example bench -- --backend "$TOWER_LOCK_REDIS_URL" --workl
 echo "$line"
 [[ "$line" =~ overlaps=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -gt 0 ] ||
     die "the negative control across processes saw no overlap: $line"
+for bad in "--workload http --mount bogus" "--workload keys --mount route" "--workload http --calibrate --mount route"; do
+    set +e
+    # shellcheck disable=SC2086
+    cargo run -q --example bench -- --backend memory $bad 2>/dev/null
+    code=$?
+    set -e
+    [ "$code" -eq 2 ] || die "bench $bad should exit 2, got $code"
+done
+# The routes scripts/count-instructions.sh counts under callgrind answer.
+routes=$(cargo run -q --example http_instructions -- --routes)
+[ -n "$routes" ] || die "http_instructions --routes listed nothing"
+for route in $routes; do
+    cargo run -q --example http_instructions -- "$route" 10 || die "http_instructions $route failed"
+done
 line=$(cargo run -q --example bench -- --backend memory --workload http --secs 1 --conns 4 --calibrate)
 echo "$line"
 [[ "$line" == impl=bare-vs-bare\ * ]] || die "bench --calibrate printed: $line"

@@ -3,9 +3,9 @@
 
 use super::*;
 
-async fn order(Path(sku): Path<String>) -> String {
-    sku
-}
+use axum::handler::Handler;
+
+use orders::{order, order_mutex_map, MutexMap};
 
 async fn serve(app: Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -74,59 +74,6 @@ impl Clients {
     }
 }
 
-/// The handler a user would write instead of the library: a shared map of
-/// per-key `tokio::sync::Mutex`es, the entry removed when its last user
-/// leaves so that the map does not grow with every key ever seen.
-type MutexMap = Arc<DashMap<String, Arc<tokio::sync::Mutex<()>>>>;
-
-/// One user's share of a key's mutex in a [`MutexMap`]. Every clone and
-/// every drop of the `Arc` in the map happens under the map's shard lock,
-/// so the strong count seen there is exact: the user that leaves last
-/// (count back to 1, the map's own) removes the entry. A request cancelled
-/// while it waits leaves through the same `Drop`.
-struct MapEntry<'a> {
-    map: &'a DashMap<String, Arc<tokio::sync::Mutex<()>>>,
-    key: String,
-    mutex: Option<Arc<tokio::sync::Mutex<()>>>,
-}
-
-impl<'a> MapEntry<'a> {
-    fn enter(map: &'a DashMap<String, Arc<tokio::sync::Mutex<()>>>, key: &str) -> Self {
-        let mutex = map.entry(key.to_owned()).or_default().value().clone();
-        MapEntry {
-            map,
-            key: key.to_owned(),
-            mutex: Some(mutex),
-        }
-    }
-
-    fn mutex(&self) -> &tokio::sync::Mutex<()> {
-        self.mutex.as_deref().expect("entered")
-    }
-}
-
-impl Drop for MapEntry<'_> {
-    fn drop(&mut self) {
-        let ours = self.mutex.take();
-        if let dashmap::Entry::Occupied(e) = self.map.entry(std::mem::take(&mut self.key)) {
-            // Under the shard lock: no one can clone the entry meanwhile.
-            drop(ours);
-            if Arc::strong_count(e.get()) == 1 {
-                e.remove();
-            }
-        }
-    }
-}
-
-/// `POST /orders/{sku}` under the hand-written lock: the same handler as the
-/// bare route, called while the SKU's mutex is held.
-async fn order_mutex_map(State(map): State<MutexMap>, Path(sku): Path<String>) -> String {
-    let entry = MapEntry::enter(&map, &sku);
-    let _held = entry.mutex().lock().await;
-    order(Path(sku)).await
-    // `_held` unlocks, then `entry` leaves the map (reverse declaration order).
-}
-
 /// Requests per second of the `http` routes.
 pub(super) struct Rates {
     pub(super) bare: f64,
@@ -140,11 +87,33 @@ pub(super) struct Rates {
 /// The `impl=` of the `http` workload's hand-written peer.
 pub(super) const HAND_MUTEX_MAP: &str = "hand-mutex-map";
 
+/// Where the `http` workload mounts `LockLayer` (`--mount`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Mount {
+    /// On the route's handler, `post(order.layer(layer))`: the same place as
+    /// the hand-written peer's lock, and the cheaper one (the default).
+    Handler,
+    /// Over the router's routes, `Router::route_layer`: axum boxes the
+    /// layered route and its future again, for any layer (`mount=route`).
+    Route,
+}
+
+impl Mount {
+    /// What the lines of a run mounted this way carry after the workload.
+    pub(super) fn tag(self) -> &'static str {
+        match self {
+            Mount::Handler => "",
+            Mount::Route => " mount=route",
+        }
+    }
+}
+
 /// Servers in this process, one per route, each with its own `conns`
 /// connections from the same client code: the bare route, the route under
-/// `LockLayer` and, on the memory backend, the route under the hand-written
-/// mutex map (`impl=hand-mutex-map`). Under `--calibrate` every route is the
-/// bare one, which shows how far apart identical routes measure. The phases
+/// `LockLayer` (mounted as `mount` says) and, on the memory backend, the
+/// route under the hand-written mutex map (`impl=hand-mutex-map`). Under
+/// `--calibrate` every route is the bare one, which shows how far apart
+/// identical routes measure. The phases
 /// alternate in order and in reverse (A-B-B-A with two routes, A-B-C-C-B-A
 /// with three), so that drift falls on every route alike; a rate is the
 /// requests a route answered over the time its phases actually took.
@@ -153,6 +122,7 @@ pub(super) async fn http(
     conns: usize,
     secs: u64,
     calibrate: bool,
+    mount: Mount,
 ) -> Rates {
     let route = || Router::new().route("/orders/{sku}", post(order));
     // The hand-written map is a peer of the memory backend only: it locks
@@ -162,10 +132,11 @@ pub(super) async fn http(
     addrs.push(if calibrate {
         serve(route()).await
     } else {
-        serve(route().route_layer(LockLayer::with_locker(
-            Locker::from_arc(backend),
-            PathParam("sku"),
-        )))
+        let layer = LockLayer::with_locker(Locker::from_arc(backend), PathParam("sku"));
+        serve(match mount {
+            Mount::Handler => Router::new().route("/orders/{sku}", post(order.layer(layer))),
+            Mount::Route => route().route_layer(layer),
+        })
         .await
     });
     let map: MutexMap = Arc::default();

@@ -34,6 +34,10 @@
 //! ensemble, an etcd cluster or a Redis Cluster carry `servers=N` there
 //! too, and Redis through Sentinel `sentinels=N`.
 //!
+//! `http` mounts the layer on the route's handler, `post(order.layer(lock))`;
+//! `--mount route` mounts it with `Router::route_layer` instead, and the
+//! run's lines (the peer's too) carry `mount=route`.
+//!
 //! `http` on the memory backend also measures, in the same run and phases,
 //! the handler a user would write instead of the library: the route's SKU
 //! locked through a shared `DashMap` of per-key `tokio::sync::Mutex`es that
@@ -55,20 +59,20 @@ mod common;
 mod contended;
 mod floors;
 mod http;
+#[path = "../common/orders.rs"]
+mod orders;
 
 use contended::{contended, contended_processes, keys, run_workers};
 use floors::floor;
-use http::{http, HAND_MUTEX_MAP};
+use http::{http, Mount, HAND_MUTEX_MAP};
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::Router;
-use dashmap::DashMap;
 use tower_lock::{Backend, BackendExt, LockGuard, LockLayer, Locker, PathParam, Wait};
 
 struct Args {
@@ -89,6 +93,8 @@ struct Args {
     no_lock: bool,
     /// `http`: serve both routes bare, to calibrate the comparison.
     calibrate: bool,
+    /// `http`: where `LockLayer` is mounted, if `--mount` says.
+    mount: Option<Mount>,
     /// Internal: run as one of `--processes`, logging critical sections to
     /// this file.
     section_log: Option<String>,
@@ -96,7 +102,8 @@ struct Args {
 
 const USAGE: &str = "usage: bench --backend <memory|redis://..|redlock://..|zk://..> \
 --workload <uncontended|contended|keys|http|floor> [--n N] [--secs S] [--workers W] [--keys K] \
-[--conns C] [--processes P] [--release drop|await] [--hold-us H] [--no-lock] [--calibrate]";
+[--conns C] [--processes P] [--release drop|await] [--hold-us H] [--no-lock] [--calibrate] \
+[--mount handler|route]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -112,6 +119,7 @@ fn parse_args() -> Result<Args, String> {
         hold: Duration::ZERO,
         no_lock: false,
         calibrate: false,
+        mount: None,
         section_log: None,
     };
     let mut it = std::env::args().skip(1);
@@ -134,6 +142,13 @@ fn parse_args() -> Result<Args, String> {
             "--hold-us" => a.hold = Duration::from_micros(num(&flag, value()?)?),
             "--no-lock" => a.no_lock = true,
             "--calibrate" => a.calibrate = true,
+            "--mount" => {
+                a.mount = match value()?.as_str() {
+                    "handler" => Some(Mount::Handler),
+                    "route" => Some(Mount::Route),
+                    other => return Err(format!("--mount: {other:?} is not handler or route")),
+                }
+            }
             "--release" => {
                 a.await_release = match value()?.as_str() {
                     "drop" => false,
@@ -153,6 +168,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.calibrate && a.workload != "http" {
         return Err("--calibrate applies to the http workload".into());
+    }
+    if a.mount.is_some() && (a.workload != "http" || a.calibrate) {
+        return Err("--mount applies to the http workload, without --calibrate".into());
     }
     if a.n == 0 || a.secs == 0 || a.workers == 0 || a.keys == 0 || a.conns == 0 || a.processes == 0
     {
@@ -283,7 +301,14 @@ async fn run(args: Args) -> ExitCode {
         "contended" => contended(&backend, args.workers, args.secs, &how).await,
         "keys" => keys(&backend, args.workers, args.keys, args.secs, &how).await,
         "http" => {
-            let rates = http(backend.clone(), args.conns, args.secs, args.calibrate).await;
+            let rates = http(
+                backend.clone(),
+                args.conns,
+                args.secs,
+                args.calibrate,
+                args.mount.unwrap_or(Mount::Handler),
+            )
+            .await;
             let line = |rps_locked: f64| {
                 format!(
                     "conns={} secs={} rps_bare={:.0} rps_locked={rps_locked:.0} ratio={:.3}",
@@ -302,10 +327,12 @@ async fn run(args: Args) -> ExitCode {
                     peer / rates.bare
                 ),
                 // The hand-written peer's own line, in the library's format:
-                // its `rps_locked` is the rate of its route.
+                // its `rps_locked` is the rate of its route. It belongs to
+                // the run, so it carries the run's mount too.
                 Some(peer) => {
+                    let mount = args.mount.map_or("", Mount::tag);
                     peer_line = Some(format!(
-                        "impl={HAND_MUTEX_MAP} backend={name} workload=http {}",
+                        "impl={HAND_MUTEX_MAP} backend={name} workload=http{mount} {}",
                         line(peer)
                     ));
                     line(rates.locked)
@@ -329,15 +356,16 @@ async fn run(args: Args) -> ExitCode {
     } else {
         "tower-lock"
     };
-    // A line measured with `--release await` says so; `drop` is the default.
-    let release = if args.await_release && args.workload != "http" {
+    // A line measured with `--release await` or `--mount route` says so;
+    // `drop` and `handler` are the defaults.
+    let setting = if args.await_release && args.workload != "http" {
         " release=await"
     } else {
-        ""
+        args.mount.map_or("", Mount::tag)
     };
     let servers = servers_setting(&args.backend);
     println!(
-        "impl={implementation} backend={name} workload={}{release}{servers} {line}",
+        "impl={implementation} backend={name} workload={}{setting}{servers} {line}",
         args.workload
     );
     if let Some(peer_line) = peer_line {
