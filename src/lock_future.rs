@@ -85,11 +85,7 @@ impl LockFuture {
         lease: Duration,
     ) -> Self {
         match acquiring(backend, key, mode, wait, deadline, lease) {
-            Started::Later(state) => LockFuture {
-                state: Some(state),
-                sleep: None,
-                reentered: None,
-            },
+            Started::Later(state) => Self::waiting(state),
             Started::Now(Ok(guard)) => Self::reentered(guard),
             Started::Now(Err(e)) => Self::failed(e),
         }
@@ -115,11 +111,16 @@ impl LockFuture {
         state.record = false;
         match state.acquire.as_mut().map(BackendFuture::take_ready) {
             Ok(Some(result)) => Started::Now(finish(state, result)),
-            _ => Started::Later(LockFuture {
-                state: Some(state),
-                sleep: None,
-                reentered: None,
-            }),
+            _ => Started::Later(Self::waiting(state)),
+        }
+    }
+
+    /// The future of an acquisition the backend has not decided yet.
+    fn waiting(state: Acquiring) -> Self {
+        LockFuture {
+            state: Some(state),
+            sleep: None,
+            reentered: None,
         }
     }
 

@@ -20,7 +20,7 @@ use crate::key::KeyError;
 /// | key busy ([`Wait::FailFast`](crate::Wait::FailFast)) or still held when the wait ran out | 423 Locked, with `Retry-After` |
 /// | backend unreachable or failing | 503 Service Unavailable |
 /// | lock lost while the request ran (lease or session gone) | 503 Service Unavailable |
-/// | invalid mode (a semaphore of zero permits), backend configuration, a key source that cannot work where it is installed (`PathParam` outside `route_layer`), or a handler re-entering its request's lock in a mode that cannot share ([`LockError::Reentry`]) | 500 Internal Server Error |
+/// | invalid mode (a semaphore of zero permits), backend configuration, a key source that cannot work where it is installed (`PathParam` outside the router), or a handler re-entering its request's lock in a mode that cannot share ([`LockError::Reentry`]) | 500 Internal Server Error |
 ///
 /// Bodies are plain text saying what went wrong. Replace any of them with
 /// [`LockLayer::on_rejection`](crate::LockLayer::on_rejection), or answer

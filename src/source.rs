@@ -267,7 +267,8 @@ fn decode_query(raw: &str) -> Result<Cow<'_, str>, KeyError> {
 /// `/orders/{sku}`.
 ///
 /// Add the layer inside the router, with `Router::route_layer`,
-/// `Router::layer` or on the route itself: path parameters are known only
+/// `Router::layer`, on the route itself or on its handler
+/// (`Handler::layer`): path parameters are known only
 /// once a route has matched. Wrapped around the whole router, every request
 /// gets a 500 that says so.
 ///
@@ -315,7 +316,7 @@ impl PathParam {
             // lock nothing.
             Err(_) => Err(KeyError::Misconfigured(
                 "no path parameters in this request: add the LockLayer inside the router, \
-                 with `Router::route_layer` or `Router::layer`",
+                 with `Router::route_layer`, `Router::layer` or `Handler::layer`",
             )),
         }
     }

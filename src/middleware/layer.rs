@@ -59,6 +59,29 @@ use crate::source::KeySource;
 ///             .wait(Duration::from_secs(5)),
 ///     );
 /// ```
+///
+/// # Where to mount it
+///
+/// Inside the router, where axum has matched the route and found its path
+/// parameters: over the routes with `Router::route_layer` (every route added
+/// before it), or on one handler with `Handler::layer`. Either way the layer
+/// reads the same path parameters. On the handler it costs less: under
+/// `route_layer` axum boxes a route and its future once more, for any layer
+/// (some 750 instructions per request, about a fifth of the layer's cost on
+/// the memory backend).
+///
+/// ```
+/// use axum::{handler::Handler, routing::post, Router};
+/// use tower_lock::{HeldLock, LockLayer, MemoryBackend, PathParam};
+///
+/// async fn create_order(held: HeldLock) -> String {
+///     format!("order for {}", held.key())
+/// }
+///
+/// let lock = LockLayer::new(MemoryBackend::new(), PathParam("sku")).namespace("sku");
+/// let app: Router = Router::new()
+///     .route("/orders/{sku}", post(create_order.layer(lock)));
+/// ```
 #[derive(Clone)]
 pub struct LockLayer {
     pub(crate) config: Arc<Config>,

@@ -58,6 +58,35 @@ async fn ten_concurrent_requests_are_serialised() {
         .route("/orders/{sku}", post(read_modify_write))
         .route_layer(LockLayer::new(backend.clone(), PathParam("sku")).namespace("sku"))
         .with_state(counter.clone());
+    ten_requests_for_one_sku(app, &backend, &counter).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_on_one_handler_serialises_too() {
+    use axum::handler::Handler;
+    let backend = MemoryBackend::new();
+    let counter = Arc::new(Counter::default());
+    let layer = LockLayer::new(backend.clone(), PathParam("sku")).namespace("sku");
+    let app = Router::new()
+        .route("/orders/{sku}", post(read_modify_write.layer(layer)))
+        .route("/unlocked/{sku}", post(|| async { "unlocked" }))
+        .with_state(counter.clone());
+    ten_requests_for_one_sku(app.clone(), &backend, &counter).await;
+    // Only the handler it is mounted on: the other route takes no lock.
+    let _held = backend.lock("sku:SKU-1").await.unwrap();
+    let addr = serve(app).await;
+    let reply = Client::connect(addr)
+        .await
+        .unwrap()
+        .post("/unlocked/SKU-1")
+        .await
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+}
+
+/// Ten requests at once for one SKU on `app`: one at a time, none lost, no
+/// lock left.
+async fn ten_requests_for_one_sku(app: Router, backend: &MemoryBackend, counter: &Counter) {
     let addr = serve(app).await;
 
     let mut tasks = Vec::new();
