@@ -209,6 +209,41 @@ async fn a_killed_connection_tells_the_holder_and_the_next_token_is_higher() {
     settle_free(&k).await;
 }
 
+/// A server killed can restart with its sequence below tokens it handed
+/// out (InnoDB never wrote the last updates); `RESTART` leaves the same
+/// state behind without killing the machine's server.
+#[tokio::test]
+async fn tokens_stay_above_a_sequence_that_went_back() {
+    let k = key("seq-back", "k");
+    let sequence = format!("t_seq_back_{}", std::process::id());
+    let options = || {
+        MysqlOptions::default()
+            .lease(Duration::from_secs(4))
+            .sequence(sequence.as_str())
+    };
+    let before = backend_with(options()).await;
+    let g = before.lock(k.as_str()).await.unwrap();
+    let first = g.token();
+    g.release().await.unwrap();
+    let mut conn = raw().await;
+    conn.query_drop(format!("ALTER SEQUENCE {sequence} RESTART WITH 1"))
+        .await
+        .unwrap();
+    // A new process's connections, as after a server restart.
+    let after = backend_with(options()).await;
+    let g = after.lock(k.as_str()).await.unwrap();
+    assert!(
+        g.token() > first,
+        "token {} after the sequence went back, {first} before",
+        g.token()
+    );
+    g.release().await.unwrap();
+    conn.query_drop(format!("DROP SEQUENCE {sequence}"))
+        .await
+        .unwrap();
+    settle_free(&k).await;
+}
+
 #[tokio::test]
 async fn connections_are_bounded_and_given_back() {
     let keys: Vec<String> = (0..3).map(|i| key("pool", &i.to_string())).collect();

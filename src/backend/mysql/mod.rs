@@ -36,9 +36,18 @@
 //! Drawn from a sequence (`tower_lock_tokens` by default, created on first
 //! use) in the same statement as the grant, after it: a lock's token is
 //! `NEXTVAL × TOKEN_SPACING`, the tokens in between serving the local
-//! holders a grant is passed to. A sequence keeps rising across restarts
-//! (it skips its cached values), so tokens do too. Sequences need MariaDB
-//! 10.3 or later; a MySQL server is refused with an error saying so.
+//! holders a grant is passed to. Sequences need MariaDB 10.3 or later; a
+//! MySQL server is refused with an error saying so.
+//!
+//! A sequence is not durable: one kept by InnoDB, its server killed, can
+//! restart below values it had handed out (its last updates were never
+//! written). So each new connection first lifts the sequence to the
+//! server's clock in microseconds (`SETVAL`, which never lowers it) before
+//! it draws a token; a server restarted, or a replica promoted, hands out
+//! tokens above every token drawn before, provided its clock did not go
+//! back by more than the restart took (grants never draw faster than one a
+//! microsecond, so the sequence does not run ahead of the clock). Tokens
+//! are therefore large numbers, about `microseconds since 1970 × 64`.
 //!
 //! # When a lock is lost
 //!

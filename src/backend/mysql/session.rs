@@ -133,15 +133,16 @@ impl MyInner {
         conn.query_drop(format!("SET SESSION wait_timeout = {wait_timeout}"))
             .await
             .map_err(|e| my_error("setting up the connection", e))?;
-        let uptime: Option<(String, u64)> = conn
+        let uptime: Option<(String, u64, u64)> = conn
             .query_first(
                 "SELECT VERSION(), CAST((SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
-                 WHERE VARIABLE_NAME = 'UPTIME') AS UNSIGNED)",
+                 WHERE VARIABLE_NAME = 'UPTIME') AS UNSIGNED), \
+                 CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS UNSIGNED)",
             )
             .await
             .map_err(|e| my_error("setting up the connection", e))?;
         let learnt = Instant::now();
-        let (version, uptime) = uptime.unwrap_or_default();
+        let (version, uptime, now_us) = uptime.unwrap_or_default();
         if !version.contains("MariaDB") {
             return Err(LockError::Config(format!(
                 "{} runs MySQL {version}: this backend needs MariaDB 10.3 or later \
@@ -164,6 +165,14 @@ impl MyInner {
                 })?;
             self.sequence_ready.store(true, Ordering::Release);
         }
+        // A sequence's state survives a crash of the server only as far as
+        // its engine wrote it (InnoDB's, killed, can restart below values
+        // it handed out): every connection lifts it to the server's clock
+        // in microseconds first, above anything drawn before a restart
+        // (SETVAL never lowers a sequence).
+        conn.query_drop(format!("SELECT SETVAL({}, {now_us})", self.sequence))
+            .await
+            .map_err(|e| my_error("lifting the token sequence to the server's clock", e))?;
         let id = conn.id();
         Ok(Session {
             conn: tokio::sync::Mutex::new(conn),
