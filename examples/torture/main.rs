@@ -8,7 +8,7 @@
 //!
 //! `--backend` is `memory`, `redis`, `sentinel` (a Redis master, two
 //! replicas and three Sentinels), `sentinel-wait` (the same, every lock and
-//! renewal waiting for one replica), `cluster` (a Redis Cluster of three
+//! renewal waiting for both replicas), `cluster` (a Redis Cluster of three
 //! masters and a replica of each), `cluster-wait` (the same, waiting for
 //! the replica), `redlock`, `zk`, `zk3` (a three-server
 //! ensemble), `postgres` (advisory locks), `postgres-table` (the lease-table

@@ -574,7 +574,7 @@ fn summarize(
     let servers = match args.backend.as_str() {
         "etcd3" | "zk3" => " servers=3",
         "sentinel" => " servers=3 sentinels=3",
-        "sentinel-wait" => " servers=3 sentinels=3 wait_replicas=1",
+        "sentinel-wait" => " servers=3 sentinels=3 wait_replicas=2",
         "cluster" => " servers=6 masters=3",
         "cluster-wait" => " servers=6 masters=3 wait_replicas=1",
         _ => "",

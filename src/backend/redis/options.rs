@@ -112,7 +112,14 @@ impl RedisOptions {
     /// ([`LockError::Backend`], 503 through the layer), and a renewal that
     /// too few acknowledge tells the holder the lock is lost. Give the
     /// number of replicas the master has: Sentinel promotes one of them,
-    /// and only a write all of them have survives any choice. It costs the
+    /// and only a write all of them have survives any choice. Fewer is not
+    /// safe even when Sentinel promotes the replica with the most data: a
+    /// master paused through a failover serves again until the Sentinels
+    /// convert it, and a replica not yet moved to the new master
+    /// acknowledges its grants, then drops them as it follows the new one
+    /// (the torture harness met this with one of two). The replica being
+    /// promoted no longer follows the old master, so waiting for all of
+    /// them refuses those grants. It costs the
     /// replicas' acknowledgement on every acquire and renewal, and the
     /// `WAIT` holds up the commands behind it on the backend's connection.
     /// `timeout` must be at least 1 ms and below the response timeout
