@@ -232,16 +232,45 @@ async fn tokens_stay_above_a_sequence_that_went_back() {
     // A new process's connections, as after a server restart.
     let after = backend_with(options()).await;
     let g = after.lock(k.as_str()).await.unwrap();
-    assert!(
-        g.token() > first,
-        "token {} after the sequence went back, {first} before",
-        g.token()
-    );
+    let second = g.token();
     g.release().await.unwrap();
+    // Dropped before the check, so that a failure leaves nothing behind.
     conn.query_drop(format!("DROP SEQUENCE {sequence}"))
         .await
         .unwrap();
     settle_free(&k).await;
+    assert!(
+        second > first,
+        "token {second} after the sequence went back, {first} before"
+    );
+}
+
+/// A sequence made by hand that the clock floor cannot keep rising is
+/// refused when connecting, saying what it needs.
+#[tokio::test]
+async fn a_token_sequence_that_could_wrap_or_run_out_is_refused() {
+    let mut conn = raw().await;
+    for (i, options) in ["CYCLE", "INCREMENT 2", "MAXVALUE 1000000"]
+        .iter()
+        .enumerate()
+    {
+        let sequence = format!("t_seq_bad_{}_{i}", std::process::id());
+        conn.query_drop(format!("CREATE SEQUENCE {sequence} {options}"))
+            .await
+            .unwrap();
+        let refused = MysqlBackend::connect_with(
+            &my_url(),
+            MysqlOptions::default().sequence(sequence.as_str()),
+        )
+        .await;
+        conn.query_drop(format!("DROP SEQUENCE {sequence}"))
+            .await
+            .unwrap();
+        match refused {
+            Err(LockError::Config(m)) => assert!(m.contains("INCREMENT 1, NOCYCLE"), "{m}"),
+            other => panic!("{options}: {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

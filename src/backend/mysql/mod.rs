@@ -47,7 +47,11 @@
 //! tokens above every token drawn before, provided its clock did not go
 //! back by more than the restart took (grants never draw faster than one a
 //! microsecond, so the sequence does not run ahead of the clock). Tokens
-//! are therefore large numbers, about `microseconds since 1970 × 64`.
+//! are therefore large numbers, about `microseconds since 1970 × 64`,
+//! above 2^53: a store that keeps them as JSON numbers or doubles loses
+//! their last digits, so keep them as 64-bit integers or text. A proxy that
+//! keeps the client's connection open across a restart of the server
+//! behind it (MaxScale, ProxySQL) would skip the lift: connect directly.
 //!
 //! # When a lock is lost
 //!
@@ -146,6 +150,10 @@ impl Statements {
     }
 }
 
+/// Sequence values from here on would not fit a token once multiplied by
+/// [`TOKEN_SPACING`].
+const MAX_SEQUENCE_VALUE: i64 = 1 << 58;
+
 /// `GET_LOCK` takes seconds; "forever" is a year (MariaDB refuses -1).
 const FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
 
@@ -210,7 +218,12 @@ impl MysqlOptions {
 
     /// The sequence fencing tokens are drawn from (`name` or `db.name`, in
     /// lower-case letters, digits and `_`), created on first use if
-    /// missing. Default [`DEFAULT_SEQUENCE`].
+    /// missing. One made by hand needs `INCREMENT 1`, `NOCYCLE` and a
+    /// `MAXVALUE` of at least 2^52 (the defaults of `CREATE SEQUENCE`):
+    /// each connection lifts it to the server's clock in microseconds (see
+    /// [Fencing tokens](self#fencing-tokens)), and
+    /// [`connect_with`](MysqlBackend::connect_with) refuses another with
+    /// [`LockError::Config`]. Default [`DEFAULT_SEQUENCE`].
     pub fn sequence(mut self, name: impl Into<String>) -> Self {
         self.sequence = name.into();
         self
@@ -367,7 +380,7 @@ impl MyInner {
                 Ok(Some(Some(g))) => g
                     .strip_prefix('g')
                     .and_then(|n| n.parse::<i64>().ok())
-                    .filter(|n| *n > 0),
+                    .filter(|n| (1..MAX_SEQUENCE_VALUE).contains(n)),
                 _ => None,
             };
             match (outcome, row) {
@@ -379,7 +392,8 @@ impl MyInner {
                         "mysql",
                         format!(
                             "GET_LOCK answered {got:?}: an error in the server, or a token \
-                             sequence that gave a value below 1"
+                             sequence that gave a value outside 1..2^58 (times {TOKEN_SPACING} \
+                             it would not fit a token)"
                         ),
                         None,
                     ));
@@ -414,7 +428,9 @@ impl MyInner {
             }
             session.alive.answered(sent);
         }
-        let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
+        // In range (checked above): the product and the local holders'
+        // tokens after it fit.
+        let token = FencingToken::new(n as u64 * u64::from(TOKEN_SPACING));
         let held = MysqlLock {
             inner: self.clone(),
             session: session.clone(),

@@ -130,9 +130,13 @@ impl MyInner {
         // never before a lease after it last heard from the holder, which
         // is asked every quarter lease.
         let wait_timeout = (self.lease * 2).as_secs().max(2);
-        conn.query_drop(format!("SET SESSION wait_timeout = {wait_timeout}"))
-            .await
-            .map_err(|e| my_error("setting up the connection", e))?;
+        // UTC: the clock read below must not go back an hour with
+        // daylight saving time.
+        conn.query_drop(format!(
+            "SET SESSION wait_timeout = {wait_timeout}, time_zone = '+00:00'"
+        ))
+        .await
+        .map_err(|e| my_error("setting up the connection", e))?;
         let uptime: Option<(String, u64, u64)> = conn
             .query_first(
                 "SELECT VERSION(), CAST((SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
@@ -163,6 +167,7 @@ impl MyInner {
                         e,
                     )
                 })?;
+            check_sequence(&mut conn, &self.sequence).await?;
             self.sequence_ready.store(true, Ordering::Release);
         }
         // A sequence's state survives a crash of the server only as far as
@@ -195,6 +200,32 @@ impl MyInner {
         };
         // Bounded: `flush` waits for this.
         let _ = tokio::time::timeout(self.connect_timeout * 2, kill).await;
+    }
+}
+
+/// The smallest `MAXVALUE` a token sequence may have: the server's clock in
+/// microseconds stays below it until 2112.
+const MIN_SEQUENCE_MAX: i64 = 1 << 52;
+
+/// Refuses a sequence (one a user made) that the clock floor cannot keep
+/// rising: a step other than 1 could outrun the clock, `CYCLE` would wrap
+/// below the tokens handed out, and a small `MAXVALUE` would run out once
+/// lifted to the clock.
+async fn check_sequence(conn: &mut Conn, sequence: &str) -> Result<(), LockError> {
+    let doing = || format!("reading the token sequence {sequence}");
+    let row: Option<(i64, i64, i64)> = conn
+        .query_first(format!(
+            "SELECT increment, cycle_option, maximum_value FROM {sequence}"
+        ))
+        .await
+        .map_err(|e| my_error(&doing(), e))?;
+    match row {
+        Some((1, 0, max)) if max >= MIN_SEQUENCE_MAX => Ok(()),
+        Some((increment, cycle, max)) => Err(LockError::Config(format!(
+            "the token sequence {sequence} has INCREMENT {increment}, {}CYCLE and MAXVALUE              {max}: tokens need INCREMENT 1, NOCYCLE and MAXVALUE of at least {MIN_SEQUENCE_MAX}              (CREATE SEQUENCE {sequence} makes one)",
+            if cycle == 0 { "NO" } else { "" }
+        ))),
+        None => Err(LockError::Config(format!("{}: no row", doing()))),
     }
 }
 

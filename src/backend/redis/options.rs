@@ -119,7 +119,13 @@ impl RedisOptions {
     /// acknowledges its grants, then drops them as it follows the new one
     /// (the torture harness met this with one of two). The replica being
     /// promoted no longer follows the old master, so waiting for all of
-    /// them refuses those grants. It costs the
+    /// them refuses those grants. The price is availability: while any
+    /// replica is down (not only the master), every acquisition is refused
+    /// and every holder is told its lock is lost at its next renewal. A
+    /// master that restarts empty (no persistence) before the Sentinels
+    /// fail it over wipes its replicas too, whatever they acknowledged:
+    /// use persistence or [`restart_quarantine`](Self::restart_quarantine).
+    /// It costs the
     /// replicas' acknowledgement on every acquire and renewal, and the
     /// `WAIT` holds up the commands behind it on the backend's connection.
     /// `timeout` must be at least 1 ms and below the response timeout
