@@ -155,11 +155,21 @@ impl HeldLock {
 pub struct LockGuard {
     held: HeldLock,
     lease: Lease,
-    /// Read only when the span or metrics record it: a clock read per lock
-    /// is a measurable share of the uncontended path.
-    acquired_at: Option<Instant>,
+    /// The span and the time of the grant, kept only when a subscriber or
+    /// the metrics record the hold: a clock read per lock is a measurable
+    /// share of the uncontended path, and without them the guard is small
+    /// enough to move without a call to `memcpy`.
+    traced: Option<Box<Traced>>,
+}
+
+/// What a traced guard records when it lets go.
+struct Traced {
+    acquired_at: Instant,
     span: tracing::Span,
 }
+
+/// The parent of a guard's events when no subscriber wanted its span.
+static NO_SPAN: tracing::Span = tracing::Span::none();
 
 /// How a guard holds its lock.
 enum Lease {
@@ -200,8 +210,12 @@ impl LockGuard {
         LockGuard {
             held,
             lease: Lease::Own(handle),
-            acquired_at: timed.then(Instant::now),
-            span,
+            traced: timed.then(|| {
+                Box::new(Traced {
+                    acquired_at: Instant::now(),
+                    span,
+                })
+            }),
         }
     }
 
@@ -210,8 +224,7 @@ impl LockGuard {
         LockGuard {
             held: shared.held.clone(),
             lease: Lease::Shared(shared),
-            acquired_at: None,
-            span: tracing::Span::none(),
+            traced: None,
         }
     }
 
@@ -220,8 +233,7 @@ impl LockGuard {
         LockGuard {
             held,
             lease: Lease::Borrowed,
-            acquired_at: None,
-            span: tracing::Span::none(),
+            traced: None,
         }
     }
 
@@ -324,14 +336,15 @@ impl LockGuard {
     }
 
     fn record_release(&self, result: &Result<(), LockError>) {
-        let hold = self.acquired_at.map(|at| at.elapsed());
+        let hold = self.traced.as_ref().map(|t| t.acquired_at.elapsed());
+        let span = self.traced.as_ref().map_or(&NO_SPAN, |t| &t.span);
         if let Some(hold) = hold {
-            self.span.record("hold_us", hold.as_micros() as u64);
+            span.record("hold_us", hold.as_micros() as u64);
         }
         crate::metrics::released(&self.held, hold);
         match result {
-            Ok(()) => tracing::debug!(parent: &self.span, "lock released"),
-            Err(e) => tracing::warn!(parent: &self.span, error = %e, "lock release failed"),
+            Ok(()) => tracing::debug!(parent: span, "lock released"),
+            Err(e) => tracing::warn!(parent: span, error = %e, "lock release failed"),
         }
     }
 }
