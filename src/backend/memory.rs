@@ -1,6 +1,7 @@
 //! The in-process backend: the embedded default, no server.
 
 use foldhash::fast::RandomState;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
@@ -92,9 +93,7 @@ struct MapKey {
 
 impl PartialEq for MapKey {
     fn eq(&self, other: &Self) -> bool {
-        // The holder's copy of the key shares the map's allocation: compare
-        // pointers before bytes.
-        self.hash == other.hash && (self.key.ptr_eq(&other.key) || self.key == other.key)
+        self.hash == other.hash && self.key == other.key
     }
 }
 impl Eq for MapKey {}
@@ -293,7 +292,7 @@ impl KeyState {
         mode: LockMode,
         next_token: &mut u64,
         shard: &Arc<Shard>,
-        key: &MapKey,
+        key: MapKey,
     ) -> Arc<Hold> {
         let permits = match mode {
             LockMode::Semaphore { permits } => permits,
@@ -308,7 +307,7 @@ impl KeyState {
         *next_token += 1;
         let hold = Arc::new(Hold {
             shard: shard.clone(),
-            key: key.clone(),
+            key,
             token,
             permits,
             lost: LostState::new(),
@@ -331,7 +330,7 @@ impl KeyState {
                 break;
             }
             let waiter = self.queue.pop_front().expect("front exists");
-            let grant = self.grant(waiter.mode, next_token, shard, key);
+            let grant = self.grant(waiter.mode, next_token, shard, key.clone());
             let mut slot = lock(&waiter.slot.state);
             slot.granted = Some(grant);
             wake.extend(slot.waker.take());
@@ -348,6 +347,11 @@ impl ShardState {
     /// burst of distinct keys has come and gone.
     fn forget(&mut self, key: &MapKey) {
         self.keys.remove(key);
+        self.shrink();
+    }
+
+    /// Gives memory back after a burst of distinct keys has come and gone.
+    fn shrink(&mut self) {
         let cap = self.keys.capacity();
         if cap > 64 && self.keys.len() * 8 < cap {
             self.keys.shrink_to(self.keys.len() * 2);
@@ -355,14 +359,18 @@ impl ShardState {
     }
 
     fn release(&mut self, shard: &Arc<Shard>, key: &MapKey, token: u64, wake: &mut Vec<Waker>) {
-        let Some(state) = self.keys.get_mut(key) else {
+        // One lookup, whose entry the last holder then removes: a
+        // `get_mut` and a `remove` would probe the table twice.
+        let Entry::Occupied(mut entry) = self.keys.entry(key.clone()) else {
             return;
         };
+        let state = entry.get_mut();
         // A holder whose lock was broken is no longer listed: nothing to do.
         if state.holders.remove(token) {
             state.grant_waiters(&mut self.next_token, shard, key, wake);
             if state.is_idle() {
-                self.forget(key);
+                entry.remove();
+                self.shrink();
             }
         }
     }
@@ -546,9 +554,14 @@ impl Backend for MemoryBackend {
         let shard_ref = self.inner.shard(&key);
         let mut shard = lock(&shard_ref.state);
         let shard = &mut *shard;
-        let state = shard.keys.entry(key.clone()).or_default();
+        // The request's key moves into the map when the key is new, and one
+        // copy goes to the hold or the waiter (each copy is an atomic
+        // increment, and its drop a decrement).
+        let entry = shard.keys.entry(key);
+        let key = entry.key().clone();
+        let state = entry.or_default();
         if state.queue.is_empty() && state.admits(request.mode) {
-            let hold = state.grant(request.mode, &mut shard.next_token, shard_ref, &key);
+            let hold = state.grant(request.mode, &mut shard.next_token, shard_ref, key);
             return BackendFuture::ready(Ok(hold.acquired()));
         }
         if request.wait == Wait::FailFast {
