@@ -48,9 +48,8 @@ pub struct LockFuture {
     // Boxed: only a waiting acquisition with a timeout needs a timer, and an
     // unboxed `Sleep` would make every `LockFuture` large and `!Unpin`.
     sleep: Option<Pin<Box<Sleep>>>,
-    /// A guard decided before any wait: a nested guard on a lock the
-    /// request already holds, or the backend's immediate grant.
-    decided: Option<LockGuard>,
+    /// A nested guard on a lock the request already holds.
+    reentered: Option<LockGuard>,
 }
 
 struct Acquiring {
@@ -85,15 +84,9 @@ impl LockFuture {
         deadline: Option<Instant>,
         lease: Duration,
     ) -> Self {
-        let ask = Ask {
-            wait,
-            deadline,
-            lease,
-            record: true,
-        };
-        match acquiring(backend, key, mode, ask) {
+        match acquiring(backend, key, mode, wait, deadline, lease) {
             Started::Later(state) => Self::waiting(state),
-            Started::Now(Ok(guard)) => Self::decided(guard),
+            Started::Now(Ok(guard)) => Self::reentered(guard),
             Started::Now(Err(e)) => Self::failed(e),
         }
     }
@@ -111,15 +104,14 @@ impl LockFuture {
         wait: Wait,
         lease: Duration,
     ) -> Started<LockFuture> {
-        let ask = Ask {
-            wait,
-            deadline: None,
-            lease,
-            record: false,
+        let mut state = match acquiring(backend, key, mode, wait, None, lease) {
+            Started::Later(state) => state,
+            Started::Now(now) => return Started::Now(now),
         };
-        match acquiring(backend, key, mode, ask) {
-            Started::Later(state) => Started::Later(Self::waiting(state)),
-            Started::Now(now) => Started::Now(now),
+        state.record = false;
+        match state.acquire.as_mut().map(BackendFuture::take_ready) {
+            Ok(Some(result)) => Started::Now(finish(state, result)),
+            _ => Started::Later(Self::waiting(state)),
         }
     }
 
@@ -128,7 +120,7 @@ impl LockFuture {
         LockFuture {
             state: Some(state),
             sleep: None,
-            decided: None,
+            reentered: None,
         }
     }
 
@@ -147,23 +139,21 @@ impl LockFuture {
                 span: tracing::Span::none(),
             }),
             sleep: None,
-            decided: None,
+            reentered: None,
         }
     }
 
-    /// The future of an acquisition decided before any wait: a re-entered
-    /// lock, or the backend's immediate grant.
-    fn decided(guard: LockGuard) -> Self {
+    fn reentered(guard: LockGuard) -> Self {
         LockFuture {
             state: None,
             sleep: None,
-            decided: Some(guard),
+            reentered: Some(guard),
         }
     }
 
     /// The result, if the backend decided without waiting.
     fn try_ready(&mut self) -> Option<Result<LockGuard, LockError>> {
-        if let Some(guard) = self.decided.take() {
+        if let Some(guard) = self.reentered.take() {
             return Some(Ok(guard));
         }
         let state = self.state.as_mut()?;
@@ -193,14 +183,10 @@ fn acquiring<B: Backend + ?Sized>(
     backend: &B,
     key: LockKey,
     mode: LockMode,
-    ask: Ask,
+    wait: Wait,
+    deadline: Option<Instant>,
+    lease: Duration,
 ) -> Started<Acquiring> {
-    let Ask {
-        wait,
-        deadline,
-        lease,
-        record,
-    } = ask;
     if let LockMode::Semaphore { permits: 0 } = mode {
         return Started::Now(Err(LockError::InvalidMode(
             "a semaphore needs at least one permit".into(),
@@ -239,20 +225,9 @@ fn acquiring<B: Backend + ?Sized>(
         lease,
         tokens: 1,
     };
-    let mut acquire = span.in_scope(|| backend.acquire(request));
-    if let Some(result) = acquire.take_ready() {
-        // Decided without a wait (the memory backend, uncontended): the
-        // guard at once, with no waiting state built and taken apart.
-        let held = Granted {
-            key,
-            mode,
-            backend: name,
-            backend_id,
-            record,
-            waited: Duration::ZERO,
-        };
-        return Started::Now(granted(held, span, result));
-    }
+    let acquire = span.in_scope(|| backend.acquire(request));
+    // Queued from now, whenever the future is first polled.
+    let waiting_since = (!acquire.is_ready()).then(Instant::now);
     Started::Later(Acquiring {
         acquire: Ok(acquire),
         key: Some(key),
@@ -261,55 +236,16 @@ fn acquiring<B: Backend + ?Sized>(
         backend_id,
         wait,
         deadline,
-        // Queued from now, whenever the future is first polled.
-        waiting_since: Some(Instant::now()),
-        record,
+        waiting_since,
+        record: true,
         span,
     })
 }
 
-/// How to ask for a lock: the wait, a deadline shared with other
-/// acquisitions (`lock_all`), the lease, and whether the lock joins the
-/// request's list for re-entrancy.
-struct Ask {
-    wait: Wait,
-    deadline: Option<Instant>,
-    lease: Duration,
-    record: bool,
-}
-
-/// What a guard is made of besides the backend's answer.
-struct Granted {
-    key: LockKey,
-    mode: LockMode,
-    backend: &'static str,
-    backend_id: usize,
-    record: bool,
-    waited: Duration,
-}
-
-/// Turns the backend's answer to a waiting acquisition into a guard or an
-/// error.
-fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockGuard, LockError> {
-    let held = Granted {
-        key: state.key.expect("key present when acquiring"),
-        mode: state.mode,
-        backend: state.backend,
-        backend_id: state.backend_id,
-        record: state.record,
-        waited: state.waiting_since.map_or(Duration::ZERO, |t| t.elapsed()),
-    };
-    granted(held, state.span, result)
-}
-
 /// Turns the backend's answer into a guard or an error, and traces it.
-fn granted(
-    state: Granted,
-    span: tracing::Span,
-    result: Result<Acquired, LockError>,
-) -> Result<LockGuard, LockError> {
-    let waited = state.waited;
-    span.record("wait_us", waited.as_micros() as u64);
+fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockGuard, LockError> {
+    let waited = state.waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
+    state.span.record("wait_us", waited.as_micros() as u64);
     // A grant that was revoked before anyone saw it is no grant.
     let result = match result {
         Ok(acquired) if acquired.lost().is_lost() => {
@@ -326,28 +262,28 @@ fn granted(
         Err(LockError::Lost(_)) => "lost",
         Err(_) => "error",
     };
-    span.record("outcome", outcome);
+    state.span.record("outcome", outcome);
     crate::metrics::acquisition(state.backend, outcome, waited);
     match result {
         Ok(acquired) => {
             let (token, lost, handle) = acquired.into_parts();
-            tracing::debug!(parent: &span, token = token.get(), "lock acquired");
+            tracing::debug!(parent: &state.span, token = token.get(), "lock acquired");
             let held = HeldLock {
-                key: state.key,
+                key: state.key.expect("key present when acquiring"),
                 mode: state.mode,
                 token,
                 waited,
                 backend: state.backend,
                 lost,
             };
-            let mut guard = LockGuard::new(held, handle, span);
+            let mut guard = LockGuard::new(held, handle, state.span);
             if state.record {
                 crate::reentry::record(&mut guard, state.backend_id);
             }
             Ok(guard)
         }
         Err(e) => {
-            tracing::debug!(parent: &span, error = %e, "lock not acquired");
+            tracing::debug!(parent: &state.span, error = %e, "lock not acquired");
             Err(e)
         }
     }
