@@ -2,8 +2,7 @@
 
 use std::borrow::{Borrow, Cow};
 use std::fmt;
-
-use smol_str::SmolStr;
+use std::sync::Arc;
 
 /// The longest key accepted, in bytes of UTF-8, namespace included.
 ///
@@ -36,11 +35,7 @@ pub const MAX_KEY_LEN: usize = 256;
 ///   which scripts and emoji need, are allowed inside a key.)
 ///
 /// Everything else is accepted: any script, spaces inside, punctuation,
-/// `a..b`, `%`.
-///
-/// A key of up to 23 bytes is kept inline, with no allocation, and cloning
-/// it copies those bytes; a longer one is shared, and cloning it is a
-/// reference-count increment.
+/// `a..b`, `%`. Cloning is a reference-count increment.
 ///
 /// # Examples
 ///
@@ -53,7 +48,7 @@ pub const MAX_KEY_LEN: usize = 256;
 /// assert_eq!(LockKey::namespaced("orders", "sku-42").unwrap().as_str(), "orders:sku-42");
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockKey(SmolStr);
+pub struct LockKey(Arc<str>);
 
 impl LockKey {
     /// Validates `key` and makes a lock key of it.
@@ -63,7 +58,7 @@ impl LockKey {
     /// [`KeyError`] says which rule the text broke.
     pub fn new(key: &str) -> Result<Self, KeyError> {
         validate(key)?;
-        Ok(LockKey(SmolStr::new(key)))
+        Ok(LockKey(Arc::from(key)))
     }
 
     /// Makes the key `namespace:key`, validating the whole.
@@ -91,19 +86,24 @@ impl LockKey {
             });
         }
         validate(key)?;
-        // Joined on the stack, so that the key costs at most one allocation
-        // (none when it fits inline), not two: this runs for every request.
+        // Joined on the stack, so that the key costs one allocation (the
+        // `Arc`), not two: this runs for every request.
         let mut joined = [0u8; MAX_KEY_LEN];
         joined[..namespace.len()].copy_from_slice(namespace.as_bytes());
         joined[namespace.len()] = b':';
         joined[prefix..len].copy_from_slice(key.as_bytes());
         let joined = std::str::from_utf8(&joined[..len]).expect("two strs and a ':'");
-        Ok(LockKey(SmolStr::new(joined)))
+        Ok(LockKey(Arc::from(joined)))
     }
 
     /// The key as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether both are the same allocation (and so equal).
+    pub(crate) fn ptr_eq(&self, other: &LockKey) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
 
@@ -276,7 +276,7 @@ impl TryFrom<String> for LockKey {
     type Error = KeyError;
     fn try_from(key: String) -> Result<Self, KeyError> {
         validate(&key)?;
-        Ok(LockKey(SmolStr::new(key)))
+        Ok(LockKey(Arc::from(key)))
     }
 }
 

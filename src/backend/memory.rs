@@ -93,7 +93,9 @@ struct MapKey {
 
 impl PartialEq for MapKey {
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.key == other.key
+        // The holder's copy of the key shares the map's allocation: compare
+        // pointers before bytes.
+        self.hash == other.hash && (self.key.ptr_eq(&other.key) || self.key == other.key)
     }
 }
 impl Eq for MapKey {}
