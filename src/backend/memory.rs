@@ -1,7 +1,6 @@
 //! The in-process backend: the embedded default, no server.
 
 use foldhash::fast::RandomState;
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
@@ -349,11 +348,6 @@ impl ShardState {
     /// burst of distinct keys has come and gone.
     fn forget(&mut self, key: &MapKey) {
         self.keys.remove(key);
-        self.shrink();
-    }
-
-    /// Gives memory back after a burst of distinct keys has come and gone.
-    fn shrink(&mut self) {
         let cap = self.keys.capacity();
         if cap > 64 && self.keys.len() * 8 < cap {
             self.keys.shrink_to(self.keys.len() * 2);
@@ -361,18 +355,14 @@ impl ShardState {
     }
 
     fn release(&mut self, shard: &Arc<Shard>, key: &MapKey, token: u64, wake: &mut Vec<Waker>) {
-        // One lookup, whose entry the last holder then removes: a
-        // `get_mut` and a `remove` would probe the table twice.
-        let Entry::Occupied(mut entry) = self.keys.entry(key.clone()) else {
+        let Some(state) = self.keys.get_mut(key) else {
             return;
         };
-        let state = entry.get_mut();
         // A holder whose lock was broken is no longer listed: nothing to do.
         if state.holders.remove(token) {
             state.grant_waiters(&mut self.next_token, shard, key, wake);
             if state.is_idle() {
-                entry.remove();
-                self.shrink();
+                self.forget(key);
             }
         }
     }
