@@ -14,8 +14,9 @@
 //! backend mounted on the handler or with `route_layer`, as the bench's
 //! `--mount`; `identity-handler` and `identity-route`, a layer that does
 //! nothing, mounted the same ways (axum's own share of a layer);
-//! `hand-mutex-map`, the bench's hand-written peer. `--routes` lists them,
-//! one a line.
+//! `hand-mutex-map`, the bench's hand-written peer; `layer-floor`, the least
+//! a lock layer on the handler does (`orders::FloorLayer`). `--routes` lists
+//! them, one a line.
 
 #[path = "common/orders.rs"]
 mod orders;
@@ -30,7 +31,7 @@ use http::Request;
 use tower::{Layer, Service, ServiceExt};
 use tower_lock::{LockLayer, MemoryBackend, PathParam};
 
-use orders::{order, order_mutex_map, MutexMap};
+use orders::{order, order_mutex_map, FloorLayer, MutexMap};
 
 /// A layer that returns its service unchanged.
 #[derive(Clone)]
@@ -44,13 +45,14 @@ impl<S> Layer<S> for Identity {
     }
 }
 
-const ROUTES: [&str; 6] = [
+const ROUTES: [&str; 7] = [
     "bare",
     "layer-handler",
     "layer-route",
     "identity-handler",
     "identity-route",
     "hand-mutex-map",
+    "layer-floor",
 ];
 
 fn app(route: &str) -> Option<Router> {
@@ -65,6 +67,9 @@ fn app(route: &str) -> Option<Router> {
         "hand-mutex-map" => Router::new()
             .route("/orders/{sku}", post(order_mutex_map))
             .with_state(MutexMap::default()),
+        "layer-floor" => {
+            Router::new().route("/orders/{sku}", post(order.layer(FloorLayer::default())))
+        }
         _ => return None,
     })
 }

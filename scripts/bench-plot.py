@@ -209,6 +209,10 @@ def panels(lines):
     hand = [l for l in select(lines, impl="hand-mutex-map", backend="memory", workload="http",
                               mount=None)
             if l.get("rps_bare") in bares]
+    # The floor of any lock layer on the route, in runs that measured it.
+    floor = [l for l in select(lines, impl="layer-floor", backend="memory", workload="http",
+                               mount=None)
+             if l.get("rps_bare") in bares]
     calib = select(lines, impl="bare-vs-bare", backend="memory", workload="http")
     note = ""
     if calib:
@@ -222,6 +226,8 @@ def panels(lines):
                 note=ratio_note(http)),
             Bar("by hand: DashMap of tokio Mutexes", values(hand, "rps_locked"), PEER,
                 note=ratio_note(hand)),
+            Bar("floor: the least a lock layer does", values(floor, "rps_locked"), FLOOR,
+                note=ratio_note(floor)),
         ], note=note))
     return [p for p in out if p.bars]
 

@@ -1,11 +1,12 @@
-//! `http`: the bare route, the route under `LockLayer` and the hand-written
-//! mutex map, served in this process and driven by the same clients.
+//! `http`: the bare route, the route under `LockLayer`, the hand-written
+//! mutex map and the floor layer, served in this process and driven by the
+//! same clients.
 
 use super::*;
 
 use axum::handler::Handler;
 
-use orders::{order, order_mutex_map, MutexMap};
+use orders::{order, order_mutex_map, FloorLayer, MutexMap};
 
 async fn serve(app: Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -82,7 +83,13 @@ pub(super) struct Rates {
     /// Under the hand-written mutex map (bare under `--calibrate`), on the
     /// memory backend.
     pub(super) peer: Option<f64>,
+    /// Under the floor layer (`orders::FloorLayer`), on the memory backend
+    /// and not under `--calibrate`.
+    pub(super) floor: Option<f64>,
 }
+
+/// The `impl=` of the `http` workload's floor: the least a lock layer does.
+pub(super) const LAYER_FLOOR: &str = "layer-floor";
 
 /// The `impl=` of the `http` workload's hand-written peer.
 pub(super) const HAND_MUTEX_MAP: &str = "hand-mutex-map";
@@ -111,12 +118,14 @@ impl Mount {
 /// Servers in this process, one per route, each with its own `conns`
 /// connections from the same client code: the bare route, the route under
 /// `LockLayer` (mounted as `mount` says) and, on the memory backend, the
-/// route under the hand-written mutex map (`impl=hand-mutex-map`). Under
-/// `--calibrate` every route is the bare one, which shows how far apart
-/// identical routes measure. The phases
-/// alternate in order and in reverse (A-B-B-A with two routes, A-B-C-C-B-A
-/// with three), so that drift falls on every route alike; a rate is the
-/// requests a route answered over the time its phases actually took.
+/// route under the hand-written mutex map (`impl=hand-mutex-map`) and the
+/// route under the floor layer mounted the same way (`impl=layer-floor`,
+/// not under `--calibrate`). Under `--calibrate` every route but the floor
+/// is the bare one, which shows how far apart identical routes measure.
+/// The phases alternate in order and in reverse (A-B-B-A with two routes,
+/// A-B-C-C-B-A with three, A-B-C-D-D-C-B-A with four), so that drift falls
+/// on every route alike; a rate is the requests a route answered over the
+/// time its phases actually took.
 pub(super) async fn http(
     backend: Arc<dyn Backend>,
     conns: usize,
@@ -152,6 +161,18 @@ pub(super) async fn http(
             .await
         });
     }
+    let floor = FloorLayer::default();
+    if with_peer && !calibrate {
+        addrs.push(
+            serve(match mount {
+                Mount::Handler => {
+                    Router::new().route("/orders/{sku}", post(order.layer(floor.clone())))
+                }
+                Mount::Route => route().route_layer(floor.clone()),
+            })
+            .await,
+        );
+    }
     let mut routes = Vec::new();
     for addr in addrs {
         routes.push(Clients::connect(addr, conns).await);
@@ -178,6 +199,7 @@ pub(super) async fn http(
     // Every request has been answered: a map that forgets idle keys is
     // empty again, although every request used a SKU of its own.
     assert!(map.is_empty(), "the mutex map kept {} idle keys", map.len());
+    assert!(floor.is_empty(), "the floor layer kept keys");
     let rps: Vec<f64> = sums
         .iter()
         .map(|(n, t)| *n as f64 / t.as_secs_f64())
@@ -186,5 +208,6 @@ pub(super) async fn http(
         bare: rps[0],
         locked: rps[1],
         peer: rps.get(2).copied(),
+        floor: rps.get(3).copied(),
     }
 }

@@ -64,7 +64,7 @@ mod orders;
 
 use contended::{contended, contended_processes, keys, run_workers};
 use floors::floor;
-use http::{http, Mount, HAND_MUTEX_MAP};
+use http::{http, Mount, HAND_MUTEX_MAP, LAYER_FLOOR};
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -331,10 +331,17 @@ async fn run(args: Args) -> ExitCode {
                 // the run, so it carries the run's mount too.
                 Some(peer) => {
                     let mount = args.mount.map_or("", Mount::tag);
-                    peer_line = Some(format!(
+                    let mut lines = format!(
                         "impl={HAND_MUTEX_MAP} backend={name} workload=http{mount} {}",
                         line(peer)
-                    ));
+                    );
+                    if let Some(floor) = rates.floor {
+                        lines.push_str(&format!(
+                            "\nimpl={LAYER_FLOOR} backend={name} workload=http{mount} {}",
+                            line(floor)
+                        ));
+                    }
+                    peer_line = Some(lines);
                     line(rates.locked)
                 }
                 None => line(rates.locked),
