@@ -135,13 +135,20 @@ for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --
     # shellcheck disable=SC2086
     line=$(cargo run -q --example bench -- --backend memory --workload $workload)
     echo "$line"
-    # The http workload adds the hand-written peer's line after ours.
+    # The http workload adds the hand-written peer's and the floor layer's
+    # lines after ours.
     first=${line%%$'\n'*}
     [[ "$first" == impl=tower-lock\ backend=memory\ * ]] || die "bench printed an unexpected line: $line"
+    if [[ "$workload" == http* ]]; then
+        [[ "$line" == *$'\n'impl=hand-mutex-map\ *$'\n'impl=layer-floor\ * ]] ||
+            die "bench's http run lacks the peer's or the floor's line: $line"
+    fi
     if [[ "$workload" == *--mount\ route* ]]; then
-        # Both lines of the run, ours and the peer's, say how it was mounted.
-        [[ "$first" == *\ mount=route\ * && "${line#*$'\n'}" == *\ mount=route\ * ]] ||
-            die "bench did not tag --mount route: $line"
+        # Every line of the run, ours, the peer's and the floor's, says how
+        # it was mounted.
+        while read -r each; do
+            [[ "$each" == *\ mount=route\ * ]] || die "bench did not tag --mount route: $line"
+        done <<<"$line"
     else
         [[ "$line" != *mount=* ]] || die "bench tagged a run it did not mount with route_layer: $line"
     fi
