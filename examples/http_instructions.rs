@@ -15,7 +15,7 @@
 //! `--mount`; `identity-handler` and `identity-route`, a layer that does
 //! nothing, mounted the same ways (axum's own share of a layer);
 //! `hand-mutex-map`, the bench's hand-written peer; `layer-floor`, the least
-//! a lock layer on the handler does (`orders::FloorLayer`). `--routes` lists
+//! a lock layer keyed like `PathParam` does (`orders::FloorLayer`). `--routes` lists
 //! them, one a line.
 
 #[path = "common/orders.rs"]

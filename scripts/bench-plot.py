@@ -209,7 +209,7 @@ def panels(lines):
     hand = [l for l in select(lines, impl="hand-mutex-map", backend="memory", workload="http",
                               mount=None)
             if l.get("rps_bare") in bares]
-    # The floor of any lock layer on the route, in runs that measured it.
+    # The floor of a lock layer keyed like PathParam, in runs that measured it.
     floor = [l for l in select(lines, impl="layer-floor", backend="memory", workload="http",
                                mount=None)
              if l.get("rps_bare") in bares]

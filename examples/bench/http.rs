@@ -88,7 +88,8 @@ pub(super) struct Rates {
     pub(super) floor: Option<f64>,
 }
 
-/// The `impl=` of the `http` workload's floor: the least a lock layer does.
+/// The `impl=` of the `http` workload's floor: the least a lock layer keyed
+/// like `PathParam` does.
 pub(super) const LAYER_FLOOR: &str = "layer-floor";
 
 /// The `impl=` of the `http` workload's hand-written peer.
