@@ -348,6 +348,11 @@ impl ShardState {
     /// burst of distinct keys has come and gone.
     fn forget(&mut self, key: &MapKey) {
         self.keys.remove(key);
+        self.shrink();
+    }
+
+    /// Gives memory back after a burst of distinct keys has come and gone.
+    fn shrink(&mut self) {
         let cap = self.keys.capacity();
         if cap > 64 && self.keys.len() * 8 < cap {
             self.keys.shrink_to(self.keys.len() * 2);
@@ -355,15 +360,19 @@ impl ShardState {
     }
 
     fn release(&mut self, shard: &Arc<Shard>, key: &MapKey, token: u64, wake: &mut Vec<Waker>) {
-        let Some(state) = self.keys.get_mut(key) else {
+        // Taken out and put back if still in use: the common release, of a
+        // key nobody else wants, then looks the key up once, not twice.
+        let Some((key, mut state)) = self.keys.remove_entry(key) else {
             return;
         };
         // A holder whose lock was broken is no longer listed: nothing to do.
         if state.holders.remove(token) {
-            state.grant_waiters(&mut self.next_token, shard, key, wake);
-            if state.is_idle() {
-                self.forget(key);
-            }
+            state.grant_waiters(&mut self.next_token, shard, &key, wake);
+        }
+        if state.is_idle() {
+            self.shrink();
+        } else {
+            self.keys.insert(key, state);
         }
     }
 }
