@@ -422,3 +422,29 @@ async fn mixed_modes_on_one_key_exclude() {
     );
     assert!(backend.lock("k").semaphore(5).fail_fast().await.is_err());
 }
+
+#[tokio::test]
+async fn a_released_lock_still_described_somewhere_is_not_reused() {
+    // The backend reuses the state of released locks; one that a `HeldLock`
+    // still describes must stay that lock's, not become the next grant's.
+    let backend = MemoryBackend::new();
+    let first = backend.lock("k").await.unwrap();
+    let described = first.held().clone();
+    drop(first);
+    let second = backend.lock("k").await.unwrap();
+    assert!(second.token() > described.token());
+    assert_eq!(backend.break_lock("k"), 1);
+    assert!(second.is_lost());
+    assert!(
+        !described.is_lost(),
+        "a released lock's description saw a later grant's loss"
+    );
+    drop((second, described));
+    // Many locks taken and released in turn on one key: each grant starts
+    // unlost, whatever state it reuses.
+    for _ in 0..100 {
+        let guard = backend.lock("k").fail_fast().await.unwrap();
+        assert!(!guard.is_lost());
+    }
+    assert_eq!(backend.active_keys(), 0);
+}

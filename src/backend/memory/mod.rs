@@ -1,19 +1,20 @@
 //! The in-process backend: the embedded default, no server.
 
-use foldhash::fast::RandomState;
-use std::collections::{HashMap, VecDeque};
-use std::future::Future;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
-use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+mod shard;
 
-use super::{Acquired, Backend, BackendFuture, LeaseHandle, LockRequest};
+use foldhash::fast::RandomState;
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::BuildHasher;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use super::{Acquired, Backend, BackendFuture, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::lost::{HasLostState, LostSignal, LostState};
 use crate::mode::{LockMode, Wait};
-use crate::token::FencingToken;
+use shard::{lock, wake_all, Grants, Holder, MapKey, Shard, ShardState, Slot, Waiter};
 
 const SHARDS: usize = 64;
 
@@ -31,7 +32,9 @@ const SHARDS: usize = 64;
 /// - Cancel safe: a waiter that is dropped leaves the queue at once and does not
 ///   hold up the waiters behind it; a grant that raced with the drop is released.
 /// - No entry is kept for a key once its last holder and waiter are gone
-///   ([`active_keys`](Self::active_keys) counts them).
+///   ([`active_keys`](Self::active_keys) counts them). The state of a few
+///   released locks (at most 256 in all) is kept to be reused by later ones,
+///   so that an uncontended lock allocates nothing but its key.
 ///
 /// It does not protect anything across processes, and it has no lease: a lock
 /// is held until its guard is dropped or [`break_lock`](Self::break_lock) is
@@ -68,356 +71,6 @@ struct Inner {
     shards: Box<[Arc<Shard>]>,
 }
 
-/// One lock-protected slice of the keys. Each is its own allocation, and a
-/// hold keeps its shard alive rather than the whole backend: the reference
-/// count then sits beside the mutex the hold touches anyway, instead of on one
-/// line that every request on every core would bounce.
-struct Shard {
-    state: Mutex<ShardState>,
-}
-
-struct ShardState {
-    keys: HashMap<MapKey, KeyState, BuildHasherDefault<PassHasher>>,
-    /// Tokens per shard: a key always lives in one shard, so its tokens
-    /// strictly increase, and cores do not contend on one counter.
-    next_token: u64,
-}
-
-/// A key with its hash computed once, for the shard and the map alike.
-#[derive(Clone)]
-struct MapKey {
-    hash: u64,
-    key: LockKey,
-}
-
-impl PartialEq for MapKey {
-    fn eq(&self, other: &Self) -> bool {
-        // The holder's copy of the key shares the map's allocation: compare
-        // pointers before bytes.
-        self.hash == other.hash && (self.key.ptr_eq(&other.key) || self.key == other.key)
-    }
-}
-impl Eq for MapKey {}
-
-impl Hash for MapKey {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.hash);
-    }
-}
-
-/// Passes a precomputed hash through.
-#[derive(Default)]
-struct PassHasher(u64);
-
-impl Hasher for PassHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used by `MapKey`; fold anything else anyway.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-#[derive(Default)]
-struct KeyState {
-    /// What the current holders hold; meaningless while `holders` is empty.
-    held: Held,
-    holders: Holders,
-    queue: Queue,
-}
-
-/// The waiters of a key, boxed: most keys never have one, and an inline
-/// queue would make every entry the map moves in and out a third larger.
-#[derive(Default)]
-// The box is the point: 8 bytes in the entry where a `VecDeque` takes 32.
-#[allow(clippy::box_collection)]
-struct Queue(Option<Box<VecDeque<Waiter>>>);
-
-impl Queue {
-    fn is_empty(&self) -> bool {
-        self.0.as_ref().is_none_or(|q| q.is_empty())
-    }
-
-    fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |q| q.len())
-    }
-
-    fn front(&self) -> Option<&Waiter> {
-        self.0.as_ref()?.front()
-    }
-
-    fn pop_front(&mut self) -> Option<Waiter> {
-        self.0.as_mut()?.pop_front()
-    }
-
-    fn push_back(&mut self, waiter: Waiter) {
-        self.0.get_or_insert_default().push_back(waiter);
-    }
-
-    /// Takes the waiter whose slot is `slot` out of the queue; false if it
-    /// is not there.
-    fn remove(&mut self, slot: &Arc<Slot>) -> bool {
-        let Some(queue) = self.0.as_mut() else {
-            return false;
-        };
-        match queue.iter().position(|w| Arc::ptr_eq(&w.slot, slot)) {
-            Some(i) => queue.remove(i).is_some(),
-            None => false,
-        }
-    }
-}
-
-/// The holders of a key: the first inline, since most keys have one, and a
-/// heap allocation per lock would be a measurable share of its cost.
-#[derive(Default)]
-struct Holders {
-    first: Option<Holder>,
-    more: Vec<Holder>,
-}
-
-impl Holders {
-    fn len(&self) -> usize {
-        usize::from(self.first.is_some()) + self.more.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.first.is_none()
-    }
-
-    fn push(&mut self, holder: Holder) {
-        match self.first {
-            None => self.first = Some(holder),
-            Some(_) => self.more.push(holder),
-        }
-    }
-
-    /// Removes the holder with `token`; false if it is not one (revoked).
-    fn remove(&mut self, token: u64) -> bool {
-        if self.first.as_ref().is_some_and(|h| h.token == token) {
-            self.first = self.more.pop();
-            return true;
-        }
-        match self.more.iter().position(|h| h.token == token) {
-            Some(i) => {
-                self.more.swap_remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Holder> {
-        self.first.iter().chain(&self.more)
-    }
-
-    fn take_all(&mut self) -> impl Iterator<Item = Holder> {
-        let first = self.first.take();
-        first.into_iter().chain(std::mem::take(&mut self.more))
-    }
-}
-
-#[derive(Default, Clone, Copy)]
-enum Held {
-    #[default]
-    Exclusive,
-    Shared,
-    /// A semaphore; its bound is the smallest permit count among the
-    /// current holders.
-    Permits,
-}
-
-/// One granted lock: the holder list's entry, the guard's lease handle and
-/// the state of its lost signal, in a single allocation.
-struct Hold {
-    shard: Arc<Shard>,
-    key: MapKey,
-    token: u64,
-    /// The permit count it was granted with (semaphores), else 0.
-    permits: u32,
-    lost: LostState,
-}
-
-type Holder = Arc<Hold>;
-
-impl HasLostState for Hold {
-    fn lost_state(&self) -> &LostState {
-        &self.lost
-    }
-}
-
-impl Hold {
-    fn acquired(self: Arc<Self>) -> Acquired {
-        let token = FencingToken::new(self.token);
-        let lost = LostSignal::new(self.clone());
-        Acquired::new(token, self).with_lost(lost)
-    }
-
-    fn release_now(&self) {
-        let mut wake = Vec::new();
-        lock(&self.shard.state).release(&self.shard, &self.key, self.token, &mut wake);
-        wake_all(wake);
-    }
-}
-
-impl LeaseHandle for Hold {
-    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
-        self.release_now();
-        BackendFuture::ready(Ok(()))
-    }
-
-    fn release_on_drop(self: Arc<Self>) {
-        self.release_now();
-    }
-}
-
-struct Waiter {
-    mode: LockMode,
-    slot: Arc<Slot>,
-}
-
-/// Where a queued waiter learns it was granted. Written only under the
-/// shard's lock; read by the waiting future.
-#[derive(Default)]
-struct Slot {
-    state: Mutex<SlotState>,
-}
-
-#[derive(Default)]
-struct SlotState {
-    waker: Option<Waker>,
-    granted: Option<Arc<Hold>>,
-}
-
-/// Wakes granted waiters. Called with no lock held: a woken task goes
-/// straight for the shard lock, and an executor may even poll it inline.
-fn wake_all(wakers: Vec<Waker>) {
-    for w in wakers {
-        w.wake();
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing panics while these locks are held, but a poisoned lock must not
-    // turn one panic into a stuck key.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl KeyState {
-    fn admits(&self, mode: LockMode) -> bool {
-        if self.holders.is_empty() {
-            return true;
-        }
-        match (self.held, mode) {
-            (Held::Shared, LockMode::Read) => true,
-            (Held::Permits, LockMode::Semaphore { permits }) => {
-                // Recomputed from the current holders (at most `permits` of
-                // them), so a small count leaves with its holder.
-                let limit = self
-                    .holders
-                    .iter()
-                    .map(|h| h.permits)
-                    .fold(permits, u32::min);
-                (self.holders.len() as u64) < u64::from(limit)
-            }
-            _ => false,
-        }
-    }
-
-    fn grant(
-        &mut self,
-        mode: LockMode,
-        next_token: &mut u64,
-        shard: &Arc<Shard>,
-        key: MapKey,
-    ) -> Arc<Hold> {
-        let permits = match mode {
-            LockMode::Semaphore { permits } => permits,
-            _ => 0,
-        };
-        self.held = match mode {
-            LockMode::Read => Held::Shared,
-            LockMode::Semaphore { .. } => Held::Permits,
-            _ => Held::Exclusive,
-        };
-        let token = *next_token;
-        *next_token += 1;
-        let hold = Arc::new(Hold {
-            shard: shard.clone(),
-            key,
-            token,
-            permits,
-            lost: LostState::new(),
-        });
-        self.holders.push(hold.clone());
-        hold
-    }
-
-    /// Grants queued waiters from the head while they fit (FIFO), and
-    /// collects their wakers, to be woken once the shard is unlocked.
-    fn grant_waiters(
-        &mut self,
-        next_token: &mut u64,
-        shard: &Arc<Shard>,
-        key: &MapKey,
-        wake: &mut Vec<Waker>,
-    ) {
-        while let Some(head) = self.queue.front() {
-            if !self.admits(head.mode) {
-                break;
-            }
-            let waiter = self.queue.pop_front().expect("front exists");
-            let grant = self.grant(waiter.mode, next_token, shard, key.clone());
-            let mut slot = lock(&waiter.slot.state);
-            slot.granted = Some(grant);
-            wake.extend(slot.waker.take());
-        }
-    }
-
-    fn is_idle(&self) -> bool {
-        self.holders.is_empty() && self.queue.is_empty()
-    }
-}
-
-impl ShardState {
-    /// Drops the entry of a key found idle, and gives memory back after a
-    /// burst of distinct keys has come and gone.
-    fn forget(&mut self, key: &MapKey) {
-        self.keys.remove(key);
-        self.shrink();
-    }
-
-    /// Gives memory back after a burst of distinct keys has come and gone.
-    fn shrink(&mut self) {
-        let cap = self.keys.capacity();
-        if cap > 64 && self.keys.len() * 8 < cap {
-            self.keys.shrink_to(self.keys.len() * 2);
-        }
-    }
-
-    fn release(&mut self, shard: &Arc<Shard>, key: &MapKey, token: u64, wake: &mut Vec<Waker>) {
-        // Taken out and put back if still in use: the common release, of a
-        // key nobody else wants, then looks the key up once, not twice.
-        let Some((key, mut state)) = self.keys.remove_entry(key) else {
-            return;
-        };
-        // A holder whose lock was broken is no longer listed: nothing to do.
-        if state.holders.remove(token) {
-            state.grant_waiters(&mut self.next_token, shard, &key, wake);
-        }
-        if state.is_idle() {
-            self.shrink();
-        } else {
-            self.keys.insert(key, state);
-        }
-    }
-}
-
 impl MemoryBackend {
     /// A backend with no locks held.
     pub fn new() -> Self {
@@ -426,7 +79,11 @@ impl MemoryBackend {
                 Arc::new(Shard {
                     state: Mutex::new(ShardState {
                         keys: HashMap::default(),
-                        next_token: 1,
+                        grants: Grants {
+                            next_token: 1,
+                            spare: Vec::new(),
+                            closed: false,
+                        },
                     }),
                 })
             })
@@ -501,7 +158,7 @@ impl MemoryBackend {
     /// Revokes every current hold on `key`, as an operator would break a
     /// stuck lock, and returns how many holders lost it.
     ///
-    /// The holders' [`LostSignal`]s fire (so the [`LockLayer`](crate::LockLayer)
+    /// The holders' [`LostSignal`](crate::LostSignal)s fire (so the [`LockLayer`](crate::LockLayer)
     /// aborts their requests by default), and the waiters next in line are
     /// granted with higher fencing tokens. A revoked holder's later release
     /// does nothing. This is the in-process model of a lease that expired.
@@ -537,7 +194,7 @@ impl MemoryBackend {
                 return 0;
             };
             let broken = state.holders.take_all().collect();
-            state.grant_waiters(&mut shard.next_token, shard_ref, &key, &mut wake);
+            state.grant_waiters(&mut shard.grants, shard_ref, &key, &mut wake);
             if state.is_idle() {
                 shard.forget(&key);
             }
@@ -563,6 +220,20 @@ impl std::fmt::Debug for MemoryBackend {
         f.debug_struct("MemoryBackend")
             .field("active_keys", &self.active_keys())
             .finish()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Spare holds point at their shards: let them go, and keep no more.
+        for shard in self.shards.iter() {
+            let spare = {
+                let mut state = lock(&shard.state);
+                state.grants.closed = true;
+                std::mem::take(&mut state.grants.spare)
+            };
+            drop(spare);
+        }
     }
 }
 
@@ -603,7 +274,7 @@ impl Backend for MemoryBackend {
         let key = entry.key().clone();
         let state = entry.or_default();
         if state.queue.is_empty() && state.admits(request.mode) {
-            let hold = state.grant(request.mode, &mut shard.next_token, shard_ref, key);
+            let hold = state.grant(request.mode, &mut shard.grants, shard_ref, key);
             return BackendFuture::ready(Ok(hold.acquired()));
         }
         if request.wait == Wait::FailFast {
@@ -670,7 +341,7 @@ impl Drop for WaitForGrant {
                 if state.queue.remove(&self.slot) {
                     // Leaving may unblock the waiters behind (readers behind
                     // a departed writer).
-                    state.grant_waiters(&mut shard.next_token, shard_ref, &key, &mut wake);
+                    state.grant_waiters(&mut shard.grants, shard_ref, &key, &mut wake);
                     if state.is_idle() {
                         shard.forget(&key);
                     }
@@ -678,5 +349,31 @@ impl Drop for WaitForGrant {
             }
         }
         wake_all(wake);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Weak};
+
+    use super::{MemoryBackend, Shard};
+    use crate::BackendExt;
+
+    #[tokio::test]
+    async fn a_dropped_backend_frees_its_shards_and_the_holds_it_kept() {
+        let backend = MemoryBackend::new();
+        // Released holds are kept for reuse, each pointing at its shard.
+        for i in 0..1000 {
+            drop(backend.lock(format!("k{i}").as_str()).await.unwrap());
+        }
+        let outliving = backend.lock("late").await.unwrap();
+        let shards: Vec<Weak<Shard>> = backend.inner.shards.iter().map(Arc::downgrade).collect();
+        drop(backend);
+        // Released after its backend: nothing may keep it now.
+        drop(outliving);
+        assert!(
+            shards.iter().all(|s| s.upgrade().is_none()),
+            "a shard outlived its backend"
+        );
     }
 }
