@@ -48,6 +48,9 @@ pub struct LostState {
     // `Box<str>`, not `String`: a few bytes less in every lock's state.
     reason: OnceLock<Box<str>>,
     wakers: Mutex<Vec<Waker>>,
+    /// Whether a waker was ever pushed: most locks are never awaited, and
+    /// their release then need not take the lock above to find none.
+    awaited: AtomicBool,
 }
 
 impl LostState {
@@ -57,6 +60,7 @@ impl LostState {
             lost: AtomicBool::new(false),
             reason: OnceLock::new(),
             wakers: Mutex::new(Vec::new()),
+            awaited: AtomicBool::new(false),
         }
     }
 
@@ -69,6 +73,15 @@ impl LostState {
         for w in wakers {
             w.wake();
         }
+    }
+
+    /// Takes the wakers of the tasks awaiting the loss, to be dropped: for a
+    /// lock released, which can no longer be lost.
+    pub(crate) fn take_wakers(&self) -> Vec<Waker> {
+        if !self.awaited.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Whether [`fire`](Self::fire) was called.
@@ -295,6 +308,7 @@ impl LostSignal {
         }
         if !wakers.iter().any(|w| w.will_wake(cx.waker())) {
             wakers.push(cx.waker().clone());
+            shared.awaited.store(true, Ordering::Release);
         }
         Poll::Pending
     }

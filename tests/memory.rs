@@ -440,11 +440,5 @@ async fn a_released_lock_still_described_somewhere_is_not_reused() {
         "a released lock's description saw a later grant's loss"
     );
     drop((second, described));
-    // Many locks taken and released in turn on one key: each grant starts
-    // unlost, whatever state it reuses.
-    for _ in 0..100 {
-        let guard = backend.lock("k").fail_fast().await.unwrap();
-        assert!(!guard.is_lost());
-    }
     assert_eq!(backend.active_keys(), 0);
 }

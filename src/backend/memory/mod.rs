@@ -33,8 +33,9 @@ const SHARDS: usize = 64;
 ///   hold up the waiters behind it; a grant that raced with the drop is released.
 /// - No entry is kept for a key once its last holder and waiter are gone
 ///   ([`active_keys`](Self::active_keys) counts them). The state of a few
-///   released locks (at most 256 in all) is kept to be reused by later ones,
-///   so that an uncontended lock allocates nothing but its key.
+///   released locks (at most 256 in all, each with its key's text until it
+///   is reused) is kept for later ones, so that an uncontended lock
+///   allocates nothing but its key.
 ///
 /// It does not protect anything across processes, and it has no lease: a lock
 /// is held until its guard is dropped or [`break_lock`](Self::break_lock) is
@@ -354,10 +355,53 @@ impl Drop for WaitForGrant {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::pin::pin;
     use std::sync::{Arc, Weak};
+    use std::task::{Context, Waker};
 
-    use super::{MemoryBackend, Shard};
+    use super::{lock, MemoryBackend, Shard};
+    use crate::key::LockKey;
     use crate::BackendExt;
+
+    /// How many released holds the shard of `key` keeps.
+    fn spares(backend: &MemoryBackend, key: &str) -> usize {
+        let key = backend.inner.map_key(LockKey::new(key).unwrap());
+        lock(&backend.inner.shard(&key).state).grants.spare.len()
+    }
+
+    #[tokio::test]
+    async fn a_released_hold_is_reused_afresh_and_one_still_pointed_at_is_kept() {
+        let backend = MemoryBackend::new();
+        let first = backend.lock("k").await.unwrap();
+        // A task awaits the loss, then the lock is released.
+        assert!(pin!(first.lost())
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending());
+        drop(first);
+        assert_eq!(spares(&backend, "k"), 1, "the release kept its hold");
+        {
+            let key = backend.inner.map_key(LockKey::new("k").unwrap());
+            let state = lock(&backend.inner.shard(&key).state);
+            let spare = &state.grants.spare[0];
+            assert!(
+                spare.lost.take_wakers().is_empty(),
+                "the release kept a waker"
+            );
+            // As if it had been lost: the next grant must not inherit it.
+            spare.lost.fire("test");
+        }
+        let second = backend.lock("k").await.unwrap();
+        assert_eq!(spares(&backend, "k"), 0, "the grant did not reuse the hold");
+        assert!(!second.is_lost(), "the reused hold kept its lost state");
+        // Still described after its release: kept, not reused, not dropped.
+        let described = second.held().clone();
+        drop(second);
+        let third = backend.lock("k").await.unwrap();
+        assert_eq!(spares(&backend, "k"), 1);
+        assert_eq!(backend.break_lock("k"), 1);
+        assert!(third.is_lost() && !described.is_lost());
+    }
 
     #[tokio::test]
     async fn a_dropped_backend_frees_its_shards_and_the_holds_it_kept() {

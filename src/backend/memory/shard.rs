@@ -44,19 +44,27 @@ pub(super) struct Grants {
 }
 
 impl Grants {
-    /// A hold for a new grant on `key`: a spare one if nobody else still
-    /// points at it (its guard and lost signal are gone), else a new one.
+    /// A hold for a new grant on `key`: the newest spare if nobody else
+    /// points at it any more (its guard and every `HeldLock` describing it
+    /// are gone), else a new one.
     pub(super) fn hold(&mut self, shard: &Arc<Shard>, key: MapKey, permits: u32) -> Arc<Hold> {
         let token = self.next_token;
         self.next_token += 1;
-        if let Some(mut spare) = self.spare.pop() {
-            if let Some(hold) = Arc::get_mut(&mut spare) {
-                hold.key = key;
-                hold.token = token;
-                hold.permits = permits;
-                hold.lost = LostState::new();
-                return spare;
-            }
+        if let Some(hold) = self.spare.last_mut().and_then(Arc::get_mut) {
+            hold.key = key;
+            hold.token = token;
+            hold.permits = permits;
+            // Its release took the wakers out, so this drops none under the
+            // shard's lock (unless a `Lost` future of a copy since dropped
+            // registered one after the release: a Tokio waker, harmless).
+            hold.lost = LostState::new();
+            return self.spare.pop().expect("the last spare was just reused");
+        }
+        // Still pointed at: kept, not dropped here (its last reference could
+        // then be dropped under the lock), and moved to the back of the
+        // line, so that one held for long does not stop the others' reuse.
+        if self.spare.len() > 1 {
+            self.spare.rotate_right(1);
         }
         Arc::new(Hold {
             shard: shard.clone(),
@@ -248,6 +256,10 @@ impl Hold {
         let mut wake = Vec::new();
         lock(&self.shard.state).release(&self.shard, &self.key, self.token, &mut wake);
         wake_all(wake);
+        // A released lock is never lost: nobody needs waking for it, and
+        // the shard may keep this hold for reuse, wakers and all. Dropped
+        // here, with no lock held.
+        drop(self.lost.take_wakers());
     }
 }
 
