@@ -47,7 +47,7 @@ impl Grants {
     /// A hold for a new grant on `key`: the newest spare if nobody else
     /// points at it any more (its guard and every `HeldLock` describing it
     /// are gone), else a new one.
-    pub(super) fn hold(&mut self, shard: &Arc<Shard>, key: MapKey, permits: u32) -> Arc<Hold> {
+    fn hold(&mut self, shard: &Arc<Shard>, key: MapKey, permits: u32) -> Arc<Hold> {
         let token = self.next_token;
         self.next_token += 1;
         if let Some(hold) = self.spare.last_mut().and_then(Arc::get_mut) {
@@ -76,7 +76,7 @@ impl Grants {
     }
 
     /// Keeps a released hold for reuse, if there is room.
-    pub(super) fn keep(&mut self, hold: Arc<Hold>) {
+    fn keep(&mut self, hold: Arc<Hold>) {
         if !self.closed && self.spare.len() < SPARE_HOLDS {
             self.spare.push(hold);
         }
@@ -177,16 +177,16 @@ impl Queue {
 /// heap allocation per lock would be a measurable share of its cost.
 #[derive(Default)]
 pub(super) struct Holders {
-    pub(super) first: Option<Holder>,
-    pub(super) more: Vec<Holder>,
+    first: Option<Holder>,
+    more: Vec<Holder>,
 }
 
 impl Holders {
-    pub(super) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         usize::from(self.first.is_some()) + self.more.len()
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    fn is_empty(&self) -> bool {
         self.first.is_none()
     }
 
@@ -198,7 +198,7 @@ impl Holders {
     }
 
     /// Removes the holder with `token`; `None` if it is not one (revoked).
-    pub(super) fn remove(&mut self, token: u64) -> Option<Holder> {
+    fn remove(&mut self, token: u64) -> Option<Holder> {
         if self.first.as_ref().is_some_and(|h| h.token == token) {
             return std::mem::replace(&mut self.first, self.more.pop());
         }
@@ -206,7 +206,7 @@ impl Holders {
         Some(self.more.swap_remove(i))
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Holder> {
+    fn iter(&self) -> impl Iterator<Item = &Holder> {
         self.first.iter().chain(&self.more)
     }
 
@@ -229,8 +229,8 @@ enum Held {
 /// One granted lock: the holder list's entry, the guard's lease handle and
 /// the state of its lost signal, in a single allocation.
 pub(super) struct Hold {
-    pub(super) shard: Arc<Shard>,
-    pub(super) key: MapKey,
+    shard: Arc<Shard>,
+    key: MapKey,
     pub(super) token: u64,
     /// The permit count it was granted with (semaphores), else 0.
     permits: u32,
