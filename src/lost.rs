@@ -9,7 +9,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
 
 /// The state behind a [`LostSignal`]: whether the lock is lost, why, and who
@@ -69,7 +69,7 @@ impl LostState {
     pub fn fire(&self, reason: impl Into<String>) {
         let _ = self.reason.set(reason.into().into_boxed_str());
         self.lost.store(true, Ordering::Release);
-        let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+        let wakers = std::mem::take(&mut *self.wakers());
         for w in wakers {
             w.wake();
         }
@@ -81,7 +81,12 @@ impl LostState {
         if !self.awaited.load(Ordering::Acquire) {
             return Vec::new();
         }
-        std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.wakers())
+    }
+
+    /// The wakers' list; a poisoned lock must not lose a wake-up.
+    fn wakers(&self) -> MutexGuard<'_, Vec<Waker>> {
+        self.wakers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether [`fire`](Self::fire) was called.
@@ -300,7 +305,7 @@ impl LostSignal {
         if shared.lost.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
-        let mut wakers = shared.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut wakers = shared.wakers();
         // Checked again under the lock: `fire` sets the flag before it takes
         // the wakers, so a waker pushed now is either taken or not needed.
         if shared.lost.load(Ordering::Acquire) {
