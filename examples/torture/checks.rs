@@ -5,9 +5,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tower_lock::{Backend, BackendExt, Wait};
+use tower_lock::{Backend, BackendExt, LockError, Wait};
 
-/// Locks every key once with `wait`: the keys that cannot be had.
+/// Locks every key once, each within `wait`: the keys that cannot be had.
+///
+/// A backend error is tried again until `wait` runs out: right after the
+/// faults heal a backend may refuse for a moment, as documented (a replica
+/// still catching up fails a `wait_for_replicas` grant at once), and that
+/// is not a key lost for good. A key still locked by someone, or an error
+/// that lasts the whole wait, counts.
 pub async fn liveness(
     backend: Arc<dyn Backend>,
     keys: &[String],
@@ -19,16 +25,35 @@ pub async fn liveness(
         .map(|k| {
             let (backend, k) = (backend.clone(), k.clone());
             tokio::spawn(async move {
-                match backend
-                    .lock(k.as_str())
-                    .lease(lease)
-                    .wait(Wait::Timeout(wait))
-                    .await
-                {
-                    Ok(guard) => guard.release().await.is_ok(),
-                    Err(e) => {
-                        eprintln!("torture: key {k} not acquirable after the faults healed: {e}");
-                        false
+                let deadline = tokio::time::Instant::now() + wait;
+                let mut refused = 0;
+                loop {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    let result = backend
+                        .lock(k.as_str())
+                        .lease(lease)
+                        .wait(Wait::Timeout(left))
+                        .await;
+                    match result {
+                        Ok(guard) => {
+                            if refused > 0 {
+                                eprintln!(
+                                    "torture: key {k} acquired after {refused} backend refusals"
+                                );
+                            }
+                            return guard.release().await.is_ok();
+                        }
+                        Err(LockError::Backend { .. }) if left > RETRY_PAUSE => {
+                            refused += 1;
+                            tokio::time::sleep(RETRY_PAUSE).await;
+                        }
+                        Err(e) => {
+                            eprintln!(
+                                "torture: key {k} not acquirable after the faults healed \
+                                 ({refused} backend refusals before): {e}"
+                            );
+                            return false;
+                        }
                     }
                 }
             })
@@ -42,6 +67,9 @@ pub async fn liveness(
     }
     unavailable
 }
+
+/// The pause before a refused liveness acquisition is tried again.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// Lock keys or nodes still on the servers once `within` has passed (the
 /// leases and sessions of killed clients end first).
