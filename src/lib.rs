@@ -71,6 +71,7 @@ mod mode;
 mod reentry;
 mod rejection;
 mod source;
+mod sync;
 mod token;
 
 pub use backend::{Backend, MemoryBackend};

@@ -86,7 +86,7 @@ impl LostState {
 
     /// The wakers' list; a poisoned lock must not lose a wake-up.
     fn wakers(&self) -> MutexGuard<'_, Vec<Waker>> {
-        self.wakers.lock().unwrap_or_else(|e| e.into_inner())
+        crate::sync::lock(&self.wakers)
     }
 
     /// Whether [`fire`](Self::fire) was called.

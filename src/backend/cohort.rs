@@ -18,6 +18,7 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::LostSignal;
 use crate::mode::{LockMode, Wait};
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// How far a [`Cohort`] passes a lock between local waiters before it gives
@@ -590,10 +591,6 @@ fn watch_parked<B: Backend>(shared: &Arc<Shared<B>>, remote: &Arc<Remote>) {
             remote.release_on_drop();
         }
     });
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Implements [`Backend`] for a public backend that is a [`Cohort`] (in its

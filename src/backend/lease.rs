@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use super::{Acquired, BackendFuture, InFlight, LeaseHandle};
 use crate::error::LockError;
 use crate::lost::{Deadline, HasLostState, LostSignal, LostState};
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// The shortest lease accepted: renewal runs every third of it.
@@ -296,10 +297,6 @@ pub(crate) fn release_in_background(
             "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
         ),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Implements [`Backend`](crate::backend::Backend) for a remote protocol

@@ -12,10 +12,11 @@ use etcd_client::{
     TxnOp, TxnOpResponse,
 };
 
-use super::session::{etcd_error, lock, retry, retry_while, uncertain, Session};
+use super::session::{etcd_error, retry, retry_while, uncertain, Session};
 use crate::backend::lease::{Protocol, Released};
 use crate::error::LockError;
 use crate::mode::Wait;
+use crate::sync::lock;
 
 /// How a reader's key value starts. Any other value (`etcdctl lock` writes
 /// an empty one) is an exclusive or write contender.

@@ -134,12 +134,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use self::session::{lock, EtcdInner};
+use self::session::EtcdInner;
 use super::lease::{protocol_backend, Lease};
 use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// The root used when the URL names none.

@@ -14,6 +14,7 @@ use crate::backend::lease::Lease;
 use crate::backend::InFlight;
 use crate::error::LockError;
 use crate::lost::Deadline;
+use crate::sync::lock;
 
 pub(super) struct EtcdInner {
     pub(super) endpoints: Vec<String>,
@@ -57,10 +58,6 @@ pub(super) struct Session {
 
 pub(super) fn etcd_error(doing: &str, e: etcd::Error) -> LockError {
     LockError::backend("etcd", doing.to_owned(), Some(Box::new(e) as _))
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Whether a request failed without a definite answer (the connection

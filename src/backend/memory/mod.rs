@@ -14,7 +14,8 @@ use super::{Acquired, Backend, BackendFuture, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::{LockMode, Wait};
-use shard::{lock, wake_all, Grants, Holder, MapKey, Shard, ShardState, Slot, Waiter};
+use crate::sync::lock;
+use shard::{wake_all, Grants, Holder, MapKey, Shard, ShardState, Slot, Waiter};
 
 const SHARDS: usize = 64;
 

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
 use crate::backend::{Acquired, BackendFuture, LeaseHandle};
@@ -11,6 +11,7 @@ use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::{HasLostState, LostSignal, LostState};
 use crate::mode::LockMode;
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// One lock-protected slice of the keys. Each is its own allocation, and a
@@ -298,12 +299,6 @@ pub(super) fn wake_all(wakers: Vec<Waker>) {
     for w in wakers {
         w.wake();
     }
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Nothing panics while these locks are held, but a poisoned lock must not
-    // turn one panic into a stuck key.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl KeyState {

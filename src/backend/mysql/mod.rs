@@ -107,11 +107,12 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::Opts;
 
-use self::session::{lock, my_error, MyInner, Session};
+use self::session::{my_error, MyInner, Session};
 use super::lease::{check_lease, protocol_backend, Lease, Protocol, Released};
 use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
 use crate::mode::Wait;
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// How long a connection is known alive after a request it sent was

@@ -18,6 +18,7 @@ use crate::backend::lease::Lease;
 use crate::backend::sql::{Alive, Connections, Slot};
 use crate::backend::InFlight;
 use crate::error::LockError;
+use crate::sync::lock;
 
 /// How many connections that hold nothing are kept open.
 const MAX_IDLE: usize = 4;
@@ -48,10 +49,6 @@ pub(super) struct Session {
     pub(super) ended: AtomicBool,
     pub(super) hold: Mutex<Option<Weak<Lease<MysqlLock>>>>,
     _slot: Slot,
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub(super) fn my_error(doing: &str, e: mysql_async::Error) -> LockError {

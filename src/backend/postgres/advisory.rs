@@ -9,12 +9,13 @@ use std::time::Instant;
 
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::session::{lock, pg_error, pooled, PgInner, Session, MARK, POOLED};
+use super::session::{pg_error, pooled, PgInner, Session, MARK, POOLED};
 use super::TOKEN_SPACING;
 use crate::backend::lease::{release_in_background, Lease, Protocol, Released};
 use crate::backend::{Acquired, LockRequest};
 use crate::error::LockError;
 use crate::mode::{LockMode, Wait};
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// Gives each held lock its entry in its session's holds.

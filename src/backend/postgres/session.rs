@@ -22,6 +22,7 @@ use crate::backend::owner::Tokens;
 use crate::backend::sql::{Alive, Connections, Slot};
 use crate::backend::InFlight;
 use crate::error::LockError;
+use crate::sync::lock;
 
 /// How many sessions that hold nothing are kept open for the next wait.
 const MAX_IDLE: usize = 2;
@@ -71,10 +72,6 @@ pub(super) struct Session {
     claims: Mutex<HashSet<String>>,
     connection: JoinHandle<()>,
     _slot: Slot,
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Why advisory locks cannot work on a connection whose statements run on

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
-use super::session::{create_missing, lock, pg_error};
+use super::session::{create_missing, pg_error};
 use super::table_sql::Sql;
 use super::TOKEN_SPACING;
 use crate::backend::lease::{
@@ -27,6 +27,7 @@ use crate::backend::{Acquired, Capabilities, InFlight, LockRequest};
 use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::mode::{LockMode, Wait};
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// The longest a waiter sleeps without a notification before it looks

@@ -11,8 +11,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::Notify;
 
-use super::lock;
 use crate::error::LockError;
+use crate::sync::lock;
 
 /// A handle on the `redis` crate's connection: both kinds reconnect by
 /// themselves, and a clone is cheap.

@@ -196,7 +196,7 @@ mod server;
 mod urls;
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManagerConfig;
@@ -403,7 +403,3 @@ impl fmt::Debug for RedisBackend {
 }
 
 super::cohort::cohort_backend!(RedisBackend, "redis");
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}

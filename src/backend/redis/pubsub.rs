@@ -9,7 +9,7 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
 use super::connection::{Connection, Link};
-use super::lock;
+use crate::sync::lock;
 
 /// Idle subscriptions are dropped after this long.
 const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);

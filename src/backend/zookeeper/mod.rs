@@ -163,7 +163,7 @@ use std::time::Duration;
 
 use self::node::Node;
 use self::recipes::Role;
-use self::session::{lock, Session, ZkInner};
+use self::session::{Session, ZkInner};
 pub use self::url::node_name;
 use self::url::{check_root, parse_url};
 use super::lease::protocol_backend;
@@ -172,6 +172,7 @@ use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// The root used when the URL names none.
@@ -421,7 +422,7 @@ impl ZkInner {
             session.alive_until.clone(),
             self.releases.clone(),
         );
-        self::session::lock(&session.holds).insert(path, (Arc::downgrade(&lease), writer));
+        crate::sync::lock(&session.holds).insert(path, (Arc::downgrade(&lease), writer));
         // Ended meanwhile: `end` may have drained the map before the insert.
         if session.ended.load(Ordering::Acquire) {
             lease.lost().fire("the ZooKeeper session ended");

@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use zookeeper_client as zk;
 
-use super::session::{alive, lock, retry_while, uncertain, zk_error, Session};
+use super::session::{alive, retry_while, uncertain, zk_error, Session};
 use crate::backend::lease::{Protocol, Released};
 use crate::error::LockError;
+use crate::sync::lock;
 
 /// A lock node this process created (or is creating). Dropped without
 /// [`delete`](Node::delete), it deletes itself in the background, retrying

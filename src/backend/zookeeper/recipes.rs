@@ -7,9 +7,10 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use super::node::Node;
-use super::session::{lock, retry, retry_while, uncertain, zk_error, Session};
+use super::session::{retry, retry_while, uncertain, zk_error, Session};
 use crate::error::LockError;
 use crate::mode::Wait;
+use crate::sync::lock;
 
 const LOCK_NAME: &str = "lock-";
 const READ_NAME: &str = "__READ__";

@@ -16,6 +16,7 @@ use crate::backend::InFlight;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::Deadline;
+use crate::sync::lock;
 
 pub(super) struct ZkInner {
     pub(super) hosts: String,
@@ -86,10 +87,6 @@ impl Session {
 
 pub(super) fn zk_error(doing: &str, e: zk::Error) -> LockError {
     LockError::backend("zookeeper", doing.to_owned(), Some(Box::new(e) as _))
-}
-
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl ZkInner {
