@@ -468,6 +468,12 @@ impl Server {
             }
             let _ = child.kill();
             let _ = child.wait();
+            if self.kind == Kind::Postgres {
+                // The postmaster's children die a moment after it; one still
+                // attached to the shared memory makes a restart refuse
+                // ("pre-existing shared memory block is still in use").
+                group_gone(child.id(), Duration::from_secs(5));
+            }
         }
     }
 
@@ -486,6 +492,15 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.signal("CONT");
         self.kill();
+    }
+}
+
+/// Waits, at most `limit`, until no process is left in the group `pgid` led.
+fn group_gone(pgid: u32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    // SAFETY: signal 0 only checks whether the group has a process left.
+    while unsafe { libc::kill(-(pgid as libc::pid_t), 0) } == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
