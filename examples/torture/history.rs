@@ -20,7 +20,7 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// What a client reports, one line each: `G hold key token t`, `T hold t`,
+/// What a client reports, one line each: `G hold key token t asked`, `T hold t`,
 /// `X hold t`, `W hold ok|stale|skip t`, `F t` (a failed acquisition).
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -29,6 +29,9 @@ pub enum Event {
         key: String,
         token: u64,
         at: u64,
+        /// When the acquisition began: any grant seen before it was made
+        /// before this one, on every server.
+        asked: u64,
     },
     ToldLost {
         hold: String,
@@ -56,7 +59,8 @@ impl Event {
                 key,
                 token,
                 at,
-            } => format!("G {hold} {key} {token} {at}"),
+                asked,
+            } => format!("G {hold} {key} {token} {at} {asked}"),
             Event::ToldLost { hold, at } => format!("T {hold} {at}"),
             Event::Released { hold, at } => format!("X {hold} {at}"),
             Event::Wrote { hold, outcome, at } => format!("W {hold} {outcome} {at}"),
@@ -67,11 +71,12 @@ impl Event {
     pub fn parse(line: &str) -> Option<Event> {
         let f: Vec<&str> = line.split(' ').collect();
         Some(match f.as_slice() {
-            ["G", hold, key, token, at] => Event::Granted {
+            ["G", hold, key, token, at, asked] => Event::Granted {
                 hold: hold.to_string(),
                 key: key.to_string(),
                 token: token.parse().ok()?,
                 at: at.parse().ok()?,
+                asked: asked.parse().ok()?,
             },
             ["T", hold, at] => Event::ToldLost {
                 hold: hold.to_string(),
@@ -106,6 +111,8 @@ struct Hold {
     key: String,
     token: u64,
     process: String,
+    /// When the acquisition began.
+    asked: u64,
     granted: u64,
     told: Option<u64>,
     released: Option<u64>,
@@ -182,6 +189,9 @@ pub struct Verdict {
     /// The longest from a holder's process being killed to the next grant of
     /// its key, in ms: how long a crashed replica blocks its keys.
     pub kill_recovery_ms: Option<f64>,
+    /// Grants whose fencing token is not above that of a grant of the same
+    /// key seen before they were asked for (so made before them).
+    pub tokens_backwards: u64,
     pub examples: Vec<String>,
 }
 
@@ -194,6 +204,7 @@ impl History {
                 key,
                 token,
                 at,
+                asked,
             } => {
                 self.holds.insert(
                     hold,
@@ -201,6 +212,7 @@ impl History {
                         key,
                         token,
                         process: process.to_owned(),
+                        asked,
                         granted: at,
                         ..Hold::default()
                     },
@@ -302,6 +314,7 @@ impl History {
             by_key.entry(&h.key).or_default().push((id, h));
         }
         for holds in by_key.values_mut() {
+            tokens_backwards(holds, &mut verdict);
             holds.sort_by_key(|(_, h)| h.granted);
             // The hold reaching furthest so far, with its end.
             let mut latest: Option<(&str, u64, bool)> = None;
@@ -379,5 +392,36 @@ impl History {
             }
         }
         verdict
+    }
+}
+
+/// Counts in `verdict` the holds of one key whose token is not above every
+/// token granted before they were asked for. A grant seen before another
+/// was asked for was made before it on the servers, whatever the network
+/// did to the answers; tokens must rise in that order.
+fn tokens_backwards(holds: &mut [(&str, &Hold)], verdict: &mut Verdict) {
+    holds.sort_by_key(|(_, h)| h.asked);
+    let mut by_grant: Vec<&(&str, &Hold)> = holds.iter().collect();
+    by_grant.sort_by_key(|(_, h)| h.granted);
+    let mut seen = by_grant.iter().peekable();
+    // The highest token among the grants seen so far, and its hold.
+    let mut highest: Option<(&str, u64)> = None;
+    for (id, h) in holds.iter() {
+        while let Some((before, b)) = seen.next_if(|(_, b)| b.granted < h.asked) {
+            if highest.is_none_or(|(_, t)| b.token > t) {
+                highest = Some((before, b.token));
+            }
+        }
+        let Some((before, top)) = highest.filter(|&(_, t)| h.token <= t) else {
+            continue;
+        };
+        verdict.tokens_backwards += 1;
+        if verdict.examples.len() < 5 {
+            verdict.examples.push(format!(
+                "key {}: {id} was granted token {} though {before} had been granted token {top} \
+                 before {id} asked",
+                h.key, h.token
+            ));
+        }
     }
 }

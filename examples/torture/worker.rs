@@ -93,6 +93,7 @@ impl Worker {
         let mut seq = 0u64;
         while now_ns() < self.until_ns {
             let key = &self.keys[rng.below(self.keys.len() as u64) as usize];
+            let asked = now_ns();
             let acquired = self
                 .backend
                 .lock(key.as_str())
@@ -121,6 +122,7 @@ impl Worker {
                     key: key.clone(),
                     token,
                     at: now_ns(),
+                    asked,
                 },
             );
             let told = {
