@@ -144,6 +144,12 @@ async fn a_request_reenters_its_own_lock() {
 }
 
 #[tokio::test]
+async fn every_end_of_a_request_releases_its_lock_at_once() {
+    common::released_under_the_layer(backend("released").await, backend("released").await).await;
+    settle_empty("released").await;
+}
+
+#[tokio::test]
 async fn readers_share_writers_exclude_and_there_is_no_semaphore() {
     let (a, b) = (plain_backend("rw").await, plain_backend("rw").await);
     let r1 = a.lock("k").mode(LockMode::Read).await.unwrap();

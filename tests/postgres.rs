@@ -121,6 +121,11 @@ async fn a_request_reenters_its_own_lock() {
 }
 
 #[tokio::test]
+async fn every_end_of_a_request_releases_its_lock_at_once() {
+    common::released_under_the_layer(backend().await, backend().await).await;
+}
+
+#[tokio::test]
 async fn one_process_never_holds_a_key_twice_through_session_reentrancy() {
     // Advisory locks are re-entrant per session: without care, two
     // acquisitions in one process would both be granted on one connection.

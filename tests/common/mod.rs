@@ -411,6 +411,103 @@ pub async fn reenters_under_the_layer<B: tower_lock::Backend + Clone>(backend: B
     }
 }
 
+/// Every way a request under the layer ends releases its lock on the server,
+/// there and then, not when a lease runs out: a response, an error response,
+/// a handler that panics, a client that goes away mid-handler, and a wait
+/// cancelled while another holds the key. `other` is a second instance on
+/// the same servers (another process, as far as they can tell): it must get
+/// each key within the 10 s of [`eventually`], well inside the default
+/// 30 s lease, and so must `backend` itself.
+pub async fn released_under_the_layer<B: tower_lock::Backend + Clone>(backend: B, other: B) {
+    use std::sync::Arc;
+
+    use axum::{body::Body, routing::post, Router};
+    use http::StatusCode;
+    use tower::ServiceExt;
+    use tower_lock::{BackendExt, LockError, LockLayer, PathParam};
+
+    async fn panics() -> &'static str {
+        panic!("the handler panics (on purpose)")
+    }
+    let started = Arc::new(tokio::sync::Notify::new());
+    let in_handler = started.clone();
+    let app = Router::new()
+        .route("/ok/{sku}", post(|| async { "ok" }))
+        .route(
+            "/error/{sku}",
+            post(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "failed") }),
+        )
+        .route("/panic/{sku}", post(panics))
+        .route(
+            "/stuck/{sku}",
+            post(move || async move {
+                in_handler.notify_one();
+                std::future::pending::<&str>().await
+            }),
+        )
+        .route_layer(LockLayer::new(backend.clone(), PathParam("sku")).namespace("released"));
+    let call = |path: &str| {
+        let request = http::Request::post(path).body(Body::empty()).unwrap();
+        tokio::spawn(app.clone().oneshot(request))
+    };
+    // Both instances can take `key` at once (each released it at once).
+    async fn free<B: tower_lock::Backend>(instances: [&B; 2], key: &str, after: &str) {
+        for (which, backend) in instances.into_iter().enumerate() {
+            let mut last = None;
+            for _ in 0..500 {
+                match backend.lock(key).fail_fast().await {
+                    Ok(guard) => {
+                        guard.release().await.unwrap();
+                        last = None;
+                        break;
+                    }
+                    Err(LockError::Busy) => last = Some(LockError::Busy),
+                    Err(e) => panic!("locking {key} after {after}: {e}"),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let who = ["another instance", "the layer's own backend"][which];
+            assert!(
+                last.is_none(),
+                "{key} still held for {who} 10 s after {after}"
+            );
+        }
+    }
+    let both = [&other, &backend];
+
+    // The response (and with it the body, which may hold the lock) is
+    // dropped at the end of each statement.
+    let status = call("/ok/A-ok").await.unwrap().unwrap().status();
+    assert_eq!(status, 200);
+    free(both, "released:A-ok", "a response").await;
+
+    let status = call("/error/A-error").await.unwrap().unwrap().status();
+    assert_eq!(status, 500);
+    free(both, "released:A-error", "an error response").await;
+
+    let panicked = call("/panic/A-panic").await.unwrap_err();
+    assert!(panicked.is_panic(), "{panicked}");
+    free(both, "released:A-panic", "a panic in the handler").await;
+
+    let stuck = call("/stuck/A-gone");
+    started.notified().await;
+    stuck.abort();
+    assert!(stuck.await.unwrap_err().is_cancelled());
+    free(both, "released:A-gone", "the client went away").await;
+
+    let held = other.lock("released:A-wait").await.unwrap();
+    let waiting = call("/ok/A-wait");
+    // Sequencing, not timing: the request is queued behind `held` by then.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    held.release().await.unwrap();
+    free(both, "released:A-wait", "a cancelled wait").await;
+
+    backend.flush().await;
+    other.flush().await;
+}
+
 /// Four workers on each of two backends (two processes, as far as the
 /// server can tell) lock one key in a loop for `run`; returns how many
 /// times each side held it. Checks that no two held it at once and that

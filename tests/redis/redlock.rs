@@ -154,6 +154,11 @@ async fn a_request_reenters_its_own_lock() {
     common::reenters_under_the_layer(backend("reentry").await).await;
 }
 
+#[tokio::test]
+async fn every_end_of_a_request_releases_its_lock_at_once() {
+    common::released_under_the_layer(backend("released").await, backend("released").await).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_a_request_reenters_its_own_lock() {
     use tower_lock::backend::RedlockBackend;
@@ -162,6 +167,15 @@ async fn redlock_a_request_reenters_its_own_lock() {
         .await
         .unwrap();
     common::reenters_under_the_layer(backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_every_end_of_a_request_releases_its_lock_at_once() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let url = redlock_url(&servers);
+    let (one, other) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
+    common::released_under_the_layer(one.await.unwrap(), other.await.unwrap()).await;
 }
 
 /// An acquisition whose wait runs out while its round is still in flight

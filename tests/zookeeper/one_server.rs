@@ -86,6 +86,11 @@ async fn a_request_reenters_its_own_lock() {
 }
 
 #[tokio::test]
+async fn every_end_of_a_request_releases_its_lock_at_once() {
+    common::released_under_the_layer(backend("released").await, backend("released").await).await;
+}
+
+#[tokio::test]
 async fn nodes_are_named_as_curator_names_them() {
     let zk = backend("layout").await;
     let client = raw(&zk_addr()).await;
