@@ -84,6 +84,14 @@
 //!   runs again, and its fencing token is older than the new holder's.
 //! - A key deleted by hand while held is not noticed by its holder (as
 //!   with Go's mutex).
+//! - Not covered, on a cluster of etcd 3.4.23 (Debian 12's): a leader
+//!   paused and resumed revokes the leases that expired in its own view
+//!   before it learns it was deposed, and the revoke is applied (etcd
+//!   issues 12528 and 15247, fixed upstream by pull request 16822). The
+//!   locks on such a lease are freed while their holders still count on
+//!   them; each holder hears of it at its next keep-alive, a sixth of the
+//!   TTL later at most, and its fencing token is older than the next
+//!   holder's.
 //!
 //! On a cluster, the client balances over the endpoints; every request
 //! that decides (the transaction, the re-check, keep-alives) is
