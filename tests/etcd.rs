@@ -150,6 +150,12 @@ async fn every_end_of_a_request_releases_its_lock_at_once() {
 }
 
 #[tokio::test]
+async fn waiters_in_one_process_are_served_in_arrival_order() {
+    common::waiters_in_one_process_in_arrival_order(backend("fifo").await, "k").await;
+    settle_empty("fifo").await;
+}
+
+#[tokio::test]
 async fn readers_share_writers_exclude_and_there_is_no_semaphore() {
     let (a, b) = (plain_backend("rw").await, plain_backend("rw").await);
     let r1 = a.lock("k").mode(LockMode::Read).await.unwrap();

@@ -110,6 +110,11 @@ async fn every_end_of_a_request_releases_its_lock_at_once() {
 }
 
 #[tokio::test]
+async fn waiters_in_one_process_are_served_in_arrival_order() {
+    common::waiters_in_one_process_in_arrival_order(backend().await, &key("fifo", "k")).await;
+}
+
+#[tokio::test]
 async fn one_process_never_holds_a_key_twice_and_only_exclusive_locks_are_offered() {
     let k = key("twice", "k");
     let db = plain_backend().await;

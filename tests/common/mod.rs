@@ -411,6 +411,42 @@ pub async fn reenters_under_the_layer<B: tower_lock::Backend + Clone>(backend: B
     }
 }
 
+/// Twenty waiters queued in one process behind a holder get `key` in the
+/// order they asked for it, also where the lock goes back to the server
+/// between them (a cohort's bound of holders, or of time). On the
+/// current-thread runtime each waiter runs until it queues before the next
+/// is spawned.
+pub async fn waiters_in_one_process_in_arrival_order<B: tower_lock::Backend + Clone + 'static>(
+    backend: B,
+    key: &str,
+) {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+    use tower_lock::BackendExt;
+
+    let holder = backend.lock(key).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..20 {
+        let (b, order, key) = (backend.clone(), order.clone(), key.to_owned());
+        waiters.push(tokio::spawn(async move {
+            let g = b.lock(key).wait(Duration::from_secs(10)).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::task::yield_now().await;
+            g.release().await.unwrap();
+        }));
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+    }
+    holder.release().await.unwrap();
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+    backend.flush().await;
+}
+
 /// Every way a request under the layer ends releases its lock on the server,
 /// there and then, not when a lease runs out: a response, an error response,
 /// a handler that panics, a client that goes away mid-handler, and a wait

@@ -171,29 +171,7 @@ async fn renewal_keeps_a_lock_past_its_lease() {
 #[tokio::test]
 async fn waiters_in_one_process_are_served_in_arrival_order() {
     let b = backend("fifo").await;
-    let holder = b.lock("k").await.unwrap();
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    // More waiters than one Redis acquisition serves (8 grants): the order
-    // holds across the lock going back to Redis and being taken again.
-    for i in 0..20 {
-        let (b, order) = (b.clone(), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let g = b.lock("k").wait(Duration::from_secs(10)).await.unwrap();
-            order.lock().unwrap().push(i);
-            tokio::task::yield_now().await;
-            g.release().await.unwrap();
-        }));
-        // On the current-thread runtime this runs waiter i until it queues.
-        for _ in 0..3 {
-            tokio::task::yield_now().await;
-        }
-    }
-    holder.release().await.unwrap();
-    for w in waiters {
-        w.await.unwrap();
-    }
-    assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+    common::waiters_in_one_process_in_arrival_order(b.clone(), "k").await;
 
     // In every mode: a reader that arrives after a queued writer waits for
     // it, though it could share with the reader holding the key.

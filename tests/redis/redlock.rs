@@ -178,6 +178,16 @@ async fn redlock_every_end_of_a_request_releases_its_lock_at_once() {
     common::released_under_the_layer(one.await.unwrap(), other.await.unwrap()).await;
 }
 
+#[tokio::test]
+async fn redlock_waiters_in_one_process_are_served_in_arrival_order() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let backend = RedlockBackend::connect(&redlock_url(&servers))
+        .await
+        .unwrap();
+    common::waiters_in_one_process_in_arrival_order(backend, "k").await;
+}
+
 /// An acquisition whose wait runs out while its round is still in flight
 /// (two instances silent) must not leave the round behind: the silent
 /// instances grant it once they run again, and without an undo the key
