@@ -188,6 +188,19 @@ async fn redlock_waiters_in_one_process_are_served_in_arrival_order() {
     common::waiters_in_one_process_in_arrival_order(backend, "k").await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_two_backends_with_queues_of_their_own_take_turns() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let url = redlock_url(&servers);
+    let (a, b) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
+    common::assert_neither_starved(counts);
+    a.flush().await;
+    b.flush().await;
+}
+
 /// An acquisition whose wait runs out while its round is still in flight
 /// (two instances silent) must not leave the round behind: the silent
 /// instances grant it once they run again, and without an undo the key
