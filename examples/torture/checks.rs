@@ -9,16 +9,17 @@ use tower_lock::{Backend, BackendExt, LockError, Wait};
 
 /// Locks every key once, each within `wait`: the keys that cannot be had.
 ///
-/// A backend error is tried again until `wait` runs out: right after the
-/// faults heal a backend may refuse for a moment, as documented (a replica
-/// still catching up fails a `wait_for_replicas` grant at once), and that
-/// is not a key lost for good. A key still locked by someone, or an error
-/// that lasts the whole wait, counts.
+/// With `retry_refusals`, a backend error is tried again until `wait` runs
+/// out: right after the faults heal, a `wait_for_replicas` backend refuses
+/// at once while a replica catches up, as documented, and that is not a key
+/// lost for good. A key still locked by someone, or an error that lasts the
+/// whole wait, counts.
 pub async fn liveness(
     backend: Arc<dyn Backend>,
     keys: &[String],
     lease: Duration,
     wait: Duration,
+    retry_refusals: bool,
 ) -> u64 {
     let tries: Vec<_> = keys
         .iter()
@@ -43,7 +44,12 @@ pub async fn liveness(
                             }
                             return guard.release().await.is_ok();
                         }
-                        Err(LockError::Backend { .. }) if left > RETRY_PAUSE => {
+                        Err(LockError::Backend { .. })
+                            if retry_refusals
+                                && deadline
+                                    .saturating_duration_since(tokio::time::Instant::now())
+                                    > RETRY_PAUSE =>
+                        {
                             refused += 1;
                             tokio::time::sleep(RETRY_PAUSE).await;
                         }

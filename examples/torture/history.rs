@@ -192,7 +192,14 @@ pub struct Verdict {
     /// Grants whose fencing token is not above that of a grant of the same
     /// key seen before they were asked for (so made before them).
     pub tokens_backwards: u64,
+    /// The same while a fault the backend documents as outside its
+    /// guarantees was in effect (a replaced Redis master still serving: its
+    /// tokens are below the new master's, and fencing refuses them).
+    pub tokens_backwards_outside: u64,
     pub examples: Vec<String>,
+    /// Examples of tokens going backwards, apart so as not to crowd out
+    /// the overlaps'.
+    pub token_examples: Vec<String>,
 }
 
 impl History {
@@ -314,7 +321,7 @@ impl History {
             by_key.entry(&h.key).or_default().push((id, h));
         }
         for holds in by_key.values_mut() {
-            tokens_backwards(holds, &mut verdict);
+            self.tokens_backwards(holds, outside, &mut verdict);
             holds.sort_by_key(|(_, h)| h.granted);
             // The hold reaching furthest so far, with its end.
             let mut latest: Option<(&str, u64, bool)> = None;
@@ -395,33 +402,49 @@ impl History {
     }
 }
 
-/// Counts in `verdict` the holds of one key whose token is not above every
-/// token granted before they were asked for. A grant seen before another
-/// was asked for was made before it on the servers, whatever the network
-/// did to the answers; tokens must rise in that order.
-fn tokens_backwards(holds: &mut [(&str, &Hold)], verdict: &mut Verdict) {
-    holds.sort_by_key(|(_, h)| h.asked);
-    let mut by_grant: Vec<&(&str, &Hold)> = holds.iter().collect();
-    by_grant.sort_by_key(|(_, h)| h.granted);
-    let mut seen = by_grant.iter().peekable();
-    // The highest token among the grants seen so far, and its hold.
-    let mut highest: Option<(&str, u64)> = None;
-    for (id, h) in holds.iter() {
-        while let Some((before, b)) = seen.next_if(|(_, b)| b.granted < h.asked) {
-            if highest.is_none_or(|(_, t)| b.token > t) {
-                highest = Some((before, b.token));
+impl History {
+    /// Counts in `verdict` the holds of one key whose token is not above
+    /// every token granted before they were asked for. A grant seen before
+    /// another was asked for was made before it on the servers, whatever the
+    /// network did to the answers; tokens must rise in that order. Counted
+    /// apart when a fault named in `outside` was in effect between the two
+    /// grants.
+    fn tokens_backwards(
+        &self,
+        holds: &mut [(&str, &Hold)],
+        outside: &[&str],
+        verdict: &mut Verdict,
+    ) {
+        holds.sort_by_key(|(_, h)| h.asked);
+        let mut by_grant: Vec<&(&str, &Hold)> = holds.iter().collect();
+        by_grant.sort_by_key(|(_, h)| h.granted);
+        let mut seen = by_grant.iter().peekable();
+        // The highest token among the grants seen so far, and its hold.
+        let mut highest: Option<(&str, &Hold)> = None;
+        for (id, h) in holds.iter() {
+            while let Some((before, b)) = seen.next_if(|(_, b)| b.granted < h.asked) {
+                if highest.is_none_or(|(_, top)| b.token > top.token) {
+                    highest = Some((before, b));
+                }
             }
-        }
-        let Some((before, top)) = highest.filter(|&(_, t)| h.token <= t) else {
-            continue;
-        };
-        verdict.tokens_backwards += 1;
-        if verdict.examples.len() < 5 {
-            verdict.examples.push(format!(
-                "key {}: {id} was granted token {} though {before} had been granted token {top} \
-                 before {id} asked",
-                h.key, h.token
-            ));
+            let Some((before, top)) = highest.filter(|(_, top)| h.token <= top.token) else {
+                continue;
+            };
+            let during_outside = self.windows.iter().any(|(name, start, end)| {
+                outside.contains(name) && *start <= h.granted && *end >= top.granted
+            });
+            if during_outside {
+                verdict.tokens_backwards_outside += 1;
+                continue;
+            }
+            verdict.tokens_backwards += 1;
+            if verdict.token_examples.len() < 5 {
+                verdict.token_examples.push(format!(
+                    "key {}: {id} was granted token {} though {before} had been granted token {} \
+                     before {id} asked",
+                    h.key, h.token, top.token
+                ));
+            }
         }
     }
 }

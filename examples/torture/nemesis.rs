@@ -190,7 +190,14 @@ impl Nemesis {
         for t in tasks {
             let _ = t.1.await;
         }
-        let unavailable = liveness(backend.clone(), &keys, a.lease, Duration::from_secs(1)).await;
+        let unavailable = liveness(
+            backend.clone(),
+            &keys,
+            a.lease,
+            Duration::from_secs(1),
+            false,
+        )
+        .await;
         let leaked = backend.active_keys() as u64;
         drop(tx);
         let _ = std::panic::take_hook();
@@ -472,11 +479,13 @@ impl Nemesis {
             .map_err(|e| format!("opening the backend for the final checks: {e}"))?;
         let keys = worker::keys(root, a.keys);
         // A killed holder's key comes back once its lease (or session) ends.
+        // A `wait_for_replicas` backend refuses while a replica catches up.
         let unavailable = liveness(
             backend.clone(),
             &keys,
             lease,
             lease + Duration::from_secs(10),
+            self.kind.ends_with("-wait"),
         )
         .await;
         backend.flush().await;
@@ -533,7 +542,7 @@ fn backend_name(kind: &str) -> &'static str {
 
 /// The faults to inject, drawn at random without replacement and refilled
 /// once all have been drawn: a run meets as many different faults as it has
-/// time for (a 30 s run about five of nine) instead of some several times.
+/// time for (a 30 s run about six of nine) instead of some several times.
 struct Bag {
     all: Vec<FaultKind>,
     left: Vec<FaultKind>,
@@ -609,7 +618,7 @@ fn summarize(
         "impl=tower-lock backend={backend} workload=torture{servers} secs={} processes={} workers={} keys={} \
          lease_ms={} seed={seed} holds={} faults={faults} faults_by_kind={} told_lost={} \
          stale_refused={} overlaps_unwarned={} overlaps_paused={} overlaps_outside={} stale_accepted={} lost_updates={} \
-         leaked={leaked} unavailable_keys={unavailable} tokens_backwards={} failed_acquisitions={} writes_accepted={} \
+         leaked={leaked} unavailable_keys={unavailable} tokens_backwards={} tokens_backwards_outside={} failed_acquisitions={} writes_accepted={} \
          worst_margin_ms={margin} told_after_resume_ms={resume} kill_recovery_ms={recovery}",
         args.secs,
         args.processes,
@@ -626,6 +635,7 @@ fn summarize(
         t.stale_accepted,
         t.lost_updates,
         v.tokens_backwards,
+        v.tokens_backwards_outside,
         history.failed_acquisitions,
         t.writes_accepted,
     );
@@ -658,7 +668,12 @@ fn summarize(
     Summary {
         line,
         broken,
-        examples: v.examples.into_iter().chain(t.examples).collect(),
+        examples: v
+            .examples
+            .into_iter()
+            .chain(v.token_examples)
+            .chain(t.examples)
+            .collect(),
         seed,
         history,
     }
