@@ -121,6 +121,11 @@ async fn excludes_through_pgbouncer_in_transaction_pooling() {
 }
 
 #[tokio::test]
+async fn every_end_of_a_request_releases_its_lock_at_once() {
+    common::released_under_the_layer(direct().await, direct().await).await;
+}
+
+#[tokio::test]
 async fn waiters_hear_the_release_and_poll_where_they_cannot() {
     let k = key("heard", "k");
     let holder = direct().await;

@@ -196,6 +196,7 @@ async fn redlock_two_backends_with_queues_of_their_own_take_turns() {
     let (a, b) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
     let (a, b) = (a.await.unwrap(), b.await.unwrap());
     let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
+    eprintln!("held by each side: {counts:?}");
     common::assert_neither_starved(counts);
     a.flush().await;
     b.flush().await;
