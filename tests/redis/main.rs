@@ -134,6 +134,19 @@ async fn child_entry() {
     if role == "tls_lock" {
         return tls::tls_lock_child().await;
     }
+    if role == "redlock_holder" {
+        // Takes the key on the Redlock servers given, says so, and holds it
+        // (renewing) until killed.
+        let url = std::env::var("REDLOCK_URL").unwrap();
+        let lease = Duration::from_millis(std::env::var("LEASE_MS").unwrap().parse().unwrap());
+        let b = tower_lock::backend::RedlockBackend::connect(&url)
+            .await
+            .unwrap();
+        let g = b.lock("held").lease(lease).await.unwrap();
+        println!("token={}", g.token());
+        std::io::stdout().flush().unwrap();
+        return std::future::pending().await;
+    }
     let url = redis_url();
     let prefix = std::env::var("TOWER_LOCK_CHILD_PREFIX").unwrap();
     let b = backend_at(&url, &prefix).await;

@@ -74,6 +74,26 @@ async fn a_killed_holder_frees_the_key_when_its_lease_ends() {
     g.release().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_a_killed_holder_frees_the_key_when_its_lease_ends() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let url = redlock_url(&servers);
+    let extra = [("REDLOCK_URL", url.clone()), ("LEASE_MS", "1000".into())];
+    let mut holder = child("redlock_holder", "redlock-killed", &extra);
+    let token: u64 = read_value(&mut holder.0, "token").parse().unwrap();
+    holder.0.kill().unwrap(); // SIGKILL: no release, no renewal
+    holder.0.wait().unwrap();
+    let b = RedlockBackend::connect(&url).await.unwrap();
+    assert!(matches!(
+        b.lock("held").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let g = b.lock("held").wait(Duration::from_secs(10)).await.unwrap();
+    assert!(g.token().get() > token);
+    g.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_paused_holder_loses_the_lock_and_its_stale_token_is_refused() {
     let test = "paused";
