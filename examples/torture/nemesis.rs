@@ -398,6 +398,8 @@ impl Nemesis {
                     // empty, once replaced, and rejoins as a replica.
                     let group = failover.as_ref().expect("a group that fails over");
                     let Some(master) = group.master(rng.next()).await else {
+                        // Not done: drawn again later.
+                        bag.put_back(fault);
                         continue;
                     };
                     let server = servers[master].clone();
@@ -417,6 +419,8 @@ impl Nemesis {
                 FaultKind::ServerPause if failover.is_some() => {
                     let group = failover.as_ref().expect("a group that fails over");
                     let Some(master) = group.master(rng.next()).await else {
+                        // Not done: drawn again later.
+                        bag.put_back(fault);
                         continue;
                     };
                     let server = &servers[master];
@@ -565,6 +569,11 @@ impl Bag {
         }
         let i = rng.below(self.left.len() as u64) as usize;
         Some(self.left.swap_remove(i))
+    }
+
+    /// Returns a fault that was drawn but could not be injected.
+    fn put_back(&mut self, fault: FaultKind) {
+        self.left.push(fault);
     }
 }
 
