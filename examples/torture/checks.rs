@@ -27,13 +27,13 @@ pub async fn liveness(
             let (backend, k) = (backend.clone(), k.clone());
             tokio::spawn(async move {
                 let deadline = tokio::time::Instant::now() + wait;
+                let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
                 let mut refused = 0;
                 loop {
-                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     let result = backend
                         .lock(k.as_str())
                         .lease(lease)
-                        .wait(Wait::Timeout(left))
+                        .wait(Wait::Timeout(left()))
                         .await;
                     match result {
                         Ok(guard) => {
@@ -45,10 +45,7 @@ pub async fn liveness(
                             return guard.release().await.is_ok();
                         }
                         Err(LockError::Backend { .. })
-                            if retry_refusals
-                                && deadline
-                                    .saturating_duration_since(tokio::time::Instant::now())
-                                    > RETRY_PAUSE =>
+                            if retry_refusals && left() > RETRY_PAUSE =>
                         {
                             refused += 1;
                             tokio::time::sleep(RETRY_PAUSE).await;

@@ -328,11 +328,8 @@ impl History {
             for (i, (id, h)) in holds.iter().enumerate() {
                 if let Some((before, end, paused)) = latest {
                     if h.granted < end {
-                        let during_outside = self.windows.iter().any(|(name, start, end)| {
-                            outside.contains(name)
-                                && *start <= h.granted
-                                && *end >= self.holds[before].granted
-                        });
+                        let during_outside =
+                            self.outside_between(outside, self.holds[before].granted, h.granted);
                         if paused {
                             verdict.overlaps_paused += 1;
                         } else if during_outside {
@@ -371,10 +368,7 @@ impl History {
                 if let Some((_, prev)) = i.checked_sub(1).map(|p| holds[p]) {
                     let excused = self.end(prev, &mut Verdict::default()).1;
                     // Margins measure what the backend promises.
-                    let excused = excused
-                        || self.windows.iter().any(|(name, start, end)| {
-                            outside.contains(name) && *start <= h.granted && *end >= prev.granted
-                        });
+                    let excused = excused || self.outside_between(outside, prev.granted, h.granted);
                     if let Some(told) = prev.told.filter(|_| !excused).filter(|_| {
                         prev.released
                             .is_none_or(|r| prev.told.is_some_and(|t| t <= r))
@@ -400,9 +394,15 @@ impl History {
         }
         verdict
     }
-}
 
-impl History {
+    /// Whether a fault named in `outside` was in effect (its window, which
+    /// runs a lease past its end) at some time between `from` and `to`.
+    fn outside_between(&self, outside: &[&str], from: u64, to: u64) -> bool {
+        self.windows
+            .iter()
+            .any(|(name, start, end)| outside.contains(name) && *start <= to && *end >= from)
+    }
+
     /// Counts in `verdict` the holds of one key whose token is not above
     /// every token granted before they were asked for. A grant seen before
     /// another was asked for was made before it on the servers, whatever the
@@ -430,10 +430,7 @@ impl History {
             let Some((before, top)) = highest.filter(|(_, top)| h.token <= top.token) else {
                 continue;
             };
-            let during_outside = self.windows.iter().any(|(name, start, end)| {
-                outside.contains(name) && *start <= h.granted && *end >= top.granted
-            });
-            if during_outside {
+            if self.outside_between(outside, top.granted, h.granted) {
                 verdict.tokens_backwards_outside += 1;
                 continue;
             }
