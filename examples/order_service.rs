@@ -9,13 +9,17 @@
 //! cargo run --example order_service                 # ten concurrent requests, locked
 //! cargo run --example order_service -- --no-lock    # the same without the lock: duplicates
 //! cargo run --example order_service -- --serve      # then keep serving: curl -X POST http://ADDR/orders/sku-1
-//! cargo run --example order_service -- --backend redis://127.0.0.1:6379 --instances 2
-//! cargo run --example order_service -- --backend zk://127.0.0.1:2181 --instances 2
-//! cargo run --example order_service -- --backend postgres://postgres@127.0.0.1:5432/test --instances 2
-//! cargo run --example order_service -- --backend "postgres://postgres@127.0.0.1:6432/test?lease_table" --instances 2
-//! cargo run --example order_service -- --backend mysql://root@127.0.0.1:3306/test --instances 2
-//! cargo run --example order_service -- --backend etcd://127.0.0.1:2379 --instances 2
+//! cargo run --example order_service --features redis -- --backend redis://127.0.0.1:6379 --instances 2
+//! cargo run --example order_service --features zookeeper -- --backend zk://127.0.0.1:2181 --instances 2
+//! cargo run --example order_service --features postgres -- --backend postgres://postgres@127.0.0.1:5432/test --instances 2
+//! cargo run --example order_service --features postgres -- --backend "postgres://postgres@127.0.0.1:6432/test?lease_table" --instances 2
+//! cargo run --example order_service --features mysql -- --backend mysql://root@127.0.0.1:3306/test --instances 2
+//! cargo run --example order_service --features etcd -- --backend etcd://127.0.0.1:2379 --instances 2
 //! ```
+//!
+//! The memory backend needs nothing but a Rust toolchain. A remote backend
+//! takes its feature (`redis`, `zookeeper`, `postgres`, `mysql`, `etcd`;
+//! etcd's client needs `protoc` to build); without it the example says which.
 //!
 //! Flags: `--backend <url>` (`memory`, `redis://host:port`, `redlock://h1:p1,h2:p2,h3:p3`,
 //! `zk://host:port`, `postgres://user@host:port/db`, `mysql://user@host:port/db`; see
@@ -41,6 +45,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::Router;
+#[cfg(feature = "postgres")]
 use tokio_postgres::types::Type;
 use tower_lock::{Backend, HeldLock, LockLayer, Locker, PathParam};
 
@@ -48,23 +53,30 @@ use tower_lock::{Backend, HeldLock, LockLayer, Locker, PathParam};
 /// written in two steps.
 enum Numbers {
     Local(Mutex<HashMap<String, u64>>),
+    #[cfg(feature = "redis")]
     Redis(redis::aio::MultiplexedConnection),
+    #[cfg(feature = "zookeeper")]
     ZooKeeper(zookeeper_client::Client),
     /// A table `order_service_last (sku text primary key, n bigint)`.
+    #[cfg(feature = "postgres")]
     Postgres(tokio_postgres::Client),
     /// The same table in MariaDB.
+    #[cfg(feature = "mysql")]
     Mysql(tokio::sync::Mutex<mysql_async::Conn>),
     /// A key per SKU, `/order_service/last/<sku>`, as decimal text (the
     /// same path as ZooKeeper's node).
+    #[cfg(feature = "etcd")]
     Etcd(etcd_client::KvClient),
 }
 
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 /// The ZooKeeper node holding a SKU's last order number, as decimal text.
 fn zk_node(sku: &str) -> String {
     format!("/order_service/last/{sku}")
 }
 
 impl Numbers {
+    #[cfg(feature = "redis")]
     fn redis_key(sku: &str) -> String {
         format!("order_service:last:{sku}")
     }
@@ -72,6 +84,7 @@ impl Numbers {
     async fn read(&self, sku: &str) -> u64 {
         match self {
             Numbers::Local(m) => m.lock().unwrap().get(sku).copied().unwrap_or(0),
+            #[cfg(feature = "redis")]
             Numbers::Redis(c) => {
                 let v: Option<u64> = redis::cmd("GET")
                     .arg(Self::redis_key(sku))
@@ -80,11 +93,13 @@ impl Numbers {
                     .expect("read the order number");
                 v.unwrap_or(0)
             }
+            #[cfg(feature = "zookeeper")]
             Numbers::ZooKeeper(zk) => match zk.get_data(&zk_node(sku)).await {
                 Ok((data, _)) => String::from_utf8_lossy(&data).parse().unwrap_or(0),
                 Err(zookeeper_client::Error::NoNode) => 0,
                 Err(e) => panic!("read the order number: {e}"),
             },
+            #[cfg(feature = "postgres")]
             Numbers::Postgres(pg) => pg
                 .query_typed(
                     "SELECT n FROM order_service_last WHERE sku = $1",
@@ -94,6 +109,7 @@ impl Numbers {
                 .expect("read the order number")
                 .first()
                 .map_or(0, |row| row.get::<_, i64>(0) as u64),
+            #[cfg(feature = "mysql")]
             Numbers::Mysql(conn) => {
                 use mysql_async::prelude::Queryable;
                 let n: Option<u64> = conn
@@ -104,6 +120,7 @@ impl Numbers {
                     .expect("read the order number");
                 n.unwrap_or(0)
             }
+            #[cfg(feature = "etcd")]
             Numbers::Etcd(kv) => {
                 let got = kv
                     .clone()
@@ -122,6 +139,7 @@ impl Numbers {
             Numbers::Local(m) => {
                 m.lock().unwrap().insert(sku.to_owned(), n);
             }
+            #[cfg(feature = "redis")]
             Numbers::Redis(c) => {
                 let _: () = redis::cmd("SET")
                     .arg(Self::redis_key(sku))
@@ -130,6 +148,7 @@ impl Numbers {
                     .await
                     .expect("write the order number");
             }
+            #[cfg(feature = "zookeeper")]
             Numbers::ZooKeeper(zk) => {
                 let (path, data) = (zk_node(sku), n.to_string());
                 match zk.set_data(&path, data.as_bytes(), None).await {
@@ -155,6 +174,7 @@ impl Numbers {
                     }
                 }
             }
+            #[cfg(feature = "postgres")]
             Numbers::Postgres(pg) => {
                 pg.query_typed(
                     "INSERT INTO order_service_last (sku, n) VALUES ($1, $2) \
@@ -164,6 +184,7 @@ impl Numbers {
                 .await
                 .expect("write the order number");
             }
+            #[cfg(feature = "mysql")]
             Numbers::Mysql(conn) => {
                 use mysql_async::prelude::Queryable;
                 conn.lock()
@@ -176,6 +197,7 @@ impl Numbers {
                     .await
                     .expect("write the order number");
             }
+            #[cfg(feature = "etcd")]
             Numbers::Etcd(kv) => {
                 kv.clone()
                     .put(zk_node(sku), n.to_string(), None)
@@ -191,15 +213,18 @@ impl Numbers {
             Numbers::Local(m) => {
                 m.lock().unwrap().remove(sku);
             }
+            #[cfg(feature = "redis")]
             Numbers::Redis(c) => {
                 let _: Result<(), _> = redis::cmd("DEL")
                     .arg(Self::redis_key(sku))
                     .query_async(&mut c.clone())
                     .await;
             }
+            #[cfg(feature = "zookeeper")]
             Numbers::ZooKeeper(zk) => {
                 let _ = zk.delete(&zk_node(sku), None).await;
             }
+            #[cfg(feature = "postgres")]
             Numbers::Postgres(pg) => {
                 let _ = pg
                     .query_typed(
@@ -208,6 +233,7 @@ impl Numbers {
                     )
                     .await;
             }
+            #[cfg(feature = "mysql")]
             Numbers::Mysql(conn) => {
                 use mysql_async::prelude::Queryable;
                 let _ = conn
@@ -216,6 +242,7 @@ impl Numbers {
                     .exec_drop("DELETE FROM order_service_last WHERE sku = ?", (sku,))
                     .await;
             }
+            #[cfg(feature = "etcd")]
             Numbers::Etcd(kv) => {
                 let _ = kv.clone().delete(zk_node(sku), None).await;
             }
@@ -225,24 +252,29 @@ impl Numbers {
 
 /// Where the instances keep the order numbers when they share a backend: the
 /// Redis server (with Redlock, the first server), the ZooKeeper ensemble, the
-/// PostgreSQL or MariaDB database, or the etcd cluster.
+/// PostgreSQL or MariaDB database, or the etcd cluster. Each is built in with
+/// the backend's feature; the memory backend keeps them in the process.
 async fn shared_store(backend: &str) -> Result<Numbers, String> {
-    let redis_url = if backend.starts_with("redis://") {
-        Some(backend.to_owned())
-    } else {
-        backend
-            .strip_prefix("redlock://")
-            .and_then(|rest| rest.split(',').next())
-            .map(|first| format!("redis://{first}/"))
-    };
-    if let Some(url) = redis_url {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| e.to_string())?;
-        return Ok(Numbers::Redis(conn));
+    #[cfg(feature = "redis")]
+    {
+        let redis_url = if backend.starts_with("redis://") {
+            Some(backend.to_owned())
+        } else {
+            backend
+                .strip_prefix("redlock://")
+                .and_then(|rest| rest.split(',').next())
+                .map(|first| format!("redis://{first}/"))
+        };
+        if let Some(url) = redis_url {
+            let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(Numbers::Redis(conn));
+        }
     }
+    #[cfg(feature = "zookeeper")]
     if let Some(rest) = backend.strip_prefix("zk://") {
         let hosts = rest.split('/').next().unwrap_or(rest);
         let zk = zookeeper_client::Client::connect(hosts)
@@ -250,6 +282,7 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
             .map_err(|e| format!("connecting to ZooKeeper at {hosts}: {e}"))?;
         return Ok(Numbers::ZooKeeper(zk));
     }
+    #[cfg(feature = "postgres")]
     if backend.starts_with("postgres://") || backend.starts_with("postgresql://") {
         // The lock's own parameter is not the driver's; every statement is
         // unnamed, so that it also runs through a pooler in transaction
@@ -266,6 +299,7 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
         .map_err(|e| format!("creating the order numbers' table: {e}"))?;
         return Ok(Numbers::Postgres(pg));
     }
+    #[cfg(feature = "mysql")]
     if backend.starts_with("mysql://") {
         use mysql_async::prelude::Queryable;
         let mut conn = mysql_async::Conn::from_url(backend)
@@ -279,6 +313,7 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
         .map_err(|e| format!("creating the order numbers' table: {e}"))?;
         return Ok(Numbers::Mysql(tokio::sync::Mutex::new(conn)));
     }
+    #[cfg(feature = "etcd")]
     if let Some(rest) = backend.strip_prefix("etcd://") {
         let hosts: Vec<&str> = rest.split('/').next().unwrap_or(rest).split(',').collect();
         let etcd = etcd_client::Client::connect(&hosts, None)
@@ -286,6 +321,7 @@ async fn shared_store(backend: &str) -> Result<Numbers, String> {
             .map_err(|e| format!("connecting to etcd at {hosts:?}: {e}"))?;
         return Ok(Numbers::Etcd(etcd.kv_client()));
     }
+    let _ = backend;
     Ok(Numbers::Local(Mutex::new(HashMap::new())))
 }
 
@@ -404,7 +440,13 @@ fn parse_reply(body: &str) -> Option<Outcome> {
 async fn start_server(args: &Args) -> Result<(SocketAddr, Arc<dyn Backend>), String> {
     let backend = tower_lock::backend::connect(&args.backend)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| match e {
+            // Each remote backend is built into this example by its feature.
+            tower_lock::LockError::Config(m) if m.contains("feature") => format!(
+                "{m}: run `cargo run --example order_service --features <feature> -- --backend ...`"
+            ),
+            e => e.to_string(),
+        })?;
     let numbers = shared_store(&args.backend).await?;
     let mut app = Router::new().route("/orders/{sku}", post(create_order));
     if !args.no_lock {

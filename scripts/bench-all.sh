@@ -8,7 +8,7 @@
 # scripts/bench-plot.py.
 #
 # Usage: scripts/bench-all.sh [SECS]     (SECS per timed workload, default 5)
-# Build first: cargo build --release --examples, and for the rslock peer
+# Build first: cargo build --release -p tower-lock-bench, and for the rslock peer
 # cargo build --release --manifest-path bench/peers/rslock/Cargo.toml --target-dir target
 set -euo pipefail
 
@@ -19,9 +19,9 @@ source scripts/servers.sh
 install_packages bench
 start_servers >&2
 
-bench=target/release/examples/bench
+bench=target/release/bench
 rslock=target/release/rslock-peer-bench
-[ -x "$bench" ] && [ -x "$rslock" ] || die "build first: cargo build --release --examples; cargo build --release --manifest-path bench/peers/rslock/Cargo.toml --target-dir target"
+[ -x "$bench" ] && [ -x "$rslock" ] || die "build first: cargo build --release -p tower-lock-bench; cargo build --release --manifest-path bench/peers/rslock/Cargo.toml --target-dir target"
 redis=$TOWER_LOCK_REDIS_URL
 zk="zk://$TOWER_LOCK_ZK_ADDR"
 contended=(--workload contended --secs "$secs" --workers 8)
@@ -245,6 +245,6 @@ exec >&3 3>&-
 wait "$tee_pid"
 mv "$run_file.partial" "$run_file"
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- src examples Cargo.toml 2>/dev/null || commit+=" with local changes"
+git diff --quiet HEAD -- src examples bench/src torture/src Cargo.toml 2>/dev/null || commit+=" with local changes"
 note="scripts/bench-all.sh, commit $commit, $(nproc) cores, ${secs} s per timed workload"
 /usr/bin/python3 scripts/bench-plot.py "$run_file" -o bench/figures.svg --note "$note"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Counts the instructions one request costs on each route of the `http`
-# workload, called through tower in one process (examples/http_instructions.rs),
+# workload, called through tower in one process (bench/src/bin/http_instructions.rs),
 # with valgrind's callgrind: a count that does not drift with the machine's
 # load, unlike the bench's rates. Each route runs N and 2N requests; the
 # difference over N is the cost per request, start-up excluded. Prints one
@@ -14,8 +14,8 @@ n=${1:-10000}
 die() { echo "count-instructions: $*" >&2; exit 1; }
 [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "N must be a positive number, not '$n'"
 command -v valgrind >/dev/null || die "needs valgrind (apt-get install valgrind)"
-cargo build -q --release --example http_instructions
-bin=target/release/examples/http_instructions
+cargo build -q --release -p tower-lock-bench --bin http_instructions
+bin=target/release/http_instructions
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 

@@ -25,20 +25,20 @@ start_servers
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --all-targets --all-features -- -D warnings"
-cargo clippy --all-targets --all-features -- -D warnings
+step "cargo clippy --workspace --all-targets --all-features -- -D warnings"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 # A user's build has only the features they chose: it must not warn either.
 step "cargo clippy --lib -- -D warnings (default features, none, each backend alone)"
-cargo clippy --lib -- -D warnings
-cargo clippy --lib --no-default-features -- -D warnings
+cargo clippy -p tower-lock --lib -- -D warnings
+cargo clippy -p tower-lock --lib --no-default-features -- -D warnings
 for feature in redis zookeeper postgres mysql etcd; do
-    cargo clippy --lib --no-default-features --features "$feature" -- -D warnings
+    cargo clippy -p tower-lock --lib --no-default-features --features "$feature" -- -D warnings
 done
 step "cargo doc (no broken links in the docs.rs pages)"
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
+RUSTDOCFLAGS="-D warnings" cargo doc -p tower-lock --no-deps --all-features
 
-step "cargo test --all-features"
-cargo test --all-features
+step "cargo test --workspace --all-features (the library, the server suites, the members)"
+cargo test --workspace --all-features
 
 # Every lock node is ephemeral: once the tests' sessions are closed (or, for
 # the processes a test killed, expired) none may be left on the server.
@@ -86,7 +86,16 @@ no_etcd_keys() { [ "$(etcd_keys_left)" = 0 ]; }
 wait_for 30 "no etcd lock key left after the tests ($(etcd_keys_left) left)" no_etcd_keys
 echo "no etcd lock key left after the tests"
 
+step "the main command on a machine with only Rust: an empty target, PROTOC pointing nowhere"
+scripts/first-build.sh
+
 step "order_service example, end to end"
+# The workspace's binaries with every feature, as the tests built them (one
+# feature set: nothing is compiled twice).
+cargo build -q --workspace --all-features --bins --examples
+order_service=target/debug/examples/order_service
+bench=target/debug/bench
+http_instructions=target/debug/http_instructions
 expected="serialised: 10/10 requests, 10 unique order codes, max concurrent in critical section = 1"
 locked=$(cargo run -q --example order_service)
 echo "$locked" | tail -n 3
@@ -95,45 +104,50 @@ unlocked=$(cargo run -q --example order_service -- --no-lock | tail -n 1)
 echo "$unlocked"
 [[ "$unlocked" =~ max\ concurrent\ in\ critical\ section\ =\ ([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -gt 1 ] ||
     die "order_service --no-lock should overlap: $unlocked"
-shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_REDIS_URL" --instances 2)
+shared=$("$order_service" --backend "$TOWER_LOCK_REDIS_URL" --instances 2)
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over Redis with 2 instances did not serialise"
 [ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
-shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_REDLOCK_URL" --instances 2 | tail -n 1)
+shared=$("$order_service" --backend "$TOWER_LOCK_REDLOCK_URL" --instances 2 | tail -n 1)
 echo "$shared"
 [ "$shared" = "$expected" ] || die "order_service over Redlock with 2 instances did not serialise"
-shared=$(cargo run -q --example order_service -- --backend "zk://$TOWER_LOCK_ZK_ADDR" --instances 2)
+shared=$("$order_service" --backend "zk://$TOWER_LOCK_ZK_ADDR" --instances 2)
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over ZooKeeper with 2 instances did not serialise"
 [ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
-shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_POSTGRES_URL" --instances 2)
+shared=$("$order_service" --backend "$TOWER_LOCK_POSTGRES_URL" --instances 2)
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over PostgreSQL with 2 instances did not serialise"
 [ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
 # The lease-table mode, through PgBouncer in transaction pooling.
-shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --instances 2)
+shared=$("$order_service" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --instances 2)
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over PostgreSQL's lease table through PgBouncer with 2 instances did not serialise"
-shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_MYSQL_URL" --instances 2)
+shared=$("$order_service" --backend "$TOWER_LOCK_MYSQL_URL" --instances 2)
 echo "$shared" | tail -n 1
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over MariaDB with 2 instances did not serialise"
 [ "$(echo "$shared" | grep -o 'server pid [0-9]*' | sort -u | wc -l)" -eq 2 ] || die "the requests did not reach both instances"
-shared=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_ETCD_URL" --instances 2)
+shared=$("$order_service" --backend "$TOWER_LOCK_ETCD_URL" --instances 2)
 echo "$shared"
 [ "$(echo "$shared" | tail -n 1)" = "$expected" ] || die "order_service over etcd with 2 instances did not serialise"
-if cargo run -q --example order_service -- --backend nonsense:// 2>/dev/null; then
+if "$order_service" --backend nonsense:// 2>/dev/null; then
     die "order_service accepted an unknown backend"
 fi
+# Built without a backend's feature, the example names the feature to add.
+if missing=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_REDIS_URL" 2>&1); then
+    die "order_service without the redis feature accepted a Redis URL"
+fi
+[[ "$missing" == *"--features"* && "$missing" == *'`redis` feature'* ]] || die "order_service without the redis feature said: $missing"
 
 step "plain tower and gRPC examples, end to end"
 cargo run -q --example plain_tower -- --self-test || die "plain_tower self-test failed"
-cargo run -q --example grpc | tail -n 1 | grep -qx "every lock released" || die "grpc example failed"
+target/debug/grpc | tail -n 1 | grep -qx "every lock released" || die "grpc example failed"
 
 step "bench example, short runs"
 for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16" "http --secs 1 --conns 4" \
     "http --secs 1 --conns 4 --mount route"; do
     # shellcheck disable=SC2086
-    line=$(cargo run -q --example bench -- --backend memory --workload $workload)
+    line=$("$bench" --backend memory --workload $workload)
     echo "$line"
     # The http workload adds the hand-written peer's and the floor layer's
     # lines after ours.
@@ -158,7 +172,7 @@ for backend in "$TOWER_LOCK_REDIS_URL" "$TOWER_LOCK_REDLOCK_URL" "zk://$TOWER_LO
     for workload in "uncontended --n 300" "uncontended --n 300 --release await" "contended --secs 1 --workers 8" \
         "contended --secs 1 --workers 4 --processes 2" "keys --secs 1 --workers 8 --keys 16"; do
         # shellcheck disable=SC2086
-        line=$(cargo run -q --example bench -- --backend "$backend" --workload $workload)
+        line=$("$bench" --backend "$backend" --workload $workload)
         echo "$line"
         [[ "$line" == impl=tower-lock\ backend=* && ("$line" != *overlaps=* || "$line" == *overlaps=0*) ]] ||
             die "bench over $backend printed: $line"
@@ -169,35 +183,35 @@ done
 for backend in memory "$TOWER_LOCK_REDIS_URL" "zk://$TOWER_LOCK_ZK_ADDR" "$TOWER_LOCK_POSTGRES_URL" "$TOWER_LOCK_MYSQL_URL" "$TOWER_LOCK_ETCD_URL"; do
     for workload in "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 4"; do
         # shellcheck disable=SC2086
-        line=$(cargo run -q --example bench -- --backend "$backend" --workload $workload --no-lock)
+        line=$("$bench" --backend "$backend" --workload $workload --no-lock)
         echo "$line"
         [[ "$line" =~ overlaps=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -gt 0 ] ||
             die "the negative control over $backend saw no overlap: $line"
     done
 done
-line=$(cargo run -q --example bench -- --backend "$TOWER_LOCK_REDIS_URL" --workload contended --secs 1 --workers 4 --processes 2 --no-lock)
+line=$("$bench" --backend "$TOWER_LOCK_REDIS_URL" --workload contended --secs 1 --workers 4 --processes 2 --no-lock)
 echo "$line"
 [[ "$line" =~ overlaps=([0-9]+) ]] && [ "${BASH_REMATCH[1]}" -gt 0 ] ||
     die "the negative control across processes saw no overlap: $line"
 for bad in "--workload http --mount bogus" "--workload keys --mount route" "--workload http --calibrate --mount route"; do
     set +e
     # shellcheck disable=SC2086
-    cargo run -q --example bench -- --backend memory $bad 2>/dev/null
+    "$bench" --backend memory $bad 2>/dev/null
     code=$?
     set -e
     [ "$code" -eq 2 ] || die "bench $bad should exit 2, got $code"
 done
 # The routes scripts/count-instructions.sh counts under callgrind answer.
-routes=$(cargo run -q --example http_instructions -- --routes)
+routes=$("$http_instructions" --routes)
 [ -n "$routes" ] || die "http_instructions --routes listed nothing"
 for route in $routes; do
-    cargo run -q --example http_instructions -- "$route" 10 || die "http_instructions $route failed"
+    "$http_instructions" "$route" 10 || die "http_instructions $route failed"
 done
-line=$(cargo run -q --example bench -- --backend memory --workload http --secs 1 --conns 4 --calibrate)
+line=$("$bench" --backend memory --workload http --secs 1 --conns 4 --calibrate)
 echo "$line"
 [[ "$line" == impl=bare-vs-bare\ * ]] || die "bench --calibrate printed: $line"
 set +e
-cargo run -q --example bench -- --backend zk://127.0.0.1:1 --workload uncontended 2>/dev/null
+"$bench" --backend zk://127.0.0.1:1 --workload uncontended 2>/dev/null
 code=$?
 set -e
 [ "$code" -eq 2 ] || die "bench with an unreachable backend should exit 2, got $code"
@@ -208,10 +222,10 @@ wait_for 30 "no etcd lock key left after the examples ($(etcd_keys_left) left)" 
 step "torture harness, short runs (a fixed seed, then a random one; replay with --seed N)"
 # Each run starts its own servers, injects every fault that applies to the
 # backend and exits 1 if a guarantee was broken.
-cargo build -q --release --example torture
+cargo build -q --release -p tower-lock-torture
 torture() {
     local line
-    line=$(target/release/examples/torture "$@") || die "torture $*: ${line:-no summary}"
+    line=$(target/release/torture "$@") || die "torture $*: ${line:-no summary}"
     echo "$line"
     [[ "$line" == *workload=torture* && "$line" == *stale_accepted=0\ lost_updates=0\ leaked=0\ unavailable_keys=0* ]] ||
         die "torture $*: $line"

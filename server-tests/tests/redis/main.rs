@@ -2,19 +2,12 @@
 //! one and sets `TOWER_LOCK_REDIS_URL` (and three more for Redlock); run
 //! without it, every test here fails and says how to start one.
 //!
-//! Cargo.toml's dev-dependency on this crate turns the `redis` feature on
-//! for every test build, plain `cargo test` included, so these tests are
-//! always built: they are never skipped by a feature set. The exceptions are
-//! the TLS tests at the end, which need the `redis-tls` feature
-//! (`cargo test --all-features`, as scripts/test-all.sh runs them) and start
-//! their own TLS servers, with certificates made by `openssl`; without the
-//! feature, one test checks that TLS URLs are refused, saying why.
-
-#[cfg(not(feature = "redis"))]
-compile_error!(
-    "tests/redis/ needs the `redis` feature (Cargo.toml's self dev-dependency enables it); \
-     run scripts/test-all.sh, or `cargo test --all-features` with the servers it starts"
-);
+//! This package always builds tower-lock with the `redis` feature, so these
+//! tests are never skipped by a feature set. The TLS tests at the end need
+//! this package's `redis-tls` feature (on by default) and start their own TLS
+//! servers, with certificates made by `openssl`; with
+//! `--no-default-features`, one test checks that TLS URLs are refused,
+//! saying why.
 
 #[path = "../common/mod.rs"]
 mod common;

@@ -3,8 +3,8 @@
 //! the layer cannot lock gets a gRPC status, not an HTTP error.
 //!
 //! ```text
-//! cargo run --example grpc                     # two servers and a client: prints what each call got
-//! cargo run --example grpc -- --serve          # just serve (PORT or --port N; default any free port)
+//! cargo run -p example-grpc                    # two servers and a client: prints what each call got
+//! cargo run -p example-grpc -- --serve         # just serve (PORT or --port N; default any free port)
 //! ```
 //!
 //! The service, written by hand here rather than generated, so that the
@@ -36,6 +36,7 @@
 
 use std::convert::Infallible;
 use std::error::Error;
+#[path = "../../common/mod.rs"]
 mod common;
 
 pub use common::bank::{Bank, OPENING_BALANCE};

@@ -7,12 +7,6 @@
 //! Every test locks under a root of its own (the test's name and this
 //! process's id), and checks that it leaves no key behind.
 
-#[cfg(not(feature = "etcd"))]
-compile_error!(
-    "tests/etcd.rs needs the `etcd` feature (Cargo.toml's self dev-dependency \
-     enables it); run scripts/test-all.sh"
-);
-
 mod common;
 
 use std::io::{BufRead, BufReader, Write};

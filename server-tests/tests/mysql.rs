@@ -6,12 +6,6 @@
 //! `GET_LOCK` names are global to the server, so every test locks keys of
 //! its own (the test's name and this process's id).
 
-#[cfg(not(feature = "mysql"))]
-compile_error!(
-    "tests/mysql.rs needs the `mysql` feature (Cargo.toml's self dev-dependency \
-     enables it); run scripts/test-all.sh"
-);
-
 mod common;
 
 use std::io::{BufReader, Write};

@@ -2,7 +2,7 @@
 //! checker over what happened.
 //!
 //! ```text
-//! cargo run --release --example torture -- --backend zk --secs 30 --processes 3 --workers 4 \
+//! cargo run --release -p tower-lock-torture -- --backend zk --secs 30 --processes 3 --workers 4 \
 //!     --keys 4 --lease-ms 2000 --nemesis all --seed 1
 //! ```
 //!

@@ -2,12 +2,6 @@
 //! Sentinels that each test starts on loopback (`tests/common/sentinel.rs`),
 //! so that it can kill the master and cut replication.
 
-#[cfg(not(feature = "redis"))]
-compile_error!(
-    "tests/redis_sentinel.rs needs the `redis` feature (Cargo.toml's self \
-     dev-dependency enables it); run scripts/test-all.sh"
-);
-
 mod common;
 
 use std::time::{Duration, Instant};

@@ -4,12 +4,6 @@
 //! own server is cut off, when a follower stops, and during a rolling
 //! restart.
 
-#[cfg(not(feature = "zookeeper"))]
-compile_error!(
-    "tests/zookeeper_ensemble.rs needs the `zookeeper` feature (Cargo.toml's self \
-     dev-dependency enables it); run scripts/test-all.sh"
-);
-
 mod common;
 
 use std::time::Duration;

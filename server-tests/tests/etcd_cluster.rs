@@ -4,12 +4,6 @@
 //! own member is cut off, when a follower stops, and during a rolling
 //! restart.
 
-#[cfg(not(feature = "etcd"))]
-compile_error!(
-    "tests/etcd_cluster.rs needs the `etcd` feature (Cargo.toml's self dev-dependency \
-     enables it); run scripts/test-all.sh"
-);
-
 mod common;
 
 use std::time::Duration;

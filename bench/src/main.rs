@@ -2,13 +2,13 @@
 //! described in `bench/README.md`.
 //!
 //! ```text
-//! cargo run --release --example bench -- --backend memory --workload uncontended --n 5000
-//! cargo run --release --example bench -- --backend memory --workload contended --secs 5 --workers 8
-//! cargo run --release --example bench -- --backend memory --workload contended --secs 5 --no-lock
-//! cargo run --release --example bench -- --backend memory --workload keys --secs 5 --workers 8 --keys 100
-//! cargo run --release --example bench -- --backend memory --workload http --secs 5 --conns 32
-//! cargo run --release --example bench -- --backend memory --workload http --secs 5 --conns 32 --calibrate
-//! cargo run --release --example bench -- --backend zk://127.0.0.1:2181 --workload floor --n 2000
+//! cargo run --release -p tower-lock-bench --bin bench -- --backend memory --workload uncontended --n 5000
+//! cargo run --release -p tower-lock-bench --bin bench -- --backend memory --workload contended --secs 5 --workers 8
+//! cargo run --release -p tower-lock-bench --bin bench -- --backend memory --workload contended --secs 5 --no-lock
+//! cargo run --release -p tower-lock-bench --bin bench -- --backend memory --workload keys --secs 5 --workers 8 --keys 100
+//! cargo run --release -p tower-lock-bench --bin bench -- --backend memory --workload http --secs 5 --conns 32
+//! cargo run --release -p tower-lock-bench --bin bench -- --backend memory --workload http --secs 5 --conns 32 --calibrate
+//! cargo run --release -p tower-lock-bench --bin bench -- --backend zk://127.0.0.1:2181 --workload floor --n 2000
 //! ```
 //!
 //! `floor` measures the physical floor of a lock through the client the
@@ -54,12 +54,11 @@
 //! Each result is one line of `key=value` pairs separated by single spaces.
 //! Exit code 2 for bad arguments or a backend this build cannot open.
 
-#[path = "../common/mod.rs"]
+#[path = "../../examples/common/mod.rs"]
 mod common;
 mod contended;
 mod floors;
 mod http;
-#[path = "../common/orders.rs"]
 mod orders;
 
 use contended::{contended, contended_processes, keys, run_workers};

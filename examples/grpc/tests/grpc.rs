@@ -1,9 +1,9 @@
-//! The gRPC example's server (`examples/grpc.rs`: tonic with the `LockLayer`
+//! The gRPC example's server (`src/main.rs`: tonic with the `LockLayer`
 //! and `.grpc_rejections()` in front) on loopback ports, called by its tonic
 //! client: the statuses a gRPC client sees, and no lock left behind.
 
 // The example, with its `main` (unused here).
-#[path = "../examples/grpc.rs"]
+#[path = "../src/main.rs"]
 #[allow(dead_code)]
 mod grpc;
 

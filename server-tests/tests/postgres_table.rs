@@ -7,12 +7,6 @@
 //! Every test locks keys of its own (the test's name and this process's
 //! id) in the default table, and checks that no row of them is left.
 
-#[cfg(not(feature = "postgres"))]
-compile_error!(
-    "tests/postgres_table.rs needs the `postgres` feature (Cargo.toml's self dev-dependency \
-     enables it); run scripts/test-all.sh"
-);
-
 mod common;
 
 use std::time::Duration;

@@ -2,12 +2,6 @@
 //! each, that each test starts on loopback (`tests/common/redis_cluster.rs`)
 //! so that it can move slots, kill masters and cut replication.
 
-#[cfg(not(feature = "redis"))]
-compile_error!(
-    "tests/redis_cluster.rs needs the `redis` feature (Cargo.toml's self \
-     dev-dependency enables it); run scripts/test-all.sh"
-);
-
 mod common;
 
 use std::collections::HashSet;

@@ -5,8 +5,8 @@
 //! and prints the difference per request.
 //!
 //! ```text
-//! cargo build --release --example http_instructions
-//! valgrind --tool=callgrind target/release/examples/http_instructions layer-handler 10000
+//! cargo build --release -p tower-lock-bench --bin http_instructions
+//! valgrind --tool=callgrind target/release/http_instructions layer-handler 10000
 //! ```
 //!
 //! Routes, all `POST /orders/{sku}` on a SKU of their own per request:
@@ -18,7 +18,7 @@
 //! a lock layer keyed like `PathParam` does (`orders::FloorLayer`). `--routes` lists
 //! them, one a line.
 
-#[path = "common/orders.rs"]
+#[path = "../orders.rs"]
 mod orders;
 
 use std::process::ExitCode;

@@ -3,15 +3,8 @@
 //! the fault tests start servers of their own so they can pause them. Run
 //! without it, every test here fails and says how to start one.
 //!
-//! Cargo.toml's dev-dependency on this crate turns the `zookeeper` feature
-//! on for every test build, plain `cargo test` included, so these tests are
-//! always built: they are never skipped by a feature set.
-
-#[cfg(not(feature = "zookeeper"))]
-compile_error!(
-    "tests/zookeeper/ needs the `zookeeper` feature (Cargo.toml's self dev-dependency \
-     enables it); run scripts/test-all.sh, or `cargo test --all-features` with the server it starts"
-);
+//! This package always builds tower-lock with the `zookeeper` feature, so
+//! these tests are never skipped by a feature set.
 
 #[path = "../common/mod.rs"]
 mod common;

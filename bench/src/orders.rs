@@ -2,7 +2,7 @@
 //! (what a user would write instead of `LockLayer` on one process), and the
 //! floor of a lock layer on the route.
 //! Shared by the bench program and the instruction counts
-//! (`examples/http_instructions.rs`).
+//! (`src/bin/http_instructions.rs`).
 
 use std::sync::Arc;
 

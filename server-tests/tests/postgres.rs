@@ -7,12 +7,6 @@
 //! own (the test's name and this process's id), and checks `pg_locks` for
 //! what it left behind.
 
-#[cfg(not(feature = "postgres"))]
-compile_error!(
-    "tests/postgres.rs needs the `postgres` feature (Cargo.toml's self dev-dependency \
-     enables it); run scripts/test-all.sh"
-);
-
 mod common;
 
 use std::io::{BufReader, Write};
