@@ -93,9 +93,10 @@ step "order_service example, end to end"
 # The workspace's binaries with every feature, as the tests built them (one
 # feature set: nothing is compiled twice).
 cargo build -q --workspace --all-features --bins --examples
-order_service=target/debug/examples/order_service
-bench=target/debug/bench
-http_instructions=target/debug/http_instructions
+target=${CARGO_TARGET_DIR:-target}
+order_service=$target/debug/examples/order_service
+bench=$target/debug/bench
+http_instructions=$target/debug/http_instructions
 expected="serialised: 10/10 requests, 10 unique order codes, max concurrent in critical section = 1"
 locked=$(cargo run -q --example order_service)
 echo "$locked" | tail -n 3
@@ -141,7 +142,7 @@ fi
 
 step "plain tower and gRPC examples, end to end"
 cargo run -q --example plain_tower -- --self-test || die "plain_tower self-test failed"
-target/debug/grpc | tail -n 1 | grep -qx "every lock released" || die "grpc example failed"
+"$target/debug/grpc" | tail -n 1 | grep -qx "every lock released" || die "grpc example failed"
 
 step "bench example, short runs"
 for workload in "uncontended --n 2000" "contended --secs 1 --workers 8" "keys --secs 1 --workers 8 --keys 16" "http --secs 1 --conns 4" \
@@ -225,7 +226,7 @@ step "torture harness, short runs (a fixed seed, then a random one; replay with 
 cargo build -q --release -p tower-lock-torture
 torture() {
     local line
-    line=$(target/release/torture "$@") || die "torture $*: ${line:-no summary}"
+    line=$("$target/release/torture" "$@") || die "torture $*: ${line:-no summary}"
     echo "$line"
     [[ "$line" == *workload=torture* && "$line" == *stale_accepted=0\ lost_updates=0\ leaked=0\ unavailable_keys=0* ]] ||
         die "torture $*: $line"
