@@ -98,10 +98,10 @@ order_service=$target/debug/examples/order_service
 bench=$target/debug/bench
 http_instructions=$target/debug/http_instructions
 expected="serialised: 10/10 requests, 10 unique order codes, max concurrent in critical section = 1"
-locked=$(cargo run -q --example order_service)
+locked=$("$order_service")
 echo "$locked" | tail -n 3
 [ "$(echo "$locked" | tail -n 1)" = "$expected" ] || die "order_service did not serialise: $(echo "$locked" | tail -n 1)"
-unlocked=$(cargo run -q --example order_service -- --no-lock | tail -n 1)
+unlocked=$("$order_service" --no-lock | tail -n 1)
 echo "$unlocked"
 [[ "$unlocked" =~ max\ concurrent\ in\ critical\ section\ =\ ([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -gt 1 ] ||
     die "order_service --no-lock should overlap: $unlocked"
@@ -134,7 +134,9 @@ echo "$shared"
 if "$order_service" --backend nonsense:// 2>/dev/null; then
     die "order_service accepted an unknown backend"
 fi
-# Built without a backend's feature, the example names the feature to add.
+
+# Built with default features (this replaces the all-features build above),
+# the example names the feature a remote backend needs.
 if missing=$(cargo run -q --example order_service -- --backend "$TOWER_LOCK_REDIS_URL" 2>&1); then
     die "order_service without the redis feature accepted a Redis URL"
 fi
