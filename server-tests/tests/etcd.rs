@@ -529,3 +529,9 @@ async fn child_entry() {
         other => panic!("unknown child role {other}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
+    let (a, other) = (backend("cut").await, backend("cut").await);
+    common::cancel::every_cut("etcd", &a, &other, "k").await;
+}

@@ -653,3 +653,16 @@ async fn child_entry() {
         other => panic!("unknown child role {other}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
+    let k = key("cut", "k");
+    common::cancel::every_cut("postgres", &backend().await, &backend().await, &k).await;
+    common::cancel::every_cut(
+        "postgres without cohorts",
+        &plain_backend().await,
+        &plain_backend().await,
+        &format!("{k}-plain"),
+    )
+    .await;
+}

@@ -404,3 +404,14 @@ async fn child_entry() {
         other => panic!("unknown child role {other}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
+    common::cancel::every_cut(
+        "postgres lease table",
+        &direct().await,
+        &direct().await,
+        &key("cut", "k"),
+    )
+    .await;
+}

@@ -455,7 +455,7 @@ impl<B: Backend> CohortHold<B> {
         release: BackendFuture<Result<(), LockError>>,
         local: Option<Acquired>,
     ) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let Some(rt) = self.shared.in_flight.runtime() else {
             drop(release);
             return;
         };

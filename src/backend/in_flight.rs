@@ -4,13 +4,35 @@ use std::future::Future;
 use std::sync::Arc;
 
 /// Releases sent and not yet answered, for [`Backend::flush`].
-#[derive(Default)]
 pub(crate) struct InFlight {
     count: std::sync::atomic::AtomicUsize,
     idle: tokio::sync::Notify,
+    /// The runtime the backend was made on: a lock dropped where no runtime
+    /// runs (a blocking thread, a struct dropped after its runtime) is
+    /// released there. Its connections live there too, so once it has shut
+    /// down they are closed, and every lock a session held goes with them.
+    home: Option<tokio::runtime::Handle>,
+}
+
+impl Default for InFlight {
+    fn default() -> Self {
+        InFlight {
+            count: Default::default(),
+            idle: Default::default(),
+            home: tokio::runtime::Handle::try_current().ok(),
+        }
+    }
 }
 
 impl InFlight {
+    /// The runtime to finish a release on: the current one, else the
+    /// backend's own.
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.home.clone())
+    }
+
     /// Runs `release` to its end on `rt`, counted until then.
     pub(crate) fn spawn(
         self: &Arc<Self>,

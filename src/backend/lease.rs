@@ -8,6 +8,7 @@
 #![cfg_attr(not(feature = "redis"), allow(dead_code))]
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
@@ -180,21 +181,25 @@ impl<P: Protocol> HasLostState for Lease<P> {
 
 impl<P: Protocol> LeaseHandle for Lease<P> {
     /// Waits for the answer. Dropped before it (the caller gave up
-    /// waiting), even unpolled, the release is finished in the background.
+    /// waiting), even unpolled, the same release goes on in the background:
+    /// never a second one, which could free a lock the same session or
+    /// owner took since (a PostgreSQL or MariaDB lock is released by name).
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
         if self.released.swap(true, Ordering::AcqRel) {
             return BackendFuture::ready(Ok(()));
         }
         self.stop_renewal();
-        let unanswered = Unanswered(Some(self.clone()));
-        BackendFuture::new(async move {
-            let mut unanswered = unanswered;
-            let Released { result, again } = self.protocol.release().await;
-            unanswered.disarm();
-            if again {
-                self.release_later();
-            }
-            result
+        let releases = self.releases.clone();
+        BackendFuture::new(Finishing {
+            release: Some(Box::pin(async move {
+                let Released { result, again } = self.protocol.release().await;
+                if again {
+                    self.release_later();
+                }
+                result
+            })),
+            releases,
+            backend: P::BACKEND,
         })
     }
 
@@ -213,20 +218,35 @@ impl<P: Protocol> LeaseHandle for Lease<P> {
     }
 }
 
-/// An awaited release whose answer has not come yet.
-struct Unanswered<P: Protocol>(Option<Arc<Lease<P>>>);
+type ReleaseFuture = Pin<Box<dyn Future<Output = Result<(), LockError>> + Send>>;
 
-impl<P: Protocol> Unanswered<P> {
-    /// The answer came.
-    fn disarm(&mut self) {
-        self.0 = None;
+/// An awaited release. Dropped before its answer, it hands itself (the
+/// one release, wherever it got to) to the background, where the backend's
+/// `flush` waits for it.
+struct Finishing {
+    release: Option<ReleaseFuture>,
+    releases: Arc<InFlight>,
+    backend: &'static str,
+}
+
+impl Future for Finishing {
+    type Output = Result<(), LockError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let release = self
+            .release
+            .as_mut()
+            .expect("a release polled after it finished");
+        let result = std::task::ready!(release.as_mut().poll(cx));
+        self.release = None;
+        Poll::Ready(result)
     }
 }
 
-impl<P: Protocol> Drop for Unanswered<P> {
+impl Drop for Finishing {
     fn drop(&mut self) {
-        if let Some(lease) = self.0.take() {
-            lease.release_later();
+        if let Some(release) = self.release.take() {
+            release_in_background(release, &self.releases, self.backend);
         }
     }
 }
@@ -287,12 +307,12 @@ pub(crate) fn release_in_background(
     let failed = move |e: LockError| {
         tracing::warn!(backend, error = %e, "releasing a lock failed; it ends with its lease");
     };
-    match (first, tokio::runtime::Handle::try_current()) {
+    match (first, in_flight.runtime()) {
         (Poll::Ready(result), _) => result.unwrap_or_else(failed),
-        (Poll::Pending, Ok(rt)) => {
+        (Poll::Pending, Some(rt)) => {
             in_flight.spawn(&rt, async move { release.await.unwrap_or_else(failed) })
         }
-        (Poll::Pending, Err(_)) => tracing::warn!(
+        (Poll::Pending, None) => tracing::warn!(
             backend,
             "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
         ),

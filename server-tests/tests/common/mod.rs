@@ -12,6 +12,9 @@ pub use in_process::{eventually, serve};
 #[path = "../../../torture/src/fault_proxy.rs"]
 pub mod fault_proxy;
 
+/// Every operation dropped at every poll point.
+pub mod cancel;
+
 /// Three-server clusters on loopback, and what is checked on them.
 pub mod cluster;
 

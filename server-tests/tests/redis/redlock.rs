@@ -295,3 +295,18 @@ async fn redlock_holder_cut_off_from_a_majority_is_told_before_anyone_else_is_gr
     g2.release().await.unwrap();
     drop(g);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
+    let (a, other) = (backend("cut").await, backend("cut").await);
+    common::cancel::every_cut("redis", &a, &other, "k").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_every_operation_cut_at_every_poll_frees_no_other_holder() {
+    use tower_lock::backend::RedlockBackend;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let url = redlock_url(&servers);
+    let (a, other) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
+    common::cancel::every_cut("redlock", &a.await.unwrap(), &other.await.unwrap(), "k").await;
+}

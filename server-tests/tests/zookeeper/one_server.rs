@@ -351,3 +351,9 @@ async fn an_unreachable_server_is_a_clear_error_within_the_timeout() {
         Err(LockError::Config(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
+    let (a, other) = (backend("cut").await, backend("cut").await);
+    common::cancel::every_cut("zookeeper", &a, &other, "k").await;
+}

@@ -465,7 +465,7 @@ impl Drop for Contender {
             return;
         };
         let session = self.session.clone();
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let Some(rt) = session.releases.runtime() else {
             tracing::warn!("etcd lock key dropped outside a Tokio runtime; it goes with the lease");
             return;
         };

@@ -107,7 +107,7 @@ impl Session {
     }
 
     fn revoke_in_background(&self) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let Some(rt) = self.releases.runtime() else {
             return;
         };
         let (mut client, lease) = (self.client.clone(), self.lease);

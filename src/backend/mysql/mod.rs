@@ -466,7 +466,7 @@ impl Drop for Undo<'_> {
             return;
         }
         self.session.end("an abandoned wait");
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        if let Some(rt) = self.inner.releases.runtime() {
             let kill = self.inner.clone().kill_query(self.session.id);
             self.inner.releases.spawn(&rt, kill);
         }

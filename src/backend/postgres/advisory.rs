@@ -291,7 +291,7 @@ impl Drop for Undo<'_> {
             session.end("an abandoned wait");
             let cancel = session.client.cancel_token();
             let limit = self.pg.connect_timeout;
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            if let Some(rt) = self.pg.releases.runtime() {
                 self.pg.releases.spawn(&rt, async move {
                     let _ = tokio::time::timeout(limit, cancel.cancel_query(NoTls)).await;
                 });

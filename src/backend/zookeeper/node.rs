@@ -102,7 +102,7 @@ impl Drop for Node {
         let path = self.path.take();
         let dir = std::mem::take(&mut self.dir);
         let protected = std::mem::take(&mut self.protected);
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        let Some(rt) = self.session.releases.runtime() else {
             tracing::warn!(
                 "zookeeper lock node dropped outside a Tokio runtime; it goes with the session"
             );
