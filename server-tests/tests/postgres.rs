@@ -666,3 +666,53 @@ async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_sequence_that_hands_out_tokens_out_of_order_is_refused() {
+    let client = raw().await;
+    for (name, options) in [
+        ("tl_cached", "CACHE 10"),
+        ("tl_cycling", "CYCLE"),
+        ("tl_falling", "INCREMENT -1"),
+    ] {
+        let sequence = format!("{name}_{}", std::process::id());
+        client
+            .batch_execute(&format!(
+                "DROP SEQUENCE IF EXISTS {sequence}; CREATE SEQUENCE {sequence} {options}"
+            ))
+            .await
+            .unwrap();
+        for table in [false, true] {
+            let mut opts = PostgresOptions::default().sequence(&sequence);
+            if table {
+                opts = opts.lease_table(format!("tl_seq_check_{}", std::process::id()));
+            }
+            let result = match PostgresBackend::connect_with(&pg_url(), opts).await {
+                Ok(backend) => backend.lock(key("sequence", name).as_str()).await.map(drop),
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(LockError::Config(m)) => assert!(
+                    m.contains(&format!(
+                        "ALTER SEQUENCE {sequence} INCREMENT 1 CACHE 1 NO CYCLE"
+                    )),
+                    "{options}: {m}"
+                ),
+                other => {
+                    panic!("a sequence with {options} (table mode {table}) was taken: {other:?}")
+                }
+            }
+        }
+        client
+            .batch_execute(&format!("DROP SEQUENCE {sequence}"))
+            .await
+            .unwrap();
+    }
+    client
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS tl_seq_check_{}",
+            std::process::id()
+        ))
+        .await
+        .unwrap();
+}

@@ -279,6 +279,12 @@ impl PostgresOptions {
     /// `_`). Created on first use if missing; a role that may not create it
     /// needs it made once: `CREATE SEQUENCE tower_lock_tokens`. Default
     /// [`DEFAULT_SEQUENCE`].
+    ///
+    /// One made by hand must hand out its values in the order they are
+    /// drawn: `CACHE 1` (the default; with more, each session draws from a
+    /// block of its own, and a later grant can get a lower token), `NO
+    /// CYCLE` and a positive `INCREMENT`. Any other is refused with a
+    /// [`LockError::Config`] that gives the `ALTER SEQUENCE` to run.
     pub fn sequence(mut self, name: impl Into<String>) -> Self {
         self.sequence = name.into();
         self

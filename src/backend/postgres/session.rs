@@ -325,7 +325,8 @@ impl PgInner {
         Ok(session)
     }
 
-    /// Creates the token sequence if it is missing.
+    /// Creates the token sequence if it is missing, and checks one that
+    /// was there.
     async fn create_sequence(&self, client: &Client) -> Result<(), LockError> {
         let sql = format!("CREATE SEQUENCE IF NOT EXISTS {}", self.sequence);
         create_missing(
@@ -333,7 +334,8 @@ impl PgInner {
             &sql,
             &format!("the token sequence {}", self.sequence),
         )
-        .await
+        .await?;
+        check_sequence(client, &self.sequence).await
     }
 
     /// The session settings a lock holder needs, whatever the server's
@@ -372,6 +374,39 @@ impl PgInner {
 
 /// Runs `sql`, which creates `what` if it is missing; another process
 /// creating it at the same moment is no error.
+/// Refuses a token sequence (one a user made) whose values do not come out
+/// in the order they are drawn across sessions: with `CACHE` above 1 each
+/// session takes a block of values and hands them out on its own, so a
+/// later grant on another session can get a lower token; `CYCLE` wraps
+/// below the tokens handed out; a step below 1 does not rise.
+pub(super) async fn check_sequence(client: &Client, sequence: &str) -> Result<(), LockError> {
+    // Unnamed (`query_typed`), so that it also runs through a pooler in
+    // transaction mode.
+    let rows = client
+        .query_typed(
+            "SELECT seqincrement, seqcycle, seqcache FROM pg_catalog.pg_sequence \
+             WHERE seqrelid = to_regclass($1)",
+            &[(&sequence, tokio_postgres::types::Type::TEXT)],
+        )
+        .await
+        .map_err(|e| pg_error(&format!("reading the token sequence {sequence}"), e))?;
+    let Some(row) = rows.first() else {
+        return Err(LockError::Config(format!(
+            "the token sequence {sequence} is not a sequence this role can see"
+        )));
+    };
+    let (increment, cycle, cache): (i64, bool, i64) = (row.get(0), row.get(1), row.get(2));
+    if increment >= 1 && !cycle && cache == 1 {
+        return Ok(());
+    }
+    Err(LockError::Config(format!(
+        "the token sequence {sequence} has INCREMENT {increment}, CACHE {cache} and {}CYCLE: \
+         fencing tokens need values in the order they are drawn (CACHE 1, NO CYCLE, a positive \
+         INCREMENT); run ALTER SEQUENCE {sequence} INCREMENT 1 CACHE 1 NO CYCLE",
+        if cycle { "" } else { "NO " }
+    )))
+}
+
 pub(super) async fn create_missing(
     client: &Client,
     sql: &str,

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
-use super::session::{create_missing, pg_error};
+use super::session::{check_sequence, create_missing, pg_error};
 use super::table_sql::Sql;
 use super::TOKEN_SPACING;
 use crate::backend::lease::{
@@ -90,6 +90,8 @@ pub(super) struct TableInner {
     listen_config: tokio_postgres::Config,
     pub(super) target: String,
     connect_timeout: Duration,
+    /// The token sequence's name.
+    sequence: String,
     sql: Sql,
     /// The statement connections, each opened again when it breaks. A key
     /// always uses the same one, so that a release sent lands before the
@@ -152,6 +154,7 @@ impl TableInner {
             target,
             connect_timeout,
             sql: Sql::new(table, sequence, table),
+            sequence: sequence.to_owned(),
             clients: std::array::from_fn(|_| Slot::default()),
             notified: AtomicBool::new(false),
             sessions_kept: AtomicBool::new(false),
@@ -170,6 +173,7 @@ impl TableInner {
     pub(super) async fn start(self: &Arc<Self>) -> Result<(), LockError> {
         let conn = self.conn("").await?;
         create_missing(&conn.client, &self.sql.create, "the lease table").await?;
+        check_sequence(&conn.client, &self.sequence).await?;
         let listener = tokio::spawn(listen(Arc::downgrade(self)));
         let sweeper = tokio::spawn(sweep(Arc::downgrade(self)));
         lock(&self.tasks).extend([listener, sweeper]);
