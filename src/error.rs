@@ -6,11 +6,16 @@ use std::time::Duration;
 
 use crate::key::{KeyError, LockKey};
 use crate::mode::LockMode;
+use crate::redact::redact;
 
 /// Boxed error from a backend's client library.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// Why a lock could not be acquired or released.
+///
+/// No secret leaves through it: the userinfo of any URL in its text
+/// (`redis://:password@host`) is shown as `***` by `Display` and `Debug`,
+/// and by the `Display` and `Debug` of its [`source`](StdError::source).
 ///
 /// # Examples
 ///
@@ -28,7 +33,6 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 /// }
 /// # }
 /// ```
-#[derive(Debug)]
 #[non_exhaustive]
 pub enum LockError {
     /// The key is not a valid [`LockKey`](crate::LockKey).
@@ -81,7 +85,9 @@ impl LockError {
         LockError::Backend {
             backend,
             message: message.into(),
-            source: source.into(),
+            source: source
+                .into()
+                .map(|source| Box::new(Redacted(source)) as BoxError),
         }
     }
 
@@ -101,6 +107,50 @@ impl LockError {
 impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // Text from configuration or a driver may hold a URL.
+            LockError::InvalidMode(_)
+            | LockError::Config(_)
+            | LockError::Lost(_)
+            | LockError::Backend { .. } => {
+                let mut text = String::new();
+                fmt::write(&mut text, format_args!("{}", Unredacted(self)))?;
+                f.write_str(&redact(&text))
+            }
+            _ => Unredacted(self).fmt(f),
+        }
+    }
+}
+
+impl fmt::Debug for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = match self {
+            LockError::InvalidKey(e) => format!("InvalidKey({e:?})"),
+            LockError::Busy => "Busy".to_owned(),
+            LockError::Timeout { waited } => format!("Timeout {{ waited: {waited:?} }}"),
+            LockError::InvalidMode(m) => format!("InvalidMode({m:?})"),
+            LockError::Config(m) => format!("Config({m:?})"),
+            LockError::Lost(m) => format!("Lost({m:?})"),
+            LockError::Reentry { key, held, wanted } => {
+                format!("Reentry {{ key: {key:?}, held: {held:?}, wanted: {wanted:?} }}")
+            }
+            LockError::Backend {
+                backend,
+                message,
+                source,
+            } => format!(
+                "Backend {{ backend: {backend:?}, message: {message:?}, source: {source:?} }}"
+            ),
+        };
+        f.write_str(&redact(&text))
+    }
+}
+
+/// The error's text as written, before [`redact`].
+struct Unredacted<'a>(&'a LockError);
+
+impl fmt::Display for Unredacted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
             LockError::InvalidKey(e) => write!(f, "invalid lock key: {e}"),
             LockError::Busy => f.write_str("lock is held by someone else"),
             LockError::Timeout { waited } => {
@@ -148,5 +198,26 @@ impl StdError for LockError {
 impl From<KeyError> for LockError {
     fn from(e: KeyError) -> Self {
         LockError::InvalidKey(e)
+    }
+}
+
+/// A driver's error, shown without the userinfo of any URL in it.
+struct Redacted(BoxError);
+
+impl fmt::Display for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.0.to_string()))
+    }
+}
+
+impl fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&format!("{:?}", self.0)))
+    }
+}
+
+impl StdError for Redacted {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
     }
 }

@@ -68,6 +68,7 @@ mod lost;
 mod metrics;
 pub mod middleware;
 mod mode;
+mod redact;
 mod reentry;
 mod rejection;
 mod source;

@@ -22,7 +22,13 @@ use crate::key::KeyError;
 /// | lock lost while the request ran (lease or session gone) | 503 Service Unavailable |
 /// | invalid mode (a semaphore of zero permits), backend configuration, a key source that cannot work where it is installed (`PathParam` outside the router), or a handler re-entering its request's lock in a mode that cannot share ([`LockError::Reentry`]) | 500 Internal Server Error |
 ///
-/// Bodies are plain text saying what went wrong. Replace any of them with
+/// Bodies are plain text saying what went wrong in words
+/// ([`summary`](Self::summary)): "lock backend unavailable", "timed out
+/// after 3000 ms waiting for the lock". Hosts, ports and driver text stay in
+/// the [`LockError`] (its `Display` and source chain, for logs), unless the
+/// layer is told to show them with
+/// [`LockLayer::error_details`](crate::LockLayer::error_details); a URL's
+/// user and password are never shown. Replace any of them with
 /// [`LockLayer::on_rejection`](crate::LockLayer::on_rejection), or answer
 /// as gRPC does with
 /// [`LockLayer::grpc_rejections`](crate::LockLayer::grpc_rejections).
@@ -118,10 +124,50 @@ impl LockRejection {
         }
     }
 
+    /// What happened, in words fit for any client: the whole message for
+    /// what the request itself got wrong or must wait for (a missing or
+    /// invalid key, a busy key, a wait that ran out), and no more than
+    /// "lock backend unavailable", "lock lost while the request was served"
+    /// or "lock backend misconfigured" for what went wrong behind the
+    /// server, whose details (hosts, ports, driver text) are in
+    /// [`Display`](fmt::Display).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tower_lock::{LockError, LockRejection};
+    ///
+    /// let down = LockError::backend("redis", "connecting to 10.0.0.7:6379", None);
+    /// let rejection = LockRejection::Lock(down);
+    /// assert_eq!(rejection.summary(), "lock backend unavailable");
+    /// assert!(rejection.to_string().contains("10.0.0.7"));
+    /// ```
+    pub fn summary(&self) -> Cow<'_, str> {
+        match self {
+            LockRejection::Lock(LockError::Backend { .. }) => "lock backend unavailable".into(),
+            LockRejection::Lock(LockError::Lost(_)) => {
+                "lock lost while the request was served".into()
+            }
+            LockRejection::Lock(LockError::Config(_)) => "lock backend misconfigured".into(),
+            LockRejection::Lock(LockError::InvalidMode(_)) => "invalid lock mode".into(),
+            other => other.to_string().into(),
+        }
+    }
+
+    /// The message a response carries: the [`summary`](Self::summary), or
+    /// with `details` the whole (redacted) message.
+    fn message(&self, details: bool) -> Cow<'_, str> {
+        if details {
+            self.to_string().into()
+        } else {
+            self.summary()
+        }
+    }
+
     /// This rejection as a gRPC "trailers-only" response: HTTP 200,
     /// `content-type: application/grpc`, `grpc-status` ([`grpc_code`](Self::grpc_code)),
-    /// `grpc-message` (this rejection's message, percent-encoded as the gRPC
-    /// spec asks), and, when trying again may help, `grpc-retry-pushback-ms`
+    /// `grpc-message` (this rejection's [`summary`](Self::summary),
+    /// percent-encoded as the gRPC spec asks), and, when trying again may help, `grpc-retry-pushback-ms`
     /// (`retry_after`, which gRPC clients with a retry policy honour). The
     /// body is empty.
     ///
@@ -138,6 +184,10 @@ impl LockRejection {
     /// assert_eq!(res.headers()["grpc-retry-pushback-ms"], "1000");
     /// ```
     pub fn to_grpc_response(&self, retry_after: Duration) -> Response<Bytes> {
+        self.grpc_response(retry_after, false)
+    }
+
+    pub(crate) fn grpc_response(&self, retry_after: Duration, details: bool) -> Response<Bytes> {
         use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
         // The spec: percent-encode everything outside printable ASCII, and `%`.
         const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
@@ -148,7 +198,7 @@ impl LockRejection {
             "grpc-status",
             HeaderValue::from(u16::from(self.grpc_code())),
         );
-        let message = utf8_percent_encode(&self.to_string(), GRPC_MESSAGE).to_string();
+        let message = utf8_percent_encode(&self.message(details), GRPC_MESSAGE).to_string();
         if let Ok(message) = HeaderValue::from_str(&message) {
             headers.insert("grpc-message", message);
         }
@@ -160,10 +210,14 @@ impl LockRejection {
     }
 
     /// The default response: [`status`](Self::status), a plain-text body
-    /// of this rejection's message, and `Retry-After` (whole seconds, at least
-    /// one) when trying again may help.
+    /// of this rejection's [`summary`](Self::summary), and `Retry-After`
+    /// (whole seconds, at least one) when trying again may help.
     pub fn to_response(&self, retry_after: Duration) -> Response<Bytes> {
-        let mut res = Response::new(Bytes::from(format!("{self}\n")));
+        self.response(retry_after, false)
+    }
+
+    pub(crate) fn response(&self, retry_after: Duration, details: bool) -> Response<Bytes> {
+        let mut res = Response::new(Bytes::from(format!("{}\n", self.message(details))));
         *res.status_mut() = self.status();
         res.headers_mut().insert(
             CONTENT_TYPE,

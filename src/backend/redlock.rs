@@ -191,8 +191,10 @@ impl RedlockBackend {
             )));
         }
         let mut nodes = Vec::with_capacity(addrs.len());
-        for addr in addrs {
-            let client = redis::Client::open(node_url(addr))
+        for given in addrs {
+            // For messages: the instance without its user and password.
+            let addr = given.rsplit_once('@').map_or(given, |(_, host)| host);
+            let client = redis::Client::open(node_url(given))
                 .map_err(|e| LockError::Config(format!("invalid Redis address {addr:?}: {e}")))?;
             // Short timeouts: a dead instance must not hold up the majority.
             let config = ConnectionManagerConfig::new()

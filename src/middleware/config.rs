@@ -87,6 +87,8 @@ pub(crate) struct Config {
     pub(crate) held_lock_extension: bool,
     pub(crate) retry_after: Duration,
     pub(crate) grpc: bool,
+    /// Whether default answers show the error's details.
+    pub(crate) details: bool,
     pub(crate) reject: Option<Arc<RejectFn>>,
 }
 
@@ -97,6 +99,7 @@ pub(crate) struct Policy {
     pub(crate) hold_body: bool,
     retry_after: Duration,
     grpc: bool,
+    details: bool,
     reject: Option<Arc<RejectFn>>,
 }
 
@@ -104,8 +107,8 @@ impl Policy {
     pub(crate) fn reject(&self, rejection: &LockRejection) -> Response<Bytes> {
         match &self.reject {
             Some(f) => f(rejection),
-            None if self.grpc => rejection.to_grpc_response(self.retry_after),
-            None => rejection.to_response(self.retry_after),
+            None if self.grpc => rejection.grpc_response(self.retry_after, self.details),
+            None => rejection.response(self.retry_after, self.details),
         }
     }
 }
@@ -117,6 +120,7 @@ impl Config {
             hold_body: self.hold_body,
             retry_after: self.retry_after,
             grpc: self.grpc,
+            details: self.details,
             reject: self.reject.clone(),
         }
     }

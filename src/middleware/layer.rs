@@ -108,6 +108,7 @@ impl LockLayer {
                 held_lock_extension: false,
                 retry_after: Duration::from_secs(1),
                 grpc: false,
+                details: false,
                 reject: None,
             }),
         }
@@ -245,6 +246,23 @@ impl LockLayer {
     /// ```
     pub fn grpc_rejections(self) -> Self {
         self.edit(|c| c.grpc = true)
+    }
+
+    /// Shows the whole error in the layer's default answers (the body, or
+    /// `grpc-message`): hosts, ports and driver text, for a service whose
+    /// clients are its own operators. Off by default: the answers then say
+    /// what happened in words ([`LockRejection::summary`]), and the details
+    /// stay in logs. A URL's user and password are never shown.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tower_lock::{LockLayer, MemoryBackend, PathParam};
+    ///
+    /// let layer = LockLayer::new(MemoryBackend::new(), PathParam("sku")).error_details(true);
+    /// ```
+    pub fn error_details(self, show: bool) -> Self {
+        self.edit(|c| c.details = show)
     }
 
     /// Replaces the layer's responses to requests it could not lock.

@@ -14,6 +14,13 @@ pub(super) fn parse_url(url: &str) -> Result<(String, Option<String>), LockError
         Some(i) => (&rest[..i], Some(&rest[i..])),
         None => (rest, None),
     };
+    if hosts.contains('@') {
+        // The URL is shown redacted (`zk://***@host`): the hosts alone
+        // would show the password.
+        return Err(LockError::Config(format!(
+            "a ZooKeeper URL takes no user or password: {url:?}"
+        )));
+    }
     if hosts.is_empty() || hosts.split(',').any(|h| !h.contains(':')) {
         return Err(LockError::Config(format!(
             "a ZooKeeper URL names each server as host:port: {url:?}"
