@@ -20,6 +20,9 @@ pub struct Clients {
     running: HashMap<String, (tokio::process::Child, Vec<FaultProxy>)>,
     next: u64,
     events: mpsc::UnboundedSender<(String, Event)>,
+    /// Each client's stdout reader: joined before the history is read, so
+    /// that no last line is missing.
+    readers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Clients {
@@ -30,6 +33,7 @@ impl Clients {
             running: HashMap::new(),
             next: 0,
             events,
+            readers: Vec::new(),
         }
     }
     /// A new client's id and its proxies.
@@ -85,7 +89,7 @@ impl Clients {
             .map_err(|e| e.to_string())?;
         let stdout = child.stdout.take().expect("piped");
         let (id, events) = (args.id.clone(), self.events.clone());
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(event) = Event::parse(&line) {
@@ -93,6 +97,7 @@ impl Clients {
                 }
             }
         });
+        self.readers.push(reader);
         self.running.insert(args.id, (child, proxies));
         Ok(())
     }
@@ -134,6 +139,11 @@ impl Clients {
                 let _ = child.wait().await;
                 stragglers += 1;
             }
+        }
+        // Every client has exited: its stdout ends, and its reader with it
+        // once the last line is sent on.
+        for reader in self.readers.drain(..) {
+            let _ = reader.await;
         }
         stragglers
     }

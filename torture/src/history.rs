@@ -263,39 +263,49 @@ impl History {
     }
 
     /// When a hold stopped acting on its lock, as far as the checker can
-    /// tell; and whether that end is excused by a pause.
-    fn end(&self, h: &Hold, verdict: &mut Verdict) -> (u64, bool) {
+    /// tell (told lost, released, or its process killed), and from when on
+    /// a pause excuses an overlap with it: the earliest stop after which it
+    /// did nothing before being told. A grant made before that stop, while
+    /// both ran, is never excused by it; an unexcused pause excuses nothing.
+    fn end(&self, h: &Hold, verdict: &mut Verdict) -> (u64, Option<u64>) {
         let mut end = u64::MAX;
         for t in [h.told, h.released].into_iter().flatten() {
             end = end.min(t);
         }
-        let mut paused = false;
-        for fault in self.faults.get(&h.process).into_iter().flatten() {
-            match *fault {
-                ProcessFault::Killed(at) if at >= h.granted => end = end.min(at),
-                // Stopped while holding: it could not act until continued.
-                // Excused if, once running again, it was told before it did
-                // anything (how soon is reported), or it had done its
-                // section's last act before it was stopped and only
-                // released after.
-                ProcessFault::Paused(stop, cont) if stop >= h.granted && stop < end => {
-                    let told_first = h
-                        .told
-                        .filter(|&t| t >= cont && h.wrote.is_none_or(|w| w < stop || t <= w));
-                    if let Some(told) = told_first {
-                        let after = (told - cont) as f64 / 1e6;
-                        verdict.told_after_resume_ms =
-                            Some(verdict.told_after_resume_ms.map_or(after, |m| m.max(after)));
-                    }
-                    if told_first.is_some() || h.wrote.is_some_and(|w| w < stop) {
-                        end = stop;
-                        paused = true;
-                    }
+        let faults = self.faults.get(&h.process).into_iter().flatten();
+        for fault in faults.clone() {
+            if let ProcessFault::Killed(at) = *fault {
+                if at >= h.granted {
+                    end = end.min(at);
                 }
-                _ => {}
             }
         }
-        (end, paused)
+        let mut excused_from: Option<u64> = None;
+        for fault in faults {
+            // Stopped while holding: it could not act until continued.
+            // Excused if, once running again, it was told before it did
+            // anything (how soon is reported), or it had done its
+            // section's last act before it was stopped and only released
+            // after.
+            let ProcessFault::Paused(stop, cont) = *fault else {
+                continue;
+            };
+            if stop < h.granted || stop >= end {
+                continue;
+            }
+            let told_first = h
+                .told
+                .filter(|&t| t >= cont && h.wrote.is_none_or(|w| w < stop || t <= w));
+            if let Some(told) = told_first {
+                let after = (told - cont) as f64 / 1e6;
+                verdict.told_after_resume_ms =
+                    Some(verdict.told_after_resume_ms.map_or(after, |m| m.max(after)));
+            }
+            if told_first.is_some() || h.wrote.is_some_and(|w| w < stop) {
+                excused_from = Some(excused_from.map_or(stop, |e| e.min(stop)));
+            }
+        }
+        (end, excused_from)
     }
 
     /// When `h`'s process was killed while it held `h`, if it was.
@@ -323,14 +333,15 @@ impl History {
         for holds in by_key.values_mut() {
             self.tokens_backwards(holds, outside, &mut verdict);
             holds.sort_by_key(|(_, h)| h.granted);
-            // The hold reaching furthest so far, with its end.
-            let mut latest: Option<(&str, u64, bool)> = None;
+            // The hold reaching furthest so far, with its end and the stop
+            // from which a pause excuses it.
+            let mut latest: Option<(&str, u64, Option<u64>)> = None;
             for (i, (id, h)) in holds.iter().enumerate() {
-                if let Some((before, end, paused)) = latest {
+                if let Some((before, end, excused_from)) = latest {
                     if h.granted < end {
                         let during_outside =
                             self.outside_between(outside, self.holds[before].granted, h.granted);
-                        if paused {
+                        if excused_from.is_some_and(|stop| h.granted >= stop) {
                             verdict.overlaps_paused += 1;
                         } else if during_outside {
                             verdict.overlaps_outside += 1;
@@ -366,7 +377,10 @@ impl History {
                 }
                 // The margin of every earlier hold told lost before this grant.
                 if let Some((_, prev)) = i.checked_sub(1).map(|p| holds[p]) {
-                    let excused = self.end(prev, &mut Verdict::default()).1;
+                    let excused = self
+                        .end(prev, &mut Verdict::default())
+                        .1
+                        .is_some_and(|stop| h.granted >= stop);
                     // Margins measure what the backend promises.
                     let excused = excused || self.outside_between(outside, prev.granted, h.granted);
                     if let Some(told) = prev.told.filter(|_| !excused).filter(|_| {
@@ -386,9 +400,9 @@ impl History {
                             Some(verdict.kill_recovery_ms.map_or(took, |m| m.max(took)));
                     }
                 }
-                let (end, paused) = self.end(h, &mut verdict);
+                let (end, excused_from) = self.end(h, &mut verdict);
                 if latest.is_none_or(|(_, e, _)| end > e) {
-                    latest = Some((id, end, paused));
+                    latest = Some((id, end, excused_from));
                 }
             }
         }
@@ -443,5 +457,278 @@ impl History {
                 ));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The checker on hand-made histories: every verdict, every excuse, and
+    //! the cases that must not be excused. Times are in ms for reading.
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    struct Make(History);
+
+    impl Make {
+        fn new() -> Self {
+            Make(History::default())
+        }
+        fn grant(
+            mut self,
+            process: &str,
+            hold: &str,
+            key: &str,
+            token: u64,
+            asked: u64,
+            at: u64,
+        ) -> Self {
+            self.0.record(
+                process,
+                Event::Granted {
+                    hold: hold.into(),
+                    key: key.into(),
+                    token,
+                    at: at * MS,
+                    asked: asked * MS,
+                },
+            );
+            self
+        }
+        fn told(mut self, process: &str, hold: &str, at: u64) -> Self {
+            self.0.record(
+                process,
+                Event::ToldLost {
+                    hold: hold.into(),
+                    at: at * MS,
+                },
+            );
+            self
+        }
+        fn wrote(mut self, process: &str, hold: &str, at: u64) -> Self {
+            self.0.record(
+                process,
+                Event::Wrote {
+                    hold: hold.into(),
+                    outcome: "ok".into(),
+                    at: at * MS,
+                },
+            );
+            self
+        }
+        fn released(mut self, process: &str, hold: &str, at: u64) -> Self {
+            self.0.record(
+                process,
+                Event::Released {
+                    hold: hold.into(),
+                    at: at * MS,
+                },
+            );
+            self
+        }
+        fn paused(mut self, process: &str, stop: u64, cont: u64) -> Self {
+            self.0
+                .process_fault(process, ProcessFault::Paused(stop * MS, cont * MS));
+            self
+        }
+        fn killed(mut self, process: &str, at: u64) -> Self {
+            self.0.process_fault(process, ProcessFault::Killed(at * MS));
+            self
+        }
+        fn window(mut self, name: &'static str, start: u64, end: u64) -> Self {
+            self.0.fault_window(name, start * MS, end * MS, 0);
+            self
+        }
+        fn check(&self, outside: &[&str]) -> Verdict {
+            self.0.check(outside)
+        }
+    }
+
+    #[test]
+    fn holds_one_after_another_are_clean() {
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .released("p", "a", 5)
+            .grant("q", "b", "k", 2, 2, 6)
+            .released("q", "b", 9)
+            .check(&[]);
+        assert_eq!(
+            (
+                v.holds,
+                v.overlaps_unwarned,
+                v.overlaps_paused,
+                v.tokens_backwards
+            ),
+            (2, 0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_grant_while_another_holds_is_an_unwarned_overlap() {
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .released("p", "a", 10)
+            .grant("q", "b", "k", 2, 2, 5)
+            .released("q", "b", 12)
+            .check(&[]);
+        assert_eq!(v.overlaps_unwarned, 1, "{v:?}");
+        assert_eq!(v.examples.len(), 1);
+    }
+
+    #[test]
+    fn other_keys_never_overlap() {
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .released("p", "a", 10)
+            .grant("q", "b", "j", 1, 0, 5)
+            .released("q", "b", 12)
+            .check(&[]);
+        assert_eq!(v.overlaps_unwarned, 0);
+    }
+
+    #[test]
+    fn a_grant_after_the_holder_was_told_is_no_overlap_and_its_margin_is_kept() {
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .told("p", "a", 4)
+            .released("p", "a", 10)
+            .grant("q", "b", "k", 2, 2, 6)
+            .released("q", "b", 12)
+            .check(&[]);
+        assert_eq!(v.overlaps_unwarned, 0, "{v:?}");
+        assert_eq!(v.worst_margin_ms, Some(2.0));
+    }
+
+    #[test]
+    fn a_killed_holder_ends_when_it_is_killed() {
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .killed("p", 3)
+            .grant("q", "b", "k", 2, 2, 6)
+            .released("q", "b", 12)
+            .check(&[]);
+        assert_eq!(v.overlaps_unwarned, 0, "{v:?}");
+        assert_eq!(v.kill_recovery_ms, Some(3.0));
+    }
+
+    #[test]
+    fn a_pause_excuses_a_grant_after_the_stop_when_the_holder_is_told_first() {
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .paused("p", 2, 20)
+            .told("p", "a", 21)
+            .released("p", "a", 22)
+            .grant("q", "b", "k", 2, 3, 10)
+            .released("q", "b", 12)
+            .check(&[]);
+        assert_eq!((v.overlaps_unwarned, v.overlaps_paused), (0, 1), "{v:?}");
+        assert_eq!(v.told_after_resume_ms, Some(1.0));
+    }
+
+    #[test]
+    fn a_pause_never_excuses_an_overlap_before_it() {
+        // q was granted at 5 while p still ran (p stopped only at 8).
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .paused("p", 8, 20)
+            .told("p", "a", 21)
+            .released("p", "a", 22)
+            .grant("q", "b", "k", 2, 3, 5)
+            .released("q", "b", 12)
+            .check(&[]);
+        assert_eq!((v.overlaps_unwarned, v.overlaps_paused), (1, 0), "{v:?}");
+    }
+
+    #[test]
+    fn an_unexcused_pause_before_an_excused_one_excuses_nothing_between() {
+        // p was paused 2..4 and acted after (wrote at 5), untold: that pause
+        // is no excuse. Its second pause (from 8) is: told at 21 before
+        // acting again. q's grant at 6 falls between them.
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .paused("p", 2, 4)
+            .wrote("p", "a", 5)
+            .paused("p", 8, 20)
+            .told("p", "a", 21)
+            .released("p", "a", 22)
+            .grant("q", "b", "k", 2, 3, 6)
+            .released("q", "b", 12)
+            .check(&[]);
+        assert_eq!((v.overlaps_unwarned, v.overlaps_paused), (1, 0), "{v:?}");
+    }
+
+    #[test]
+    fn a_pause_the_holder_acted_after_untold_excuses_nothing() {
+        let v = Make::new()
+            .grant("p", "a", "k", 1, 0, 1)
+            .paused("p", 2, 20)
+            .wrote("p", "a", 21)
+            .released("p", "a", 22)
+            .grant("q", "b", "k", 2, 3, 10)
+            .released("q", "b", 12)
+            .check(&[]);
+        assert_eq!((v.overlaps_unwarned, v.overlaps_paused), (1, 0), "{v:?}");
+    }
+
+    #[test]
+    fn an_outside_fault_excuses_only_its_window() {
+        let during = Make::new()
+            .window("drop", 2, 6)
+            .grant("p", "a", "k", 1, 0, 1)
+            .released("p", "a", 10)
+            .grant("q", "b", "k", 2, 2, 5)
+            .released("q", "b", 12)
+            .check(&["drop"]);
+        assert_eq!(
+            (during.overlaps_unwarned, during.overlaps_outside),
+            (0, 1),
+            "{during:?}"
+        );
+        let named_elsewhere = Make::new()
+            .window("drop", 2, 6)
+            .grant("p", "a", "k", 1, 0, 1)
+            .released("p", "a", 10)
+            .grant("q", "b", "k", 2, 2, 5)
+            .released("q", "b", 12)
+            .check(&["clock"]);
+        assert_eq!(named_elsewhere.overlaps_unwarned, 1, "{named_elsewhere:?}");
+        let after = Make::new()
+            .window("drop", 20, 30)
+            .grant("p", "a", "k", 1, 0, 1)
+            .released("p", "a", 10)
+            .grant("q", "b", "k", 2, 2, 5)
+            .released("q", "b", 12)
+            .check(&["drop"]);
+        assert_eq!(after.overlaps_unwarned, 1, "{after:?}");
+    }
+
+    #[test]
+    fn tokens_must_rise_in_grant_order() {
+        let v = Make::new()
+            .grant("p", "a", "k", 5, 0, 1)
+            .released("p", "a", 2)
+            .grant("q", "b", "k", 3, 3, 4)
+            .released("q", "b", 5)
+            .check(&[]);
+        assert_eq!(v.tokens_backwards, 1, "{v:?}");
+        // Asked before the other was granted: no order between them.
+        let concurrent = Make::new()
+            .grant("p", "a", "k", 5, 0, 2)
+            .released("p", "a", 3)
+            .grant("q", "b", "k", 3, 1, 4)
+            .released("q", "b", 5)
+            .check(&[]);
+        assert_eq!(concurrent.tokens_backwards, 0, "{concurrent:?}");
+        let excused = Make::new()
+            .window("server-kill", 1, 4)
+            .grant("p", "a", "k", 5, 0, 1)
+            .released("p", "a", 2)
+            .grant("q", "b", "k", 3, 3, 4)
+            .released("q", "b", 5)
+            .check(&["server-kill"]);
+        assert_eq!(
+            (excused.tokens_backwards, excused.tokens_backwards_outside),
+            (0, 1)
+        );
     }
 }

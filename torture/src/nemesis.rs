@@ -126,7 +126,8 @@ impl Nemesis {
         let register = Register::start().await.map_err(|e| e.to_string())?;
         let keys = Arc::new(worker::keys(root, a.keys));
         let (tx, rx) = mpsc::unbounded_channel();
-        let history = collect(rx);
+        let collector = collect(rx);
+        let history = collector.history.clone();
         let until = now_ns() + a.secs * 1_000_000_000;
         let default_hook = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
@@ -201,7 +202,7 @@ impl Nemesis {
         let leaked = backend.active_keys() as u64;
         drop(tx);
         let _ = std::panic::take_hook();
-        let history = std::mem::take(&mut *history.lock().unwrap());
+        let history = collector.finish().await;
         Ok(summarize(
             &self.args,
             "memory",
@@ -311,7 +312,8 @@ impl Nemesis {
         let direct = join(&mut addrs.iter().copied());
         let register = Register::start().await.map_err(|e| e.to_string())?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let history = collect(rx);
+        let collector = collect(rx);
+        let history = collector.history.clone();
         let until = now_ns() + a.secs * 1_000_000_000;
         let mut rng = Rng::new(seed);
         // Each client reaches each server through a proxy of its own, so
@@ -495,7 +497,7 @@ impl Nemesis {
         backend.flush().await;
         drop(backend);
         let leaked = leaks(&self.kind, &data, root, lease * 3 + Duration::from_secs(10)).await?;
-        let history = std::mem::take(&mut *history.lock().unwrap());
+        let history = collector.finish().await;
         // Faults the backend documents as outside its guarantees: there the
         // fenced register must refuse every stale write instead.
         let outside: &[&str] = match self.kind.as_str() {
@@ -578,15 +580,50 @@ impl Bag {
 }
 
 /// Gathers events into a history as they come.
-fn collect(mut rx: mpsc::UnboundedReceiver<(String, Event)>) -> Arc<Mutex<History>> {
+fn collect(mut rx: mpsc::UnboundedReceiver<(String, Event)>) -> Collector {
     let history = Arc::new(Mutex::new(History::default()));
     let shared = history.clone();
-    tokio::spawn(async move {
-        while let Some((process, event)) = rx.recv().await {
-            shared.lock().unwrap().record(&process, event);
+    let (finish, mut finished) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                event = rx.recv() => match event {
+                    Some((process, event)) => shared.lock().unwrap().record(&process, event),
+                    None => return,
+                },
+                _ = &mut finished => {
+                    // Every producer is done: what is queued is the rest.
+                    while let Ok((process, event)) = rx.try_recv() {
+                        shared.lock().unwrap().record(&process, event);
+                    }
+                    return;
+                }
+            }
         }
     });
-    history
+    Collector {
+        history,
+        finish,
+        task,
+    }
+}
+
+/// The task that gathers the history, and the history.
+struct Collector {
+    history: Arc<Mutex<History>>,
+    finish: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Collector {
+    /// The whole history, once every client and worker is done and its
+    /// events are queued: nothing sent is left out.
+    async fn finish(self) -> History {
+        let _ = self.finish.send(());
+        let _ = self.task.await;
+        std::mem::take(&mut *self.history.lock().unwrap())
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
