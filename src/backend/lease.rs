@@ -295,27 +295,38 @@ async fn renew<P: Protocol>(lease: Weak<Lease<P>>) {
 /// Releases from a destructor: puts `release` (which retries on its own) on
 /// the wire and leaves the answer to a task that the backend's `flush`
 /// waits for. A failure is logged.
+///
+/// Dropped where no runtime runs (a blocking thread, after the runtime
+/// ended), the release is not polled here, where a driver's timers and
+/// sockets would panic: it runs on the runtime the backend was made on,
+/// or, with that one gone, never, and the lock ends with its connections.
 pub(crate) fn release_in_background(
     release: impl Future<Output = Result<(), LockError>> + Send + 'static,
     in_flight: &Arc<InFlight>,
     backend: &'static str,
 ) {
+    let failed = move |e: LockError| {
+        tracing::warn!(backend, error = %e, "releasing a lock failed; it ends with its lease");
+    };
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        match in_flight.runtime() {
+            Some(home) => {
+                in_flight.spawn(&home, async move { release.await.unwrap_or_else(failed) })
+            }
+            None => tracing::warn!(
+                backend,
+                "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
+            ),
+        }
+        return;
+    };
     let mut release = Box::pin(release);
     let first = release
         .as_mut()
         .poll(&mut Context::from_waker(std::task::Waker::noop()));
-    let failed = move |e: LockError| {
-        tracing::warn!(backend, error = %e, "releasing a lock failed; it ends with its lease");
-    };
-    match (first, in_flight.runtime()) {
-        (Poll::Ready(result), _) => result.unwrap_or_else(failed),
-        (Poll::Pending, Some(rt)) => {
-            in_flight.spawn(&rt, async move { release.await.unwrap_or_else(failed) })
-        }
-        (Poll::Pending, None) => tracing::warn!(
-            backend,
-            "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
-        ),
+    match first {
+        Poll::Ready(result) => result.unwrap_or_else(failed),
+        Poll::Pending => in_flight.spawn(&rt, async move { release.await.unwrap_or_else(failed) }),
     }
 }
 

@@ -74,6 +74,7 @@
 mod capabilities;
 mod cohort;
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
 mod future;
 mod in_flight;
@@ -87,14 +88,18 @@ mod in_flight;
 mod lease;
 mod memory;
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod owner;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redlock;
 mod registry;
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
@@ -102,17 +107,23 @@ mod retry;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub mod zookeeper;
 
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use self::etcd::{EtcdBackend, EtcdOptions};
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use self::mysql::{MysqlBackend, MysqlOptions};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use self::postgres::{PostgresBackend, PostgresOptions};
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use self::zookeeper::{ZookeeperBackend, ZookeeperOptions};
 pub use capabilities::Capabilities;
 pub use cohort::{Cohort, CohortOptions};
@@ -120,6 +131,7 @@ pub use future::BackendFuture;
 pub(crate) use in_flight::InFlight;
 pub use memory::MemoryBackend;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redlock::RedlockBackend;
 pub use registry::connect;
 
@@ -608,10 +620,12 @@ pub trait LeaseHandle: Send + Sync + 'static {
     /// # Cancel safety
     ///
     /// The caller may drop the future before it completes, having given up
-    /// waiting for the answer; the lock must be released all the same.
-    /// Start the release in this method, before the future is polled, or
-    /// finish it in the background from the future's drop, as the Redis and
-    /// ZooKeeper backends do once their future has been polled.
+    /// waiting for the answer; the lock must be released all the same, and
+    /// only once. Start the release in this method, before the future is
+    /// polled, or hand the same future to the background from its drop, as
+    /// the remote backends do: never send a second release after one was
+    /// sent, which could free a lock taken since (by name, on the same
+    /// session) by someone else.
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>>;
 
     /// Until when the lock surely stays held if nothing more is heard from

@@ -187,6 +187,85 @@ pub async fn fail_fast_acquire_dropped_after_each_poll<B: Backend>(
     panic!("the fail-fast acquire did not finish within {MOST_POLLS} polls")
 }
 
+/// `lock_all` of three keys, one of which `other` holds and lets go after
+/// the first poll, dropped after `k` polls. Returns the polls it takes.
+pub async fn lock_all_dropped_after_each_poll<B: Backend>(a: &B, other: &B, key: &str) -> usize {
+    let keys: Vec<String> = (0..3).map(|i| format!("{key}-{i}")).collect();
+    for k in 0..=MOST_POLLS {
+        let holder = other.lock(keys[1].as_str()).wait(WAIT).await.unwrap();
+        let mut all = Box::pin(
+            a.lock_all(keys.iter().map(String::as_str))
+                .wait(WAIT)
+                .into_future(),
+        );
+        let mut got = poll_times(&mut all, k.min(1)).await;
+        assert!(got.is_none(), "lock_all finished while a key was held");
+        holder.release().await.unwrap();
+        if k > 1 {
+            got = poll_times(&mut all, k - 1).await;
+        }
+        if let Some(result) = got {
+            let set = result.unwrap_or_else(|e| panic!("lock_all after {k} polls: {e}"));
+            for each in &keys {
+                held_against(other, each, "a finished lock_all").await;
+            }
+            set.release().await.unwrap();
+            return k;
+        }
+        drop(all);
+        a.flush().await;
+        for each in &keys {
+            let free = other
+                .lock(each.as_str())
+                .wait(WAIT)
+                .await
+                .unwrap_or_else(|e| panic!("{each} after a lock_all cut at poll {k}: {e}"));
+            free.release().await.unwrap();
+        }
+    }
+    panic!("lock_all did not finish within {MOST_POLLS} polls")
+}
+
+/// `flush`, dropped after `k` polls while a dropped guard's release is in
+/// flight: the release still ends, and a later `flush` waits for nothing
+/// left. Returns the polls it takes.
+pub async fn flush_dropped_after_each_poll<B: Backend>(a: &B, other: &B, key: &str) -> usize {
+    for k in 0..=MOST_POLLS {
+        drop(a.lock(key).wait(WAIT).await.unwrap());
+        let mut flush = a.flush();
+        if poll_times(&mut flush, k).await.is_some() {
+            let free = other.lock(key).fail_fast().await.unwrap_or_else(|e| {
+                panic!("the key after a flush that finished in {k} polls: {e}")
+            });
+            free.release().await.unwrap();
+            return k;
+        }
+        drop(flush);
+        a.flush().await;
+        let free = other.lock(key).fail_fast().await.unwrap_or_else(|e| {
+            panic!("the key after a flush cut at poll {k} and a whole one: {e}")
+        });
+        free.release().await.unwrap();
+    }
+    panic!("flush did not finish within {MOST_POLLS} polls")
+}
+
+/// A guard dropped on a thread where no Tokio runtime runs: no panic, and
+/// the key is released (on the runtime the backend was made on).
+pub async fn guard_dropped_outside_a_runtime<B: Backend>(a: &B, other: &B, key: &str) {
+    let guard = a.lock(key).wait(WAIT).await.unwrap();
+    std::thread::spawn(move || drop(guard))
+        .join()
+        .expect("dropping a guard outside a runtime panicked");
+    a.flush().await;
+    let free = other
+        .lock(key)
+        .wait(WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("a guard dropped outside a runtime left its key held: {e}"));
+    free.release().await.unwrap();
+}
+
 /// Every operation above on `key`-derived keys; prints the poll points
 /// covered.
 pub async fn every_cut<B: Backend>(name: &str, a: &B, other: &B, key: &str) {
@@ -194,5 +273,12 @@ pub async fn every_cut<B: Backend>(name: &str, a: &B, other: &B, key: &str) {
     let wait = waiting_acquire_dropped_after_each_poll(a, other, &format!("{key}-wait")).await;
     let fail_fast =
         fail_fast_acquire_dropped_after_each_poll(a, other, &format!("{key}-failfast")).await;
-    println!("cancellation {name}: release cut at 0..={release} polls, waiting acquire at 0..={wait}, fail-fast acquire at 0..={fail_fast}");
+    let all = lock_all_dropped_after_each_poll(a, other, &format!("{key}-all")).await;
+    let flush = flush_dropped_after_each_poll(a, other, &format!("{key}-flush")).await;
+    guard_dropped_outside_a_runtime(a, other, &format!("{key}-thread")).await;
+    println!(
+        "cancellation {name}: release cut at 0..={release} polls, waiting acquire at 0..={wait}, \
+         fail-fast acquire at 0..={fail_fast}, lock_all at 0..={all}, flush at 0..={flush}; \
+         a guard dropped outside a runtime released"
+    );
 }
