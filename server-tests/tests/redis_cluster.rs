@@ -94,6 +94,22 @@ async fn every_layout_works_on_every_master() {
         ));
         drop((s1, s2));
     }
+    // Braces in a key neither break the hash tag (`}x` would leave it
+    // empty: the lock's keys on different slots, its script refused with
+    // CROSSSLOT) nor steer it (`a}x` would take the slot of `a`).
+    for key in ["}x", "a}x", "{x", "a{b}c", "}"] {
+        common::excludes_with_increasing_tokens(&[a.clone(), b.clone()], key, 2, 5).await;
+        let w = a.lock(key).write().await.unwrap();
+        assert!(matches!(
+            b.lock(key).read().fail_fast().await,
+            Err(LockError::Busy)
+        ));
+        w.release().await.unwrap();
+        let name = a.redis_key(&tower_lock::LockKey::new(key).unwrap());
+        let tag = name.split_once('{').unwrap().1.rsplit_once('}').unwrap().0;
+        assert_eq!(key_slot(&name), key_slot(&format!("{{{tag}}}")), "{name}");
+        assert!(!tag.contains('}'), "{key}: the tag of {name} holds a brace");
+    }
     let key = keys[0].as_str();
 
     let all = a.lock_all(keys.iter().map(String::as_str)).await.unwrap();

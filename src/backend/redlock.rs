@@ -261,6 +261,9 @@ struct Round {
     busy: usize,
     failed: Vec<String>,
     fence: u64,
+    /// How many tokens the instance with the highest counter reserved, up
+    /// to `fence`.
+    reserved: u32,
 }
 
 impl RedlockInner {
@@ -328,12 +331,16 @@ impl RedlockInner {
             busy: 0,
             failed: Vec::new(),
             fence: 0,
+            reserved: tokens,
         };
         for (node, r) in self.nodes.iter().zip(results) {
             match r {
-                Ok(Attempt::Granted(f)) => {
+                Ok(Attempt::Granted { last, reserved }) => {
                     round.granted += 1;
-                    round.fence = round.fence.max(f);
+                    if last > round.fence || (last == round.fence && reserved < round.reserved) {
+                        round.fence = last;
+                        round.reserved = reserved;
+                    }
                 }
                 Ok(Attempt::Busy(_)) => round.busy += 1,
                 Err(e) => round.failed.push(format!("{}: {e}", node.addr)),
@@ -379,7 +386,7 @@ impl RedlockInner {
         let drift = drift(lease);
         let quorum = self.quorum();
         let mut tries = 0;
-        let (fence, started) = loop {
+        let (fence, reserved, started) = loop {
             let started = tokio::time::Instant::now();
             // Dropped from here until the round is kept or undone (the wait
             // ran out, the request went away), the round is undone in the
@@ -394,7 +401,7 @@ impl RedlockInner {
             let elapsed = started.elapsed();
             if round.granted >= quorum && elapsed + drift < lease {
                 std::mem::forget(in_flight);
-                break (round.fence, started);
+                break (round.fence, round.reserved, started);
             }
             // Undo everywhere, also where no answer came: it may have landed.
             self.release_all(&layout, &token, None).await;
@@ -426,8 +433,9 @@ impl RedlockInner {
         };
         let lease = Lease::new(lock, lease, valid, releases);
         lease.keep_renewed();
-        // Each instance reserved a block of tokens up to its counter.
-        Ok(lease.acquired(FencingToken::new(fence + 1 - u64::from(tokens)), tokens))
+        // The instance with the highest counter reserved a block of tokens
+        // up to it (fewer than asked if its counter neared its clock).
+        Ok(lease.acquired(FencingToken::new(fence + 1 - u64::from(reserved)), reserved))
     }
 }
 

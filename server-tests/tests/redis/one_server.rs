@@ -518,3 +518,44 @@ async fn interoperates_with_redis_py_lock() {
     assert_eq!(first_line(&mut py), "got");
     assert!(py.wait().unwrap().success());
 }
+
+#[tokio::test]
+async fn a_fencing_counter_ahead_of_the_clock_reserves_one_token_a_grant() {
+    // A counter run ahead of the server's clock (as reservations of 65,536
+    // tokens a grant, many grants a second, once made it) would restart
+    // below tokens handed out if it expired. A grant then reserves one
+    // token, not a block, so that the clock catches up.
+    let url = redis_url();
+    let prefix = prefix("fence-ahead");
+    let many = RedisOptions::default()
+        .prefix(&prefix)
+        .cohort(CohortOptions::default().max_grants(65_536));
+    let backend = RedisBackend::connect_with(&url, many).await.unwrap();
+    let key = LockKey::new("k").unwrap();
+    let fence = format!("{}:fence", backend.redis_key(&key));
+    let mut conn = raw(&url).await;
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let ahead = secs * 1_000_000 + micros + 1_000_000_000_000;
+    let _: () = conn.set(&fence, ahead).await.unwrap();
+    let held = backend.lock("k").await.unwrap();
+    assert_eq!(held.token().get(), ahead + 1);
+    let counter: u64 = conn.get(&fence).await.unwrap();
+    assert_eq!(counter, ahead + 1, "a block was reserved past the clock");
+    held.release().await.unwrap();
+
+    // Behind the clock, a grant reserves its whole block, from the clock.
+    let _: () = conn.set(&fence, 5).await.unwrap();
+    let held = backend.lock("k").await.unwrap();
+    let counter: u64 = conn.get(&fence).await.unwrap();
+    assert_eq!(
+        held.token().get(),
+        counter + 1 - 65_536,
+        "the block ends at the counter"
+    );
+    assert!(
+        counter > secs * 1_000_000,
+        "the counter follows the clock: {counter}"
+    );
+    held.release().await.unwrap();
+    let _: () = conn.del(&fence).await.unwrap();
+}

@@ -43,9 +43,38 @@ enum Kind {
     Semaphore(u32),
 }
 
+/// The lock's Redis name: `prefix{key}`, the key as the hash tag, so that
+/// every key of one lock (its fence, channel, readers) is on one Cluster
+/// slot, the key's.
+///
+/// A brace in the key would break or steer the tag (`}x` leaves it empty,
+/// so a lock's keys hash apart and its script fails `CROSSSLOT`; `a}x`
+/// takes the slot of `a`). In a key that has one, `{` is written `{(` and
+/// `}` is written `{)`: the tag then holds no `}` and ends where it should,
+/// and the mapping is one to one. A key without braces keeps its name as
+/// it is, as `redis-py`'s `lock:{K}` names it; a key with one has a `{` in
+/// its tag, which no key without braces has, so the two never meet.
+pub(crate) fn redis_name(prefix: &str, key: &str) -> String {
+    if !key.contains(['{', '}']) {
+        return format!("{prefix}{{{key}}}");
+    }
+    let mut name = String::with_capacity(prefix.len() + key.len() * 2 + 2);
+    name.push_str(prefix);
+    name.push('{');
+    for c in key.chars() {
+        match c {
+            '{' => name.push_str("{("),
+            '}' => name.push_str("{)"),
+            c => name.push(c),
+        }
+    }
+    name.push('}');
+    name
+}
+
 impl Layout {
     pub(crate) fn new(prefix: &str, key: &LockKey, mode: LockMode) -> Self {
-        let base = format!("{prefix}{{{key}}}");
+        let base = redis_name(prefix, key.as_str());
         let (kind, main, other) = match mode {
             LockMode::Exclusive => (Kind::Exclusive, base.clone(), None),
             LockMode::Read => (Kind::Read, format!("{base}:r"), Some(format!("{base}:w"))),
@@ -146,14 +175,26 @@ impl Layout {
         if let Some((alive, quarantine, ms)) = &self.quarantine {
             call.key(alive).key(quarantine).arg(*ms);
         }
-        let (granted, value): (i64, i64) = call
+        // `{1, last token, tokens reserved}` or `{0, holder's ttl}`.
+        let answer: Vec<i64> = call
             .invoke(conn)
             .await
             .map_err(|e| redis_error("acquiring a lock", e))?;
-        Ok(if granted == 1 {
-            Attempt::Granted(value as u64)
-        } else {
-            Attempt::Busy(value)
+        Ok(match answer[..] {
+            [1, last, reserved] if last > 0 && reserved >= 1 => Attempt::Granted {
+                last: last as u64,
+                reserved: u32::try_from(reserved)
+                    .unwrap_or(u32::MAX)
+                    .min(tokens.max(1)),
+            },
+            [0, ttl] => Attempt::Busy(ttl),
+            _ => {
+                return Err(LockError::backend(
+                    "redis",
+                    format!("unexpected answer to the acquire script: {answer:?}"),
+                    None,
+                ))
+            }
         })
     }
 
@@ -249,7 +290,40 @@ pub(crate) enum Floor {
 
 /// The answer of an acquire script.
 pub(crate) enum Attempt {
-    Granted(u64),
+    /// The last fencing token reserved, and how many were (fewer than
+    /// asked when the counter would run ahead of the clock).
+    Granted { last: u64, reserved: u32 },
     /// Held; the holder's remaining lease in ms (negative: none known).
     Busy(i64),
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::redis_name;
+
+    #[test]
+    fn keys_without_braces_keep_their_names_and_braces_cannot_break_the_tag() {
+        assert_eq!(redis_name("lock:", "order:42"), "lock:{order:42}");
+        assert_eq!(redis_name("lock:", "}x"), "lock:{{)x}");
+        assert_eq!(redis_name("lock:", "a}x"), "lock:{a{)x}");
+        assert_eq!(redis_name("lock:", "{x"), "lock:{{(x}");
+        let keys = [
+            "a", "}", "{", "{)", "{(", "a}x", "a{)x", "a%7Dx", "}}", "{}",
+        ];
+        let mut names: Vec<String> = keys.iter().map(|k| redis_name("p", k)).collect();
+        for name in &names {
+            // The tag: from the first `{` to the first `}` after it.
+            let tag = &name[name.find('{').unwrap() + 1..];
+            let tag = &tag[..tag.find('}').unwrap()];
+            assert!(!tag.is_empty(), "{name}");
+            assert_eq!(
+                name.len(),
+                name.find('{').unwrap() + tag.len() + 2,
+                "{name}"
+            );
+        }
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), keys.len(), "two keys share a name");
+    }
 }

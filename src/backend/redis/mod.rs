@@ -183,6 +183,15 @@
 //! without knowing until it runs again; again, fencing tokens catch its writes.
 //! Waiters in every mode are served first come first served within a process,
 //! but not across processes (see [Passing a lock on](#passing-a-lock-on)).
+//!
+//! A lock key removed behind the backend's back frees the key for anyone at
+//! once: evicted by Redis under memory pressure (lock keys carry a TTL, so
+//! a `volatile-*` `maxmemory-policy` may pick them, as may `allkeys-*`) or
+//! deleted by hand. The holder is told the lock is lost at its next renewal,
+//! within a third of the lease; until then this process may hand the lock
+//! on to its next local waiter. Run the Redis that holds locks with
+//! `maxmemory-policy noeviction` (writes then fail, and acquisitions with
+//! them, rather than locks vanish).
 
 mod cluster;
 mod connection;
@@ -375,6 +384,10 @@ impl RedisBackend {
     /// The Redis key of an exclusive lock on `key`, for peers in other
     /// languages: redis-py's `r.lock(name)` with this name excludes us.
     ///
+    /// It is the prefix and `{key}`, the key as the Cluster hash tag. In a
+    /// key with a brace, `{` is written `{(` and `}` is written `{)`, so
+    /// that the tag can neither end early nor be empty.
+    ///
     /// # Examples
     ///
     /// ```no_run
@@ -389,7 +402,7 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn redis_key(&self, key: &LockKey) -> String {
-        format!("{}{{{key}}}", self.cohort.inner().inner.prefix)
+        layout::redis_name(&self.cohort.inner().inner.prefix, key.as_str())
     }
 }
 

@@ -37,12 +37,18 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 /// `CLUSTER INFO`, which a failover raises above every other node's,
 /// times `EPOCH_STRIDE`.
 ///
-/// `fence` reserves `n` fencing tokens and returns the last. The counter
-/// never falls behind `floor` plus the server's clock in microseconds: a
-/// counter lost (expired, a restart without persistence, a failover to a
-/// replica without its last increments) starts again above anything it
-/// reached, and a floor raised with each failover puts a newer master's
-/// tokens above an older one's. Lua numbers are doubles: exact below 2^53.
+/// `fence` reserves up to `n` fencing tokens and returns the last and how
+/// many it reserved. The counter never falls behind `floor` plus the
+/// server's clock in microseconds: a counter lost (expired, a restart
+/// without persistence, a failover to a replica without its last
+/// increments) starts again above anything it reached, and a floor raised
+/// with each failover puts a newer master's tokens above an older one's.
+///
+/// That holds only while the counter does not run ahead of that clock, so
+/// a grant reserves no more tokens than the clock has moved past the
+/// counter, and at least one: a key would need more than a million grants
+/// a second (no Redis serves that many on one key) to run ahead. Lua
+/// numbers are doubles: exact below 2^53.
 fn fence() -> String {
     format!(
         r#"
@@ -55,15 +61,15 @@ local function floor_of(arg)
   return epoch * {stride}
 end
 local function fence(key, ttl, n, floor)
-  local f = redis.call('INCRBY', key, n)
+  local prev = tonumber(redis.call('GET', key) or '0')
   local t = redis.call('TIME')
   local least = floor + tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if f < least then
-    f = least
-    redis.call('SET', key, string.format('%.0f', f))
+  if prev + n > least then
+    n = math.max(1, least - prev)
   end
-  redis.call('PEXPIRE', key, ttl)
-  return f
+  local f = math.max(prev + n, least)
+  redis.call('SET', key, string.format('%.0f', f), 'PX', ttl)
+  return f, n
 end
 "#,
         stride = EPOCH_STRIDE,

@@ -100,11 +100,11 @@ impl ServerInner {
                 }
             }
         }
-        let Attempt::Granted(last) = attempt else {
+        let Attempt::Granted { last, reserved } = attempt else {
             unreachable!("the loop ends on a grant");
         };
         // The script reserved the block of tokens up to `last`.
-        let reserved = if layout.reserves_block() { tokens } else { 1 };
+        let reserved = if layout.reserves_block() { reserved } else { 1 };
         let first = last + 1 - u64::from(reserved);
         let valid = Arc::new(Deadline::new(known_until(sent, request.lease)));
         let releases = self.releases.clone();
@@ -153,8 +153,8 @@ impl ServerInner {
                     .await
                 {
                     // Not on enough replicas: released when `in_flight` drops.
-                    Ok(Attempt::Granted(last)) => {
-                        acked.check("the lock").map(|()| Attempt::Granted(last))
+                    Ok(granted @ Attempt::Granted { .. }) => {
+                        acked.check("the lock").map(|()| granted)
                     }
                     other => other,
                 }
@@ -163,7 +163,7 @@ impl ServerInner {
         // Reconnected meanwhile, maybe to a server that is no longer the
         // master: not trusted (released when `in_flight` drops).
         let result = result.and_then(|attempt| match attempt {
-            Attempt::Granted(_) if self.conn.broke_since(breaks) => Err(LockError::backend(
+            Attempt::Granted { .. } if self.conn.broke_since(breaks) => Err(LockError::backend(
                 "redis",
                 "the connection to the master broke while the lock was taken",
                 None,
