@@ -54,7 +54,7 @@ async fn raw() -> mysql_async::Conn {
 }
 
 /// The lock name the backend uses for `key`.
-const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256))";
+const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, CONCAT('/', LEFT(SHA2(?, 256), 63)))";
 
 /// The connection holding `key`'s lock, if any.
 async fn holder_of(conn: &mut mysql_async::Conn, key: &str) -> Option<u64> {
@@ -406,4 +406,29 @@ async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
         &format!("{k}-plain"),
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_long_key_never_shares_a_lock_with_a_short_one() {
+    // Before, a key over 64 characters was locked as its SHA2 hex, which is
+    // itself a valid 64-character key.
+    let db = plain_backend().await;
+    let mut conn = raw().await;
+    let long = key("long", &"y".repeat(100));
+    let hex: Option<String> = conn
+        .exec_first("SELECT SHA2(?, 256)", (&long,))
+        .await
+        .unwrap();
+    let hex = hex.unwrap();
+    assert_eq!(hex.len(), 64);
+    let held = db.lock(long.as_str()).await.unwrap();
+    let other = db
+        .lock(hex.as_str())
+        .fail_fast()
+        .await
+        .expect("the key that is the long key's SHA2 is a lock of its own");
+    drop((held, other));
+    db.flush().await;
+    settle_free(&long).await;
+    settle_free(&hex).await;
 }

@@ -169,7 +169,7 @@ async fn user_locks(server: SocketAddr, root: &str) -> Result<u64, String> {
     for key in crate::worker::keys(root, 64) {
         let used: Option<u64> = conn
             .exec_first(
-                "SELECT IS_USED_LOCK(IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256)))",
+                "SELECT IS_USED_LOCK(IF(CHAR_LENGTH(?) <= 64, ?, CONCAT('/', LEFT(SHA2(?, 256), 63))))",
                 (&key, &key, &key),
             )
             .await

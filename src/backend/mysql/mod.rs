@@ -5,11 +5,13 @@
 //! # How a lock is taken
 //!
 //! A key `K` is locked with `GET_LOCK(name, wait)`, where `name` is `K`
-//! itself up to 64 characters (MySQL's limit on lock names) and `SHA2(K,
-//! 256)` beyond, so SQL can take the same lock:
+//! itself up to 64 characters (MySQL's limit on lock names) and beyond, `/`
+//! and the first 63 hex digits of `SHA2(K, 256)`: no key holds a `/`, so a
+//! long key's name is never a short key's, and SQL can take the same lock:
 //!
 //! ```sql
-//! SELECT GET_LOCK(IF(CHAR_LENGTH('sku:A1') <= 64, 'sku:A1', SHA2('sku:A1', 256)), 10);
+//! SELECT GET_LOCK(IF(CHAR_LENGTH('sku:A1') <= 64, 'sku:A1',
+//!                    CONCAT('/', LEFT(SHA2('sku:A1', 256), 63))), 10);
 //! ```
 //!
 //! Lock names are compared without regard to case, so `sku:a1` and `sku:A1`
@@ -75,6 +77,12 @@
 //!   `KILL` of a holder's connection by an administrator frees its lock at
 //!   once, and the holder hears of it at its next ping. Fencing tokens make
 //!   such a holder's late writes refusable.
+//! - Not covered: a replica promoted after a failover. `GET_LOCK` locks are
+//!   not replicated, so the new primary knows none and grants every key at
+//!   once; holders on the old primary hear of it when their connection
+//!   fails or their next ping gets no answer (within a lease). Tokens stay
+//!   above the old primary's while its sequence's replicated value plus the
+//!   clock floor is above them.
 //!
 //! # Limits
 //!
@@ -129,7 +137,7 @@ pub const TOKEN_SPACING: u32 = 64;
 
 /// The lock name for the key given as the statement's first three
 /// parameters.
-const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, SHA2(?, 256))";
+const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, CONCAT('/', LEFT(SHA2(?, 256), 63)))";
 /// The texts of the two statements a lock takes, made once per backend
 /// (the driver prepares each once per connection).
 pub(super) struct Statements {

@@ -250,14 +250,17 @@ pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration) {
                 // in the pool; but not one an acquisition is using.
                 match s.conn.try_lock() {
                     Ok(conn) => conn,
-                    Err(_) => return Ok(()),
+                    // Skipped, so not answered: the acquisition's own
+                    // answer counts instead.
+                    Err(_) => return Ok(false),
                 }
             };
-            conn.ping().await
+            conn.ping().await.map(|()| true)
         };
         let deadline = if held { deadline } else { sent + lease };
         match tokio::time::timeout_at(deadline.into(), ping).await {
-            Ok(Ok(())) => s.alive.answered(sent),
+            Ok(Ok(true)) => s.alive.answered(sent),
+            Ok(Ok(false)) => {}
             Ok(Err(e)) => {
                 s.end(&format!("the connection to MariaDB failed: {e}"));
                 return;
