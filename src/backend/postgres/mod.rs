@@ -42,6 +42,14 @@
 //! grant draws after the previous holder's grant, so tokens rise in grant
 //! order across every process.
 //!
+//! No clock floor, unlike MariaDB's: a PostgreSQL sequence is WAL-logged
+//! ahead of the values it hands out (32 at a time), so a crash or restart
+//! makes it skip forward, never back; the torture runs kill and restart
+//! the server with `tokens_backwards=0`. A floor would only serve a replica
+//! promoted without the last values (asynchronous replication), where the
+//! advisory locks themselves are gone too (they are not replicated), so
+//! tokens are not the first thing to break there.
+//!
 //! # When a lock is lost
 //!
 //! An advisory lock lives as long as the server session that took it. The
