@@ -257,4 +257,21 @@ torture --backend sentinel --secs 30 --seed 1
 torture --backend cluster-wait --secs 30
 torture --backend cluster --secs 30 --seed 1
 
+step "the torture harness's negative controls: each sabotage makes a run fail"
+# Each breaks one promise on purpose; the checker must see it and the run
+# exit 1, or the zeros above prove nothing.
+sabotaged() {
+    local line
+    if line=$("$target/release/torture" "$@"); then
+        die "torture $* passed: the checker missed the sabotage: $line"
+    fi
+    echo "$line"
+}
+for sabotage in early-release same-token ignore-lease; do
+    sabotaged --backend memory --secs 5 --seed 1 --sabotage "$sabotage"
+done
+# A lost signal is only missed where locks are lost: ZooKeeper under faults
+# (on Redis without quarantine, the server-kill excuse still hides it).
+sabotaged --backend zk --secs 30 --seed 1 --sabotage no-lost
+
 step "all checks passed in $((SECONDS - started))s"

@@ -40,6 +40,7 @@ mod history;
 mod nemesis;
 mod redis_groups;
 mod register;
+mod sabotage;
 mod servers;
 mod worker;
 
@@ -61,6 +62,8 @@ pub struct Args {
     pub seed: Option<u64>,
     /// Redis: `RedisOptions::restart_quarantine`.
     pub quarantine: bool,
+    /// A promise to break on purpose: the run must then fail.
+    pub sabotage: Option<sabotage::Sabotage>,
     /// Internal: run as a client process with these settings.
     pub client: Option<worker::ClientArgs>,
 }
@@ -68,7 +71,7 @@ pub struct Args {
 const USAGE: &str =
     "usage: torture --backend <memory|redis|sentinel|sentinel-wait|cluster|cluster-wait|redlock|zk|zk3|postgres|postgres-table|mysql|etcd|etcd3|URL> [--secs S] \
 [--processes P] [--workers W] [--keys K] [--lease-ms L] [--nemesis all|none|LIST] [--seed N] \
-[--quarantine]";
+[--quarantine] [--sabotage early-release|same-token|no-lost|ignore-lease]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -81,6 +84,7 @@ fn parse_args() -> Result<Args, String> {
         nemesis: "all".into(),
         seed: None,
         quarantine: false,
+        sabotage: None,
         client: None,
     };
     let mut it = std::env::args().skip(1);
@@ -100,6 +104,7 @@ fn parse_args() -> Result<Args, String> {
             "--nemesis" => a.nemesis = value()?,
             "--seed" => a.seed = Some(num(&flag, value()?)?),
             "--quarantine" => a.quarantine = true,
+            "--sabotage" => a.sabotage = Some(sabotage::Sabotage::parse(&value()?)?),
             "--client" => a.client = Some(worker::ClientArgs::parse(&value()?)?),
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown flag {other}\n{USAGE}")),

@@ -142,7 +142,10 @@ impl Nemesis {
             let id = format!("m{next_id}");
             let panic = worker::panic_flag();
             let w = Worker {
-                backend: backend.clone() as Arc<dyn Backend>,
+                backend: crate::sabotage::Sabotaged::wrap(
+                    backend.clone() as Arc<dyn Backend>,
+                    a.sabotage,
+                ),
                 register: register.addr(),
                 keys: keys.clone(),
                 lease: a.lease,
@@ -330,6 +333,7 @@ impl Nemesis {
             until_ns: until,
             quarantine: a.quarantine,
             root: root.to_owned(),
+            sabotage: a.sabotage.map_or("", |s| s.name()).to_owned(),
         };
         let mut clients = Clients::new(work, tx.clone());
         for _ in 0..a.processes {
@@ -660,12 +664,15 @@ fn summarize(
         "cluster-wait" => " servers=6 masters=3 wait_replicas=1",
         _ => "",
     };
+    let sabotage = args
+        .sabotage
+        .map_or(String::new(), |s| format!(" sabotage={}", s.name()));
     let line = format!(
         "impl=tower-lock backend={backend} workload=torture{servers} secs={} processes={} workers={} keys={} \
          lease_ms={} seed={seed} holds={} faults={faults} faults_by_kind={} told_lost={} \
          stale_refused={} overlaps_unwarned={} overlaps_paused={} overlaps_outside={} stale_accepted={} lost_updates={} \
          leaked={leaked} unavailable_keys={unavailable} tokens_backwards={} tokens_backwards_outside={} failed_acquisitions={} writes_accepted={} \
-         worst_margin_ms={margin} told_after_resume_ms={resume} kill_recovery_ms={recovery}",
+         worst_margin_ms={margin} told_after_resume_ms={resume} kill_recovery_ms={recovery}{sabotage}",
         args.secs,
         args.processes,
         args.workers,

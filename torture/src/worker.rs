@@ -15,6 +15,7 @@ use tower_lock::{Backend, BackendExt, LockError, Wait};
 
 use crate::history::{now_ns, Event};
 use crate::register::{Answer, RegisterClient};
+use crate::sabotage::{Sabotage, Sabotaged};
 
 /// A small, seeded pseudo-random sequence (xorshift64*), so that a run can
 /// be replayed from its seed.
@@ -255,6 +256,8 @@ pub struct ClientArgs {
     pub until_ns: u64,
     pub quarantine: bool,
     pub root: String,
+    /// `--sabotage`'s name, or empty.
+    pub sabotage: String,
 }
 
 impl ClientArgs {
@@ -275,6 +278,7 @@ impl ClientArgs {
                 "until_ns" => c.until_ns = v.parse().map_err(bad)?,
                 "quarantine" => c.quarantine = v == "1",
                 "root" => c.root = v.into(),
+                "sabotage" => c.sabotage = v.into(),
                 _ => return Err(format!("--client: unknown {k}")),
             }
         }
@@ -284,7 +288,7 @@ impl ClientArgs {
     pub fn format(&self) -> String {
         format!(
             "kind={};servers={};register={};workers={};keys={};lease_ms={};seed={};id={};\
-             until_ns={};quarantine={};root={}",
+             until_ns={};quarantine={};root={};sabotage={}",
             self.kind,
             self.servers,
             self.register,
@@ -295,7 +299,8 @@ impl ClientArgs {
             self.id,
             self.until_ns,
             u8::from(self.quarantine),
-            self.root
+            self.root,
+            self.sabotage
         )
     }
 }
@@ -404,7 +409,13 @@ pub async fn client_main(c: ClientArgs) -> ExitCode {
     // The servers may be down or cut off right now: keep trying.
     let backend = loop {
         match open(&c.kind, &c.servers, lease, c.quarantine, &c.root).await {
-            Ok(b) => break b,
+            Ok(b) => {
+                let sabotage = match c.sabotage.as_str() {
+                    "" => None,
+                    name => Some(Sabotage::parse(name).expect("the harness's own --sabotage")),
+                };
+                break Sabotaged::wrap(b, sabotage);
+            }
             Err(e) if now_ns() < c.until_ns => {
                 eprintln!("torture client {}: {e}; retrying", c.id);
                 tokio::time::sleep(Duration::from_millis(200)).await;
