@@ -37,6 +37,20 @@ done
 step "cargo doc (no broken links in the docs.rs pages)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p tower-lock --no-deps --all-features
 
+step "the package holds the library, its docs and licences; the declared MSRV builds it"
+files=$(cargo package -p tower-lock --list)
+echo "cargo package --list: $(echo "$files" | wc -l) files"
+extra=$(echo "$files" | grep -Ev '^(src/.*|README\.md|CHANGELOG\.md|LICENSE-MIT|LICENSE-APACHE|Cargo\.toml(\.orig)?|Cargo\.lock|\.cargo_vcs_info\.json)$' || true)
+[ -z "$extra" ] || die "the package holds more than the library: $extra"
+out=$(cargo package -p tower-lock --no-verify 2>&1) || die "cargo package failed: $out"
+if grep -qi warning <<<"$out"; then die "cargo package warned: $out"; fi
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml)
+if ! rustup run "$msrv" rustc --version >/dev/null 2>&1; then
+    rustup toolchain install "$msrv" --profile minimal || die "could not install Rust $msrv (the declared MSRV) for its check"
+fi
+cargo "+$msrv" check -q -p tower-lock --all-features --lib || die "tower-lock does not build with Rust $msrv, its declared rust-version"
+echo "Rust $msrv (the declared MSRV) builds the library with every feature"
+
 step "cargo test --workspace --all-features (the library, the server suites, the members)"
 cargo test --workspace --all-features
 

@@ -1,4 +1,6 @@
 #![doc = include_str!("lib.md")]
+// docs.rs (built with `--cfg docsrs`) shows the feature each backend needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Links to items behind features: to the item when it is built, to docs.rs
 // otherwise (docs.rs builds with every feature).
 #![doc = ""]
@@ -59,6 +61,7 @@ struct ReadmeDoctests;
 pub mod backend;
 mod error;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
 mod guard;
 mod key;
@@ -86,6 +89,7 @@ pub use middleware::{LockBody, LockLayer, LockService, LockableBody, OnLost, OnM
 pub use mode::{LockMode, Wait};
 pub use rejection::LockRejection;
 #[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub use source::PathParam;
 pub use source::{Header, KeyFn, KeySource, QueryParam};
 pub use token::FencingToken;
