@@ -15,7 +15,9 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 ///
 /// No secret leaves through it: the userinfo of any URL in its text
 /// (`redis://:password@host`) is shown as `***` by `Display` and `Debug`,
-/// and by the `Display` and `Debug` of its [`source`](StdError::source).
+/// and so is it in the `Display` and `Debug` of every error of its
+/// [`source`](StdError::source) chain, which holds the driver's errors as
+/// text.
 ///
 /// # Examples
 ///
@@ -87,7 +89,7 @@ impl LockError {
             message: message.into(),
             source: source
                 .into()
-                .map(|source| Box::new(Redacted(source)) as BoxError),
+                .map(|source| Box::new(Redacted::new(&*source)) as BoxError),
         }
     }
 
@@ -201,23 +203,41 @@ impl From<KeyError> for LockError {
     }
 }
 
-/// A driver's error, shown without the userinfo of any URL in it.
-struct Redacted(BoxError);
+/// A driver's error and its sources, as text without the userinfo of any
+/// URL: taken once, when the error is made, so that its whole source chain
+/// is redacted too (the driver's own types are not kept).
+struct Redacted {
+    display: String,
+    debug: String,
+    source: Option<Box<Redacted>>,
+}
+
+impl Redacted {
+    fn new(error: &(dyn StdError + 'static)) -> Redacted {
+        Redacted {
+            display: redact(&error.to_string()).into_owned(),
+            debug: redact(&format!("{error:?}")).into_owned(),
+            source: error.source().map(|s| Box::new(Redacted::new(s))),
+        }
+    }
+}
 
 impl fmt::Display for Redacted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&redact(&self.0.to_string()))
+        f.write_str(&self.display)
     }
 }
 
 impl fmt::Debug for Redacted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&redact(&format!("{:?}", self.0)))
+        f.write_str(&self.debug)
     }
 }
 
 impl StdError for Redacted {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.0.source()
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
     }
 }

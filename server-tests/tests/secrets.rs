@@ -34,6 +34,15 @@ fn urls() -> Vec<String> {
         format!("mysql://root:{p}@127.0.0.1:1/test"),
         format!("etcd://user:{p}@127.0.0.1:1"),
         format!("carrier-pigeon://user:{p}@coop"),
+        // Punctuation a password may hold unencoded, and hosts in brackets.
+        format!("redis://:{p}(x)0@127.0.0.1:1"),
+        format!("redis://:a,{p}@127.0.0.1:1"),
+        format!("redis://:{p}'b;c@127.0.0.1:1"),
+        format!("redlock://:{p}@[::1]:1,:{p}@[::1]:2"),
+        format!("redlock://:{p}@127.0.0.1:1,:{p}@127.0.0.1:2,:{p}@127.0.0.1:3#bad"),
+        // A password with no `@`: a Unix socket's query.
+        format!("redis+unix:///nonexistent/r.sock?pass={p}"),
+        format!("postgres://user:{p}@127.0.0.1:1/test?sslmode=disable"),
         format!("redis://:{p}@[not a host"),
     ]
 }
@@ -86,11 +95,13 @@ async fn check_error(url: &str, error: &LockError) {
 async fn no_password_leaves_through_errors_bodies_or_logs() {
     let captured = Captured::default();
     let writer = captured.clone();
+    // Every thread's events and every span with its fields, as they close.
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_writer(move || writer.clone())
         .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber here");
 
     for url in urls() {
         let connected =

@@ -269,6 +269,13 @@ fn parse_url(url: &str) -> Result<(Vec<String>, Option<String>), LockError> {
         Some(i) => (&rest[..i], Some(&rest[i..])),
         None => (rest, None),
     };
+    if hosts.contains('@') {
+        // Shown redacted (`etcd://***@host`): the endpoints alone would
+        // show the password.
+        return Err(LockError::Config(format!(
+            "an etcd URL takes no user or password: {url:?}"
+        )));
+    }
     let hosts: Vec<&str> = hosts.split(',').collect();
     if hosts.iter().any(|h| {
         h.rsplit_once(':')
