@@ -261,8 +261,8 @@ struct Round {
     busy: usize,
     failed: Vec<String>,
     fence: u64,
-    /// How many tokens the instance with the highest counter reserved, up
-    /// to `fence`.
+    /// How many tokens the block ending at `fence` holds: the block that
+    /// starts highest among the instances'.
     reserved: u32,
 }
 
@@ -337,7 +337,11 @@ impl RedlockInner {
             match r {
                 Ok(Attempt::Granted { last, reserved }) => {
                     round.granted += 1;
-                    if last > round.fence || (last == round.fence && reserved < round.reserved) {
+                    // The block that starts highest: its first token is
+                    // above every block an instance of the last grant's
+                    // majority (which shares one with this one) handed out.
+                    let start = last + 1 - u64::from(reserved);
+                    if round.granted == 1 || start > round.fence + 1 - u64::from(round.reserved) {
                         round.fence = last;
                         round.reserved = reserved;
                     }
@@ -433,8 +437,8 @@ impl RedlockInner {
         };
         let lease = Lease::new(lock, lease, valid, releases);
         lease.keep_renewed();
-        // The instance with the highest counter reserved a block of tokens
-        // up to it (fewer than asked if its counter neared its clock).
+        // The block that starts highest (fewer tokens than asked if its
+        // instance's counter neared its clock).
         Ok(lease.acquired(FencingToken::new(fence + 1 - u64::from(reserved)), reserved))
     }
 }
