@@ -120,6 +120,16 @@ struct Hold {
     wrote: Option<u64>,
 }
 
+/// A fault's window: its name, when it may have had an effect, and the
+/// processes whose links it hit (`None`: the servers, so everyone).
+#[derive(Debug)]
+struct Window {
+    name: &'static str,
+    start: u64,
+    end: u64,
+    hit: Option<Vec<String>>,
+}
+
 /// The whole history: events from every client, and the faults done to them.
 #[derive(Default)]
 pub struct History {
@@ -127,7 +137,7 @@ pub struct History {
     faults: HashMap<String, Vec<ProcessFault>>,
     /// Every fault the nemesis injected: its name and the window in which
     /// it may have had an effect.
-    windows: Vec<(&'static str, u64, u64)>,
+    windows: Vec<Window>,
     pub failed_acquisitions: u64,
     pub writes_skipped: u64,
 }
@@ -157,8 +167,17 @@ impl History {
                 ms(h.released)
             );
         }
-        for (name, start, end) in &self.windows {
-            out += &format!("fault {name} {} {}\n", ms(Some(*start)), ms(Some(*end)));
+        for w in &self.windows {
+            let hit = w
+                .hit
+                .as_ref()
+                .map_or("every process".into(), |ids| ids.join(","));
+            out += &format!(
+                "fault {} {} {} {hit}\n",
+                w.name,
+                ms(Some(w.start)),
+                ms(Some(w.end))
+            );
         }
         for (process, faults) in &self.faults {
             out += &format!("process {process} {faults:?}\n");
@@ -252,7 +271,31 @@ impl History {
     /// noticed at the holder's next renewal; a stepped clock expires keys a
     /// lease early), so the window runs until `end + lease`.
     pub fn fault_window(&mut self, name: &'static str, start: u64, end: u64, lease: u64) {
-        self.windows.push((name, start, end + lease));
+        self.windows.push(Window {
+            name,
+            start,
+            end: end + lease,
+            hit: None,
+        });
+    }
+
+    /// The same for a fault done to the links of the processes `hit` only
+    /// (a partition, a dropped connection): it excuses nothing of the
+    /// others, and no token going backwards.
+    pub fn link_fault_window(
+        &mut self,
+        name: &'static str,
+        start: u64,
+        end: u64,
+        lease: u64,
+        hit: Vec<String>,
+    ) {
+        self.windows.push(Window {
+            name,
+            start,
+            end: end + lease,
+            hit: Some(hit),
+        });
     }
 
     pub fn process_fault(&mut self, process: &str, fault: ProcessFault) {
@@ -339,8 +382,9 @@ impl History {
             for (i, (id, h)) in holds.iter().enumerate() {
                 if let Some((before, end, excused_from)) = latest {
                     if h.granted < end {
+                        let b = &self.holds[before];
                         let during_outside =
-                            self.outside_between(outside, self.holds[before].granted, h.granted);
+                            self.outside_between(outside, b.granted, h.granted, Some(&b.process));
                         if excused_from.is_some_and(|stop| h.granted >= stop) {
                             verdict.overlaps_paused += 1;
                         } else if during_outside {
@@ -382,7 +426,13 @@ impl History {
                         .1
                         .is_some_and(|stop| h.granted >= stop);
                     // Margins measure what the backend promises.
-                    let excused = excused || self.outside_between(outside, prev.granted, h.granted);
+                    let excused = excused
+                        || self.outside_between(
+                            outside,
+                            prev.granted,
+                            h.granted,
+                            Some(&prev.process),
+                        );
                     if let Some(told) = prev.told.filter(|_| !excused).filter(|_| {
                         prev.released
                             .is_none_or(|r| prev.told.is_some_and(|t| t <= r))
@@ -410,11 +460,20 @@ impl History {
     }
 
     /// Whether a fault named in `outside` was in effect (its window, which
-    /// runs a lease past its end) at some time between `from` and `to`.
-    fn outside_between(&self, outside: &[&str], from: u64, to: u64) -> bool {
-        self.windows
-            .iter()
-            .any(|(name, start, end)| outside.contains(name) && *start <= to && *end >= from)
+    /// runs a lease past its end) at some time between `from` and `to`, and
+    /// touched `holder`'s process: a fault on some processes' links touches
+    /// only them, and with no holder named (tokens) only a fault on the
+    /// servers counts.
+    fn outside_between(&self, outside: &[&str], from: u64, to: u64, holder: Option<&str>) -> bool {
+        self.windows.iter().any(|w| {
+            outside.contains(&w.name)
+                && w.start <= to
+                && w.end >= from
+                && match &w.hit {
+                    None => true,
+                    Some(hit) => holder.is_some_and(|p| hit.iter().any(|h| h == p)),
+                }
+        })
     }
 
     /// Counts in `verdict` the holds of one key whose token is not above
@@ -444,7 +503,7 @@ impl History {
             let Some((before, top)) = highest.filter(|(_, top)| h.token <= top.token) else {
                 continue;
             };
-            if self.outside_between(outside, top.granted, h.granted) {
+            if self.outside_between(outside, top.granted, h.granted, None) {
                 verdict.tokens_backwards_outside += 1;
                 continue;
             }
@@ -537,6 +596,11 @@ mod tests {
         }
         fn window(mut self, name: &'static str, start: u64, end: u64) -> Self {
             self.0.fault_window(name, start * MS, end * MS, 0);
+            self
+        }
+        fn link_window(mut self, name: &'static str, start: u64, end: u64, hit: &[&str]) -> Self {
+            let hit = hit.iter().map(|p| p.to_string()).collect();
+            self.0.link_fault_window(name, start * MS, end * MS, 0, hit);
             self
         }
         fn check(&self, outside: &[&str]) -> Verdict {
@@ -729,6 +793,49 @@ mod tests {
         assert_eq!(
             (excused.tokens_backwards, excused.tokens_backwards_outside),
             (0, 1)
+        );
+    }
+
+    #[test]
+    fn a_fault_on_some_links_excuses_only_holders_it_hit_and_no_token() {
+        // p's link dropped: q's grant while p held is excused.
+        let hit = Make::new()
+            .link_window("drop", 2, 6, &["p"])
+            .grant("p", "a", "k", 1, 0, 1)
+            .released("p", "a", 10)
+            .grant("q", "b", "k", 2, 2, 5)
+            .released("q", "b", 12)
+            .check(&["drop"]);
+        assert_eq!(
+            (hit.overlaps_unwarned, hit.overlaps_outside),
+            (0, 1),
+            "{hit:?}"
+        );
+        // Only r's link dropped: p's and q's overlap stands.
+        let elsewhere = Make::new()
+            .link_window("drop", 2, 6, &["r"])
+            .grant("p", "a", "k", 1, 0, 1)
+            .released("p", "a", 10)
+            .grant("q", "b", "k", 2, 2, 5)
+            .released("q", "b", 12)
+            .check(&["drop"]);
+        assert_eq!(
+            (elsewhere.overlaps_unwarned, elsewhere.overlaps_outside),
+            (1, 0),
+            "{elsewhere:?}"
+        );
+        // A dropped link never excuses a token going backwards.
+        let tokens = Make::new()
+            .link_window("drop", 1, 4, &["p", "q"])
+            .grant("p", "a", "k", 5, 0, 1)
+            .released("p", "a", 2)
+            .grant("q", "b", "k", 3, 3, 4)
+            .released("q", "b", 5)
+            .check(&["drop"]);
+        assert_eq!(
+            (tokens.tokens_backwards, tokens.tokens_backwards_outside),
+            (1, 0),
+            "{tokens:?}"
         );
     }
 }

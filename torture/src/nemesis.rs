@@ -351,6 +351,9 @@ impl Nemesis {
             };
             let lasting = rng.between(lease / 2, lease * 2);
             let began = now_ns();
+            // The processes whose links the fault hits; none named: the
+            // servers.
+            let mut hit: Option<Vec<String>> = None;
             match fault {
                 FaultKind::Partition
                 | FaultKind::PartitionUp
@@ -364,11 +367,14 @@ impl Nemesis {
                         FaultKind::Drop => Fault::Drop,
                         _ => Fault::Latency(rng.between(Duration::from_millis(1), lease / 4)),
                     };
+                    let mut ids = Vec::new();
                     for (id, server) in clients.links(&mut rng, addrs.len()) {
                         if let Some(proxy) = clients.proxy(&id, server) {
                             proxy.set(set).await;
                         }
+                        ids.push(id);
                     }
+                    hit = Some(ids);
                     tokio::time::sleep(lasting).await;
                     clients.heal().await;
                 }
@@ -464,12 +470,20 @@ impl Nemesis {
                 }
                 FaultKind::Cancel | FaultKind::Panic => unreachable!("in-process faults"),
             }
-            history.lock().unwrap().fault_window(
-                fault.name(),
-                began,
-                now_ns(),
-                lease.as_nanos() as u64,
-            );
+            let (end, lease_ns) = (now_ns(), lease.as_nanos() as u64);
+            match hit {
+                Some(hit) => history.lock().unwrap().link_fault_window(
+                    fault.name(),
+                    began,
+                    end,
+                    lease_ns,
+                    hit,
+                ),
+                None => history
+                    .lock()
+                    .unwrap()
+                    .fault_window(fault.name(), began, end, lease_ns),
+            }
             *counts.entry(fault.name()).or_insert(0u64) += 1;
         }
         clients.heal().await;
