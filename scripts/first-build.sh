@@ -8,7 +8,7 @@
 # machine that has fetched them once.
 #
 # Prints one line: first_build_order_service_s=.. first_build_minimal_s=..
-# ratio=.. (the README's goal is a ratio of at most 2.5), after the main
+# ratio=.. (the goal is a ratio of at most 2.5), after the main
 # command's last line. Exits non-zero if either build or run fails.
 #
 # Usage: scripts/first-build.sh

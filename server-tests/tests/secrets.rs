@@ -68,6 +68,24 @@ fn assert_no_secret(what: &str, url: &str, text: &str) {
     );
 }
 
+/// What a client gets from a route under `layer`: status, headers, body.
+async fn answer(layer: LockLayer) -> (http::StatusCode, http::HeaderMap, String) {
+    let app = Router::new()
+        .route("/{k}", post(|| async { "locked" }))
+        .route_layer(layer);
+    let response = app
+        .oneshot(Request::post("/k").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let (parts, body) = response.into_parts();
+    let body = axum::body::to_bytes(body, 1 << 16).await.unwrap();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
 /// Everything a client or a log could see of `error`.
 async fn check_error(url: &str, error: &LockError) {
     assert_no_secret("error text", url, &error.to_string());
@@ -132,23 +150,9 @@ async fn no_password_leaves_through_errors_bodies_or_logs() {
                 if grpc {
                     layer = layer.grpc_rejections();
                 }
-                let app = Router::new()
-                    .route("/{k}", post(|| async { "locked" }))
-                    .route_layer(layer);
-                let response = app
-                    .oneshot(Request::post("/k").body(Body::empty()).unwrap())
-                    .await
-                    .unwrap();
-                let head = format!("{:?}", response.headers());
-                assert_no_secret("response headers", &url, &head);
-                let body = axum::body::to_bytes(response.into_body(), 1 << 16)
-                    .await
-                    .unwrap();
-                assert_no_secret(
-                    "layer's response body",
-                    &url,
-                    &String::from_utf8_lossy(&body),
-                );
+                let (_, headers, body) = answer(layer).await;
+                assert_no_secret("response headers", &url, &format!("{headers:?}"));
+                assert_no_secret("layer's response body", &url, &body);
             }
         }
     }
@@ -184,18 +188,8 @@ async fn default_bodies_say_what_happened_in_words_and_details_are_opt_in() {
         let layer = LockLayer::new(backend.clone(), PathParam("k"))
             .fail_fast()
             .error_details(details);
-        let app = Router::new()
-            .route("/{k}", post(|| async { "locked" }))
-            .route_layer(layer);
-        let response = app
-            .oneshot(Request::post("/k").body(Body::empty()).unwrap())
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 503);
-        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
-            .await
-            .unwrap();
-        let body = String::from_utf8_lossy(&body);
+        let (status, _, body) = answer(layer).await;
+        assert_eq!(status, 503);
         assert_eq!(
             body.contains("127.0.0.1:1"),
             expect_port,
