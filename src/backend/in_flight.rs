@@ -33,11 +33,6 @@ impl InFlight {
             .or_else(|| self.home.clone())
     }
 
-    /// The runtime the backend was made on.
-    pub(crate) fn home(&self) -> Option<&tokio::runtime::Handle> {
-        self.home.as_ref()
-    }
-
     /// Runs `release` to its end on `rt`, counted until then.
     pub(crate) fn spawn(
         self: &Arc<Self>,

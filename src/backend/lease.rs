@@ -309,9 +309,10 @@ pub(crate) fn release_in_background(
         tracing::warn!(backend, error = %e, "releasing a lock failed; it ends with its lease");
     };
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        match in_flight.home() {
+        // No current runtime, so this is the backend's own, if it still runs.
+        match in_flight.runtime() {
             Some(home) => {
-                in_flight.spawn(home, async move { release.await.unwrap_or_else(failed) })
+                in_flight.spawn(&home, async move { release.await.unwrap_or_else(failed) })
             }
             None => tracing::warn!(
                 backend,
