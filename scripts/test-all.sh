@@ -105,6 +105,16 @@ no_etcd_keys() { [ "$(etcd_keys_left)" = 0 ]; }
 wait_for 30 "no etcd lock key left after the tests ($(etcd_keys_left) left)" no_etcd_keys
 echo "no etcd lock key left after the tests"
 
+step "loom models of the in-process core (src/loom/models/), every interleaving up to 3 preemptions"
+# A target of their own: --cfg loom changes every crate's build.
+loom_run() { RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="$target/loom" "$@"; }
+loom_run cargo clippy -q -p tower-lock --lib --no-default-features -- -D warnings
+loom_run cargo clippy -q -p tower-lock-loom --all-targets -- -D warnings
+out=$(loom_run cargo test -p tower-lock-loom --release 2>&1) || die "a loom model failed: $out"
+models=$(grep -c '^fn ' loom/tests/models.rs)
+grep -q "test result: ok. $models passed" <<<"$out" || die "expected $models loom models to run: $out"
+echo "$models loom models passed"
+
 step "the main command on a machine with only Rust: an empty target, PROTOC pointing nowhere"
 scripts/first-build.sh
 

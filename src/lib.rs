@@ -67,6 +67,11 @@ mod guard;
 mod key;
 mod lock_future;
 mod locker;
+mod loom;
+// The loom models, run by the `tower-lock-loom` member (src/loom/mod.rs).
+#[cfg(loom)]
+#[doc(hidden)]
+pub use crate::loom::models as loom_models;
 mod lost;
 mod metrics;
 pub mod middleware;

@@ -8,8 +8,10 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use crate::loom::sync::atomic::{AtomicBool, Ordering};
+use crate::loom::sync::{Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 /// The state behind a [`LostSignal`]: whether the lock is lost, why, and who
@@ -55,7 +57,19 @@ pub struct LostState {
 
 impl LostState {
     /// A state that has not fired.
+    #[cfg(not(loom))]
     pub const fn new() -> Self {
+        LostState {
+            lost: AtomicBool::new(false),
+            reason: OnceLock::new(),
+            wakers: Mutex::new(Vec::new()),
+            awaited: AtomicBool::new(false),
+        }
+    }
+
+    /// A state that has not fired (loom's types are not made in const).
+    #[cfg(loom)]
+    pub fn new() -> Self {
         LostState {
             lost: AtomicBool::new(false),
             reason: OnceLock::new(),
@@ -67,12 +81,18 @@ impl LostState {
     /// Marks the lock lost and wakes everyone awaiting it. Only the first call
     /// counts; later reasons are ignored.
     pub fn fire(&self, reason: impl Into<String>) {
-        let _ = self.reason.set(reason.into().into_boxed_str());
-        self.lost.store(true, Ordering::Release);
-        let wakers = std::mem::take(&mut *self.wakers());
-        for w in wakers {
+        for w in self.mark(reason) {
             w.wake();
         }
+    }
+
+    /// Marks the lock lost, as [`fire`](Self::fire) does, and returns the
+    /// wakers to wake: for a backend that must mark it under a lock of its
+    /// own (before it lets anyone else have the key) and wake outside it.
+    pub(crate) fn mark(&self, reason: impl Into<String>) -> Vec<Waker> {
+        let _ = self.reason.set(reason.into().into_boxed_str());
+        self.lost.store(true, Ordering::Release);
+        std::mem::take(&mut *self.wakers())
     }
 
     /// Takes the wakers of the tasks awaiting the loss, to be dropped: for a

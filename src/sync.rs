@@ -1,6 +1,6 @@
 //! The one way this crate takes its `std` mutexes.
 
-use std::sync::{Mutex, MutexGuard};
+use crate::loom::sync::{Mutex, MutexGuard};
 
 /// Locks `m`, poisoned or not.
 ///

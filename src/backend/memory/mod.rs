@@ -2,22 +2,31 @@
 
 mod shard;
 
+#[cfg(not(loom))]
 use foldhash::fast::RandomState;
 use std::collections::HashMap;
 use std::future::Future;
 use std::hash::BuildHasher;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::{Acquired, Backend, BackendFuture, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::loom::sync::Mutex;
 use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
 use shard::{wake_all, Grants, Holder, MapKey, Shard, ShardState, Slot, Waiter};
 
 const SHARDS: usize = 64;
+
+/// Seeded at random per process; fixed under loom, whose models must make
+/// the same choices each time they are replayed.
+#[cfg(not(loom))]
+type KeyHasher = RandomState;
+#[cfg(loom)]
+type KeyHasher = foldhash::fast::FixedState;
 
 /// Locks held in this process's memory.
 ///
@@ -69,7 +78,7 @@ struct Inner {
     /// 330 instructions of 600). Keys come from requests, so the hasher is
     /// seeded at random; a flood of colliding keys would also have to hold
     /// them all at once to grow a shard.
-    hasher: RandomState,
+    hasher: KeyHasher,
     shards: Box<[Arc<Shard>]>,
 }
 
@@ -92,7 +101,7 @@ impl MemoryBackend {
             .collect();
         MemoryBackend {
             inner: Arc::new(Inner {
-                hasher: RandomState::default(),
+                hasher: KeyHasher::default(),
                 shards,
             }),
         }
@@ -195,17 +204,20 @@ impl MemoryBackend {
             let Some(state) = shard.keys.get_mut(&key) else {
                 return 0;
             };
-            let broken = state.holders.take_all().collect();
+            let broken: Vec<Holder> = state.holders.take_all().collect();
+            // Told before the key is anyone else's: marked under the lock,
+            // before the next holder is granted (woken outside it, as every
+            // wake-up is). A check of the signal then never finds a broken
+            // holder unaware while another process has taken its key.
+            for hold in &broken {
+                wake.extend(hold.lost.mark("the lock was broken by an operator"));
+            }
             state.grant_waiters(&mut shard.grants, shard_ref, &key, &mut wake);
             if state.is_idle() {
                 shard.forget(&key);
             }
             broken
         };
-        // Outside the lock, like every wake-up: firing wakes the holders.
-        for hold in &broken {
-            hold.lost.fire("the lock was broken by an operator");
-        }
         wake_all(wake);
         broken.len()
     }

@@ -3,12 +3,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Waker;
 
 use crate::backend::{Acquired, BackendFuture, LeaseHandle};
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::loom::sync::Mutex;
 use crate::lost::{HasLostState, LostSignal, LostState};
 use crate::mode::LockMode;
 use crate::sync::lock;

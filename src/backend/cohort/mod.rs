@@ -5,8 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,8 @@ use super::{
 };
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use crate::loom::sync::Mutex;
 use crate::lost::LostSignal;
 use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
@@ -179,7 +180,7 @@ impl<B: Backend> Cohort<B> {
                 options,
                 capabilities,
                 local: MemoryBackend::new(),
-                batons: Mutex::default(),
+                batons: Mutex::new(HashMap::new()),
                 in_flight: Arc::default(),
             }),
         }
@@ -642,3 +643,6 @@ macro_rules! cohort_backend {
     feature = "etcd"
 ))]
 pub(crate) use cohort_backend;
+
+#[cfg(test)]
+mod tests;

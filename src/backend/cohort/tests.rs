@@ -1,0 +1,201 @@
+//! The cohort's bounds, deterministic: a scripted server whose grants say
+//! how long they are valid, and paused Tokio time, so that every case
+//! happens the same way each run.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{Cohort, CohortOptions};
+use crate::backend::{
+    Acquired, Backend, BackendFuture, Capabilities, LeaseHandle, LockRequest, MemoryBackend,
+};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+
+/// A server: the memory backend's locks, each reserving the block of tokens
+/// asked for (64 apart), and valid until a moment the test sets, as a
+/// lease renewed late would be.
+#[derive(Clone, Default)]
+struct Server {
+    locks: MemoryBackend,
+    grants: Arc<AtomicU32>,
+    /// The moment the current grant is valid until: 10 s after it was made,
+    /// unless the test moves it (as a late renewal would).
+    validity: Arc<Mutex<Option<Instant>>>,
+}
+
+const VALIDITY: Duration = Duration::from_secs(10);
+
+struct Lease {
+    inner: Mutex<Option<Acquired>>,
+    until: Arc<Mutex<Option<Instant>>>,
+}
+
+impl LeaseHandle for Lease {
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+        self.inner.lock().unwrap().take();
+        BackendFuture::ready(Ok(()))
+    }
+
+    fn valid_until(&self) -> Option<Instant> {
+        *self.until.lock().unwrap()
+    }
+}
+
+impl Backend for Server {
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        let tokens = request.tokens;
+        let grant = self.locks.acquire(request);
+        let (grants, until) = (self.grants.clone(), self.validity.clone());
+        BackendFuture::new(async move {
+            let acquired = grant.await?;
+            grants.fetch_add(1, Ordering::SeqCst);
+            *until.lock().unwrap() = Some(Instant::now() + VALIDITY);
+            let (token, lost) = (acquired.token(), acquired.lost().clone());
+            let lease = Arc::new(Lease {
+                inner: Mutex::new(Some(acquired)),
+                until,
+            });
+            Ok(Acquired::new(FencingToken::new(token.get() * 64), lease)
+                .with_lost(lost)
+                .with_tokens(tokens))
+        })
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().max_tokens(64).fifo(true)
+    }
+}
+
+fn key() -> LockKey {
+    LockKey::new("k").unwrap()
+}
+
+fn request() -> LockRequest {
+    LockRequest::new(key(), LockMode::Exclusive).with_wait(Wait::Forever)
+}
+
+/// Queues `n` local waiters behind the current holder; each returns its
+/// grant's token and whether it was already lost, and lets go.
+async fn queue(
+    cohort: &Cohort<Server>,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<(FencingToken, bool)>> {
+    let mut waiters = Vec::new();
+    for i in 0..n {
+        let backend = cohort.clone();
+        waiters.push(tokio::spawn(async move {
+            let held = backend.acquire(request()).await.expect("granted");
+            (held.token(), held.lost().is_lost())
+        }));
+        while cohort.shared.local.queued("k") < i + 1 {
+            tokio::task::yield_now().await;
+        }
+    }
+    waiters
+}
+
+async fn tokens(waiters: Vec<tokio::task::JoinHandle<(FencingToken, bool)>>) -> Vec<u64> {
+    let mut out = Vec::new();
+    for w in waiters {
+        let (token, lost) = w.await.unwrap();
+        assert!(!lost, "a waiter was handed a lock already lost");
+        out.push(token.get());
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_server_grant_serves_at_most_the_bound_of_holders() {
+    let server = Server::default();
+    let cohort = Cohort::new(server.clone(), CohortOptions::default().max_grants(3));
+    let first = cohort.acquire(request()).await.unwrap();
+    let waiters = queue(&cohort, 5).await;
+    let first_token = first.token().get();
+    drop(first);
+    let tokens = tokens(waiters).await;
+    // Six holders, three per grant: the fourth asked the server again.
+    assert_eq!(server.grants.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        &tokens[..2],
+        &[first_token + 1, first_token + 2],
+        "not consecutive within a grant"
+    );
+    assert!(
+        tokens[2] >= first_token + 64,
+        "the fourth holder had no grant of its own"
+    );
+    assert_eq!(server.locks.active_keys(), 0, "the server kept the key");
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_holder_after_the_time_bound() {
+    let server = Server::default();
+    let cohort = Cohort::new(
+        server.clone(),
+        CohortOptions::default().max_hold(Duration::ZERO),
+    );
+    let first = cohort.acquire(request()).await.unwrap();
+    let waiters = queue(&cohort, 2).await;
+    drop(first);
+    tokens(waiters).await;
+    assert_eq!(
+        server.grants.load(Ordering::SeqCst),
+        3,
+        "a holder was served past the time bound"
+    );
+}
+
+/// The server grants two holders take when the first lets go with `left`
+/// of the lease's 10 s of validity still ahead (a renewal late, or on time).
+async fn grants_with_validity_left(left: Duration) -> u32 {
+    let server = Server::default();
+    let cohort = Cohort::new(server.clone(), CohortOptions::default());
+    let first = cohort.acquire(request()).await.unwrap();
+    let waiters = queue(&cohort, 1).await;
+    *server.validity.lock().unwrap() = Some(Instant::now() + left);
+    drop(first);
+    tokens(waiters).await;
+    server.grants.load(Ordering::SeqCst)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_with_less_than_half_its_validity_left_is_not_handed_on() {
+    let grants = grants_with_validity_left(Duration::from_secs(4)).await;
+    assert_eq!(grants, 2, "a stale lease was handed on");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_with_more_than_half_its_validity_left_is_handed_on() {
+    let grants = grants_with_validity_left(Duration::from_secs(6)).await;
+    assert_eq!(grants, 1, "a fresh lease went back to the server");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lock_lost_before_the_hand_off_goes_back_to_the_server() {
+    let server = Server::default();
+    let cohort = Cohort::new(server.clone(), CohortOptions::default());
+    let first = cohort.acquire(request()).await.unwrap();
+    let waiters = queue(&cohort, 1).await;
+    server.locks.break_lock("k");
+    assert!(first.lost().is_lost());
+    drop(first);
+    // The waiter got a grant of its own, not the lost one.
+    let tokens = tokens(waiters).await;
+    assert_eq!(
+        server.grants.load(Ordering::SeqCst),
+        2,
+        "a lost lock was handed on"
+    );
+    assert!(
+        tokens[0] >= 128,
+        "the waiter's token is from the lost grant"
+    );
+}
