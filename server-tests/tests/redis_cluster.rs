@@ -392,3 +392,18 @@ async fn a_dropped_backend_leaves_no_task_behind() {
     drop(b);
     common::no_task_left_after(before).await;
 }
+
+/// Every operation dropped at every poll (`tests/common/cancel.rs`) on a
+/// cluster, with cohorting on and off; `lock_all`'s keys fall on several
+/// masters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_at_any_await_point_leaves_nothing_held_or_freed() {
+    let cluster = RedisCluster::start("cancel").await;
+    let url = cluster.url("");
+    let off = || RedisOptions::default().cohort(CohortOptions::off());
+    let other = backend(&url, off()).await;
+    let cohort = backend(&url, RedisOptions::default()).await;
+    common::cancel::every_cut("cluster", &cohort, &other, "k").await;
+    let plain = backend(&url, off()).await;
+    common::cancel::every_cut("cluster, cohorting off", &plain, &other, "p").await;
+}

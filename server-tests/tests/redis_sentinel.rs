@@ -306,3 +306,16 @@ async fn a_dropped_backend_leaves_no_task_behind() {
     drop(b);
     common::no_task_left_after(before).await;
 }
+
+/// Every operation dropped at every poll (`tests/common/cancel.rs`), through
+/// the Sentinels, with cohorting on and off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_at_any_await_point_leaves_nothing_held_or_freed() {
+    let group = SentinelGroup::start("cancel").await;
+    let url = group.url("");
+    let other = backend(&url, options()).await;
+    let cohort = backend(&url, RedisOptions::default()).await;
+    common::cancel::every_cut("sentinel", &cohort, &other, "k").await;
+    let plain = backend(&url, options()).await;
+    common::cancel::every_cut("sentinel, cohorting off", &plain, &other, "p").await;
+}

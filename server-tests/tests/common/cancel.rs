@@ -1,4 +1,6 @@
-//! Cancellation at every await point, for any backend: an operation is
+//! Cancellation at every await point, for any backend: an operation (an
+//! awaited release, a waiting or fail-fast acquire, `lock_all`, `flush`, a
+//! request whose handler re-enters its lock) is
 //! polled `k` times and dropped, for every `k` from 0 (dropped unpolled)
 //! until it completes, while a second request of the same backend wants the
 //! same key and another backend (another process, as far as the server
@@ -266,19 +268,85 @@ pub async fn guard_dropped_outside_a_runtime<B: Backend>(a: &B, other: &B, key: 
     free.release().await.unwrap();
 }
 
+/// A request served under a `LockLayer` on `key`, whose handler re-enters
+/// that lock (a nested guard) and takes a lock of its own on `key-own`,
+/// dropped after `k` polls: a client gone at any point. After each cut
+/// both keys are free for `other`, tokens still rise, and the next request
+/// is served. Returns the polls a request takes.
+pub async fn reentrant_request_dropped_after_each_poll<B: Backend + Clone>(
+    a: &B,
+    other: &B,
+    key: &str,
+) -> usize {
+    use axum::extract::{Extension, Path};
+    use axum::routing::post;
+    use tower::ServiceExt;
+    use tower_lock::{LockLayer, Locker, PathParam};
+
+    async fn nested(
+        Extension(locker): Extension<Locker>,
+        Path(key): Path<String>,
+    ) -> Result<String, LockError> {
+        let same = locker.lock(key.as_str()).await?;
+        let own = locker.lock(format!("{key}-own").as_str()).await?;
+        own.release().await?;
+        same.release().await?;
+        Ok(key)
+    }
+    let layer = LockLayer::new(a.clone(), PathParam("key")).wait(WAIT);
+    let app = axum::Router::new()
+        .route("/{key}", post(nested))
+        .route_layer(layer.clone())
+        .layer(Extension(layer.locker().clone()));
+    let request = || {
+        http::Request::post(format!("/{key}"))
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let own = format!("{key}-own");
+    // Tokens rise per key.
+    let mut last = [0, 0];
+    for k in 0..=MOST_POLLS {
+        let mut served = Box::pin(app.clone().oneshot(request()));
+        if let Some(response) = poll_times(&mut served, k).await {
+            assert_eq!(
+                response.unwrap().status(),
+                200,
+                "a re-entrant request after {k} polls"
+            );
+            return k;
+        }
+        drop(served);
+        a.flush().await;
+        for (each, last) in [key, own.as_str()].into_iter().zip(&mut last) {
+            let what = format!("{each} after a re-entrant request cut at poll {k}");
+            lock_above(other, each, last, &what)
+                .await
+                .release()
+                .await
+                .unwrap();
+        }
+        let next = app.clone().oneshot(request()).await.unwrap();
+        assert_eq!(next.status(), 200, "the request after a cut at poll {k}");
+    }
+    panic!("the re-entrant request did not finish within {MOST_POLLS} polls")
+}
+
 /// Every operation above on `key`-derived keys; prints the poll points
 /// covered.
-pub async fn every_cut<B: Backend>(name: &str, a: &B, other: &B, key: &str) {
+pub async fn every_cut<B: Backend + Clone>(name: &str, a: &B, other: &B, key: &str) {
     let release = release_dropped_after_each_poll(a, other, &format!("{key}-release")).await;
     let wait = waiting_acquire_dropped_after_each_poll(a, other, &format!("{key}-wait")).await;
     let fail_fast =
         fail_fast_acquire_dropped_after_each_poll(a, other, &format!("{key}-failfast")).await;
     let all = lock_all_dropped_after_each_poll(a, other, &format!("{key}-all")).await;
     let flush = flush_dropped_after_each_poll(a, other, &format!("{key}-flush")).await;
+    let nested =
+        reentrant_request_dropped_after_each_poll(a, other, &format!("{key}-nested")).await;
     guard_dropped_outside_a_runtime(a, other, &format!("{key}-thread")).await;
     println!(
         "cancellation {name}: release cut at 0..={release} polls, waiting acquire at 0..={wait}, \
-         fail-fast acquire at 0..={fail_fast}, lock_all at 0..={all}, flush at 0..={flush}; \
-         a guard dropped outside a runtime released"
+         fail-fast acquire at 0..={fail_fast}, lock_all at 0..={all}, flush at 0..={flush}, \
+         a re-entrant request at 0..={nested}; a guard dropped outside a runtime released"
     );
 }
