@@ -578,7 +578,9 @@ fn watch_parked<B: Backend>(shared: &Arc<Shared<B>>, remote: &Arc<Remote>) {
     let Some(deadline) = remote.granted_at.checked_add(shared.options.max_hold) else {
         return;
     };
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+    // Off-runtime (a guard dropped on a blocking thread), the runtime the
+    // cohort was made on keeps the watch.
+    let Some(rt) = shared.in_flight.runtime() else {
         return;
     };
     let (shared, remote) = (Arc::downgrade(shared), Arc::downgrade(remote));

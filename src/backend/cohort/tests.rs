@@ -2,6 +2,7 @@
 //! how long they are valid, and paused Tokio time, so that every case
 //! happens the same way each run.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -198,4 +199,29 @@ async fn a_lock_lost_before_the_hand_off_goes_back_to_the_server() {
         tokens[0] >= 128,
         "the waiter's token is from the lost grant"
     );
+}
+
+/// A holder dropped where no runtime runs (a blocking thread) hands its lock
+/// to a local waiter whose task never runs again: the lock still goes back
+/// to the server once the time bound has passed, so that other processes
+/// do not wait on it for as long as it is renewed.
+#[tokio::test(start_paused = true)]
+async fn a_lock_parked_off_runtime_for_a_waiter_that_never_runs_goes_back() {
+    let server = Server::default();
+    let cohort = Cohort::new(server.clone(), CohortOptions::default());
+    let first = cohort.acquire(request()).await.unwrap();
+    // Queued, then never polled again (a task stuck elsewhere).
+    let mut stuck = cohort.acquire(request());
+    let noop = &mut std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(std::pin::Pin::new(&mut stuck).poll(noop).is_pending());
+    std::thread::spawn(move || drop(first)).join().unwrap();
+    tokio::time::sleep(CohortOptions::DEFAULT_MAX_HOLD * 2).await;
+    let elsewhere = server
+        .locks
+        .acquire(LockRequest::new(key(), LockMode::Exclusive).with_wait(Wait::FailFast));
+    assert!(
+        elsewhere.await.is_ok(),
+        "the lock parked for a waiter that never ran was kept from other processes"
+    );
+    drop(stuck);
 }
