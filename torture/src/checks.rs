@@ -197,22 +197,29 @@ async fn etcd_keys(servers: &[SocketAddr], root: &str) -> Result<u64, String> {
     Ok(got.count() as u64)
 }
 
+/// Ephemeral nodes (lock nodes: a mutex's, a read/write lock's, a
+/// semaphore's leases and locks) anywhere under the run's root; the
+/// persistent parents Curator's recipes keep are not locks.
 async fn zk_nodes(server: SocketAddr, root: &str) -> Result<u64, String> {
     let zk = zookeeper_client::Client::connect(&server.to_string())
         .await
         .map_err(|e| format!("zookeeper at {server}: {e}"))?;
-    let dir = format!("/{root}");
-    let keys = match zk.list_children(&dir).await {
-        Ok(keys) => keys,
-        Err(zookeeper_client::Error::NoNode) => return Ok(0),
-        Err(e) => return Err(e.to_string()),
-    };
     let mut n = 0;
-    for key in keys {
-        match zk.list_children(&format!("{dir}/{key}")).await {
-            Ok(children) => n += children.len() as u64,
-            Err(zookeeper_client::Error::NoNode) => {}
+    let mut dirs = vec![format!("/{root}")];
+    while let Some(dir) = dirs.pop() {
+        let children = match zk.list_children(&dir).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => continue,
             Err(e) => return Err(e.to_string()),
+        };
+        for child in children {
+            let path = format!("{dir}/{child}");
+            match zk.check_stat(&path).await {
+                Ok(Some(stat)) if stat.ephemeral_owner != 0 => n += 1,
+                Ok(Some(_)) => dirs.push(path),
+                Ok(None) => {}
+                Err(e) => return Err(e.to_string()),
+            }
         }
     }
     Ok(n)

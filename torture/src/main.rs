@@ -30,13 +30,14 @@
 //! code 1 when a guarantee was broken, 2 for bad arguments.
 //!
 //! The whole description of the checks and of what each backend promises
-//! under which fault is in `bench/README.md` ("Torture").
+//! under which fault is in `torture/README.md`.
 
 mod checks;
 mod clients;
 mod fault_proxy;
 mod faults;
 mod history;
+mod mode;
 mod nemesis;
 mod redis_groups;
 mod register;

@@ -676,6 +676,8 @@ fn summarize(
         "sentinel-wait" => " servers=3 sentinels=3 wait_replicas=2",
         "cluster" => " servers=6 masters=3",
         "cluster-wait" => " servers=6 masters=3 wait_replicas=1",
+        "postgres-table" => " mode=lease-table",
+        "redis" if args.quarantine => " quarantine=1",
         _ => "",
     };
     let sabotage = args
@@ -683,7 +685,7 @@ fn summarize(
         .map_or(String::new(), |s| format!(" sabotage={}", s.name()));
     let line = format!(
         "impl=tower-lock backend={backend} workload=torture{servers} secs={} processes={} workers={} keys={} \
-         lease_ms={} seed={seed} holds={} faults={faults} faults_by_kind={} told_lost={} \
+         lease_ms={} seed={seed} holds={} holds_by_mode={} faults={faults} faults_by_kind={} told_lost={} \
          stale_refused={} overlaps_unwarned={} overlaps_paused={} overlaps_outside={} stale_accepted={} lost_updates={} \
          leaked={leaked} unavailable_keys={unavailable} tokens_backwards={} tokens_backwards_outside={} failed_acquisitions={} writes_accepted={} \
          worst_margin_ms={margin} told_after_resume_ms={resume} kill_recovery_ms={recovery}{sabotage}",
@@ -693,6 +695,11 @@ fn summarize(
         args.keys,
         args.lease.as_millis(),
         v.holds,
+        v.by_mode
+            .iter()
+            .map(|(mode, n)| format!("{mode}:{n}"))
+            .collect::<Vec<_>>()
+            .join(","),
         if by_kind.is_empty() { "none".into() } else { by_kind.join(",") },
         v.told_lost,
         t.stale_refused,

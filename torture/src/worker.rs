@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tower_lock::backend::Capabilities;
 use tower_lock::backend::{
     EtcdBackend, EtcdOptions, MysqlBackend, MysqlOptions, PostgresBackend, PostgresOptions,
     RedisBackend, RedisOptions, RedlockBackend, ZookeeperBackend, ZookeeperOptions,
 };
-use tower_lock::{Backend, BackendExt, LockError, Wait};
+use tower_lock::{Backend, BackendExt, LockError, LockGuard, LockMode, LockSet, Wait};
 
-use crate::history::{now_ns, Event};
+use crate::history::{now_ns, Event, Mode};
 use crate::register::{Answer, RegisterClient};
 use crate::sabotage::{Sabotage, Sabotaged};
 
@@ -83,26 +84,88 @@ pub struct Worker {
     pub panic: Option<Arc<AtomicBool>>,
 }
 
+/// What one turn of a worker locks: its keys and mode.
+struct Pick {
+    keys: Vec<String>,
+    mode: Mode,
+}
+
 impl Worker {
-    /// Locks random keys until `until_ns`, doing a read-modify-write on the
-    /// register inside each critical section.
+    /// What to lock next: mostly a mutex on one of the keys; where the
+    /// backend has them, a read or write lock on a key of the read/write
+    /// family (`<key>:rw`) or a permit of a two-permit semaphore
+    /// (`<key>:sem`); and `lock_all` over two of the keys. Each family has
+    /// keys of its own: a mutex and a read/write lock on one key do not
+    /// exclude each other on a remote backend (`LockMode`'s docs). The
+    /// names keep the keys' prefix, which the leak checks look for.
+    fn pick(&self, rng: &mut Rng, caps: Capabilities) -> Pick {
+        let key = |rng: &mut Rng| self.keys[rng.below(self.keys.len() as u64) as usize].clone();
+        let one = |key: String, mode| Pick {
+            keys: vec![key],
+            mode,
+        };
+        match rng.below(10) {
+            5 | 6 if caps.supports(LockMode::Read) => {
+                let mode = if rng.below(2) == 0 {
+                    Mode::Read
+                } else {
+                    Mode::Write
+                };
+                one(format!("{}:rw", key(rng)), mode)
+            }
+            7 if caps.supports(LockMode::Semaphore {
+                permits: SEMAPHORE_PERMITS,
+            }) =>
+            {
+                one(
+                    format!("{}:sem", key(rng)),
+                    Mode::Semaphore(SEMAPHORE_PERMITS),
+                )
+            }
+            8 | 9 if self.keys.len() > 1 => {
+                let first = rng.below(self.keys.len() as u64) as usize;
+                let second =
+                    (first + 1 + rng.below(self.keys.len() as u64 - 1) as usize) % self.keys.len();
+                Pick {
+                    keys: vec![self.keys[first].clone(), self.keys[second].clone()],
+                    mode: Mode::All,
+                }
+            }
+            _ => one(key(rng), Mode::Exclusive),
+        }
+    }
+
+    /// Locks random keys in every mode the backend has until `until_ns`,
+    /// doing a read-modify-write on the register inside each critical
+    /// section (readers only read; semaphore holders only count).
     pub async fn run(self) {
         let mut rng = Rng::new(self.seed);
         let mut register = RegisterClient::connect(self.register)
             .await
             .expect("the harness's register");
+        let caps = self.backend.capabilities();
         let mut seq = 0u64;
         while now_ns() < self.until_ns {
-            let key = &self.keys[rng.below(self.keys.len() as u64) as usize];
+            let pick = self.pick(&mut rng, caps);
             let asked = now_ns();
-            let acquired = self
-                .backend
-                .lock(key.as_str())
-                .lease(self.lease)
-                .wait(Wait::Timeout(self.lease * 2))
-                .await;
-            let guard = match acquired {
-                Ok(guard) => guard,
+            let acquired = if pick.mode == Mode::All {
+                self.backend
+                    .lock_all(pick.keys.iter().map(String::as_str))
+                    .lease(self.lease)
+                    .wait(Wait::Timeout(self.lease * 2))
+                    .await
+                    .map(Held::Set)
+            } else {
+                self.backend
+                    .lock(pick.keys[0].as_str())
+                    .mode(pick.mode.lock_mode())
+                    .lease(self.lease)
+                    .wait(Wait::Timeout(self.lease * 2))
+                    .await
+                    .map(Held::One)
+            };
+            let held = match acquired {
+                Ok(held) => held,
                 Err(e) => {
                     self.sink.emit(&self.process, Event::Failed);
                     if !matches!(e, LockError::Timeout { .. } | LockError::Busy) {
@@ -114,106 +177,172 @@ impl Worker {
                 }
             };
             seq += 1;
-            let hold = format!("{}.{}", self.name, seq);
-            let token = guard.token().get();
-            self.sink.emit(
-                &self.process,
-                Event::Granted {
-                    hold: hold.clone(),
-                    key: key.clone(),
-                    token,
-                    at: now_ns(),
-                    asked,
-                },
-            );
-            let told = {
-                let lost = guard.lost();
-                let (sink, process, hold) = (self.sink.clone(), self.process.clone(), hold.clone());
-                tokio::spawn(async move {
-                    lost.await;
-                    sink.emit(&process, Event::ToldLost { hold, at: now_ns() });
+            let at = now_ns();
+            // One hold per lock: a set's locks are recorded one by one.
+            let holds: Vec<(String, &LockGuard)> = held
+                .guards()
+                .iter()
+                .enumerate()
+                .map(|(i, g)| match held {
+                    Held::One(_) => (format!("{}.{}", self.name, seq), g),
+                    Held::Set(_) => (format!("{}.{}+{}", self.name, seq, i), g),
                 })
-            };
-            // Declared after the guard, so dropped before it, also when the
-            // task is cancelled or panics: the hold's end is recorded before
-            // the release can let anyone else in.
-            let ending = Ending {
-                sink: &self.sink,
-                process: &self.process,
-                hold: hold.clone(),
-                told,
-            };
-            // Whether the holder knows its lock is lost, recorded as it
-            // learns it (the watcher above may not run before the release).
+                .collect();
+            for (hold, guard) in &holds {
+                self.sink.emit(
+                    &self.process,
+                    Event::Granted {
+                        hold: hold.clone(),
+                        key: guard.key().as_str().to_owned(),
+                        token: guard.token().get(),
+                        at,
+                        asked,
+                        mode: pick.mode,
+                    },
+                );
+            }
+            // Declared after the locks, so dropped before them, also when
+            // the task is cancelled or panics: each hold's end is recorded
+            // before the release can let anyone else in.
+            let endings: Vec<Ending> = holds
+                .iter()
+                .map(|(hold, guard)| {
+                    let lost = guard.lost();
+                    let (sink, process, id) =
+                        (self.sink.clone(), self.process.clone(), hold.clone());
+                    Ending {
+                        sink: &self.sink,
+                        process: &self.process,
+                        hold: hold.clone(),
+                        told: tokio::spawn(async move {
+                            lost.await;
+                            sink.emit(
+                                &process,
+                                Event::ToldLost {
+                                    hold: id,
+                                    at: now_ns(),
+                                },
+                            );
+                        }),
+                    }
+                })
+                .collect();
+            // Whether the holder knows one of its locks is lost, recorded
+            // as it learns it (the watchers above may not run before the
+            // release).
             let told_now = || {
-                let lost = guard.is_lost();
-                if lost {
-                    self.sink.emit(
-                        &self.process,
-                        Event::ToldLost {
-                            hold: hold.clone(),
-                            at: now_ns(),
-                        },
-                    );
+                let mut any = false;
+                for (hold, guard) in &holds {
+                    if guard.is_lost() {
+                        any = true;
+                        self.sink.emit(
+                            &self.process,
+                            Event::ToldLost {
+                                hold: hold.clone(),
+                                at: now_ns(),
+                            },
+                        );
+                    }
                 }
-                lost
+                any
             };
-            // The critical section: read, think, write what was read plus one.
-            // Its last act is dated when it starts (the write sent, or the
-            // write skipped): a holder stopped between sending its write and
-            // reading the answer acted before it was stopped.
-            let told = told_now();
+            // The critical section: read, think, write what was read plus
+            // one, on each key (a reader only reads; a semaphore's holder
+            // only thinks: its holders share the key). Its last act is
+            // dated when it starts (the write sent, or the write skipped):
+            // a holder stopped between sending its write and reading the
+            // answer acted before it was stopped.
             let mut last_act = now_ns();
-            let outcome = if told {
-                "skip"
-            } else {
-                match register.read(key, token, &hold).await.expect("register") {
-                    Answer::Value(v) => {
-                        // Mostly short; one in six outlives the lease, so
-                        // that faults find holders to take locks from.
-                        let think = if rng.below(6) == 0 {
-                            rng.between(self.lease / 2, self.lease * 2)
-                        } else {
-                            rng.between(Duration::ZERO, self.lease / 20)
-                        };
-                        tokio::time::sleep(think).await;
-                        let told = told_now();
-                        last_act = now_ns();
-                        if told {
-                            "skip"
-                        } else {
-                            match register.write(key, token, &hold, v + 1).await {
-                                Ok(Answer::Ok) => "ok",
-                                Ok(_) => "stale",
-                                Err(e) => panic!("register: {e}"),
-                            }
+            let mut outcome = if told_now() { "skip" } else { "ok" };
+            let mut values = Vec::new();
+            if outcome == "ok" && pick.mode.uses_register() {
+                for (hold, guard) in &holds {
+                    let key = guard.key().as_str();
+                    match register
+                        .read(key, guard.token().get(), hold)
+                        .await
+                        .expect("register")
+                    {
+                        Answer::Value(v) => values.push(v),
+                        _ => outcome = "stale",
+                    }
+                }
+            }
+            if outcome == "ok" {
+                // Mostly short; one in six outlives the lease, so that
+                // faults find holders to take locks from.
+                let think = if rng.below(6) == 0 {
+                    rng.between(self.lease / 2, self.lease * 2)
+                } else {
+                    rng.between(Duration::ZERO, self.lease / 20)
+                };
+                tokio::time::sleep(think).await;
+                let told = told_now();
+                last_act = now_ns();
+                if told {
+                    outcome = "skip";
+                } else if pick.mode.writes() {
+                    for ((hold, guard), v) in holds.iter().zip(&values) {
+                        let (key, token) = (guard.key().as_str(), guard.token().get());
+                        match register.write(key, token, hold, v + 1).await {
+                            Ok(Answer::Ok) => {}
+                            Ok(_) => outcome = "stale",
+                            Err(e) => panic!("register: {e}"),
                         }
                     }
-                    _ => "stale",
                 }
-            };
-            self.sink.emit(
-                &self.process,
-                Event::Wrote {
-                    hold: hold.clone(),
-                    outcome: outcome.into(),
-                    at: last_act,
-                },
-            );
+            }
+            for (hold, _) in &holds {
+                self.sink.emit(
+                    &self.process,
+                    Event::Wrote {
+                        hold: hold.clone(),
+                        outcome: outcome.into(),
+                        at: last_act,
+                    },
+                );
+            }
+            drop(holds);
             if self
                 .panic
                 .as_ref()
                 .is_some_and(|p| p.swap(false, Ordering::SeqCst))
             {
-                // Unwinding drops the guard: the release must still happen.
+                // Unwinding drops the locks: the release must still happen.
                 panic!("torture: a holder panics, as the nemesis asked");
             }
-            drop(ending);
+            drop(endings);
             if rng.below(2) == 0 {
-                drop(guard);
+                drop(held);
             } else {
-                let _ = guard.release().await;
+                let _ = held.release().await;
             }
+        }
+    }
+}
+
+/// Permits of the torture's semaphores: two, so that holders share a key
+/// and a third is one too many.
+const SEMAPHORE_PERMITS: u32 = 2;
+
+/// One turn's locks.
+enum Held {
+    One(LockGuard),
+    Set(LockSet),
+}
+
+impl Held {
+    fn guards(&self) -> &[LockGuard] {
+        match self {
+            Held::One(g) => std::slice::from_ref(g),
+            Held::Set(s) => s.guards(),
+        }
+    }
+
+    async fn release(self) -> Result<(), LockError> {
+        match self {
+            Held::One(g) => g.release().await,
+            Held::Set(s) => s.release().await,
         }
     }
 }

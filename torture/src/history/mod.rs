@@ -5,7 +5,9 @@
 //! client process can be compared directly.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+pub use crate::mode::Mode;
 
 /// Now, on the system-wide monotonic clock, in nanoseconds.
 pub fn now_ns() -> u64 {
@@ -20,7 +22,7 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// What a client reports, one line each: `G hold key token t asked`, `T hold t`,
+/// What a client reports, one line each: `G hold key token t asked mode`, `T hold t`,
 /// `X hold t`, `W hold ok|stale|skip t`, `F t` (a failed acquisition).
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -32,6 +34,7 @@ pub enum Event {
         /// When the acquisition began: any grant seen before it was made
         /// before this one, on every server.
         asked: u64,
+        mode: Mode,
     },
     ToldLost {
         hold: String,
@@ -60,7 +63,8 @@ impl Event {
                 token,
                 at,
                 asked,
-            } => format!("G {hold} {key} {token} {at} {asked}"),
+                mode,
+            } => format!("G {hold} {key} {token} {at} {asked} {}", mode.tag()),
             Event::ToldLost { hold, at } => format!("T {hold} {at}"),
             Event::Released { hold, at } => format!("X {hold} {at}"),
             Event::Wrote { hold, outcome, at } => format!("W {hold} {outcome} {at}"),
@@ -71,12 +75,13 @@ impl Event {
     pub fn parse(line: &str) -> Option<Event> {
         let f: Vec<&str> = line.split(' ').collect();
         Some(match f.as_slice() {
-            ["G", hold, key, token, at, asked] => Event::Granted {
+            ["G", hold, key, token, at, asked, mode] => Event::Granted {
                 hold: hold.to_string(),
                 key: key.to_string(),
                 token: token.parse().ok()?,
                 at: at.parse().ok()?,
                 asked: asked.parse().ok()?,
+                mode: Mode::parse(mode)?,
             },
             ["T", hold, at] => Event::ToldLost {
                 hold: hold.to_string(),
@@ -110,6 +115,7 @@ pub enum ProcessFault {
 struct Hold {
     key: String,
     token: u64,
+    mode: Mode,
     process: String,
     /// When the acquisition began.
     asked: u64,
@@ -215,6 +221,8 @@ pub struct Verdict {
     /// guarantees was in effect (a replaced Redis master still serving: its
     /// tokens are below the new master's, and fencing refuses them).
     pub tokens_backwards_outside: u64,
+    /// Holds by mode (`Mode::tag`): which modes the run exercised.
+    pub by_mode: BTreeMap<String, u64>,
     pub examples: Vec<String>,
     /// Examples of tokens going backwards, apart so as not to crowd out
     /// the overlaps'.
@@ -231,12 +239,14 @@ impl History {
                 token,
                 at,
                 asked,
+                mode,
             } => {
                 self.holds.insert(
                     hold,
                     Hold {
                         key,
                         token,
+                        mode,
                         process: process.to_owned(),
                         asked,
                         granted: at,
@@ -369,6 +379,9 @@ impl History {
             told_lost: self.holds.values().filter(|h| h.told.is_some()).count() as u64,
             ..Verdict::default()
         };
+        for h in self.holds.values() {
+            *verdict.by_mode.entry(h.mode.tag()).or_default() += 1;
+        }
         let mut by_key: HashMap<&str, Vec<(&str, &Hold)>> = HashMap::new();
         for (id, h) in &self.holds {
             by_key.entry(&h.key).or_default().push((id, h));
@@ -376,12 +389,24 @@ impl History {
         for holds in by_key.values_mut() {
             self.tokens_backwards(holds, outside, &mut verdict);
             holds.sort_by_key(|(_, h)| h.granted);
-            // The hold reaching furthest so far, with its end and the stop
-            // from which a pause excuses it.
-            let mut latest: Option<(&str, u64, Option<u64>)> = None;
+            // The holds still reaching past the grant at hand, with their
+            // ends, the stop from which a pause excuses each, and modes.
+            let mut active: Vec<(&str, u64, Option<u64>, Mode)> = Vec::new();
             for (i, (id, h)) in holds.iter().enumerate() {
-                if let Some((before, end, excused_from)) = latest {
-                    if h.granted < end {
+                active.retain(|&(_, end, _, _)| end > h.granted);
+                // The hold it may not overlap that reaches furthest: any of
+                // those it excludes, or, a semaphore's permits all taken,
+                // any of its holders.
+                let conflict = match h.mode.permits() {
+                    Some(permits) if active.len() < permits as usize => None,
+                    Some(_) => active.iter().max_by_key(|a| a.1),
+                    None => active
+                        .iter()
+                        .filter(|a| a.3.excludes(h.mode))
+                        .max_by_key(|a| a.1),
+                };
+                if let Some(&(before, _, excused_from, _)) = conflict {
+                    {
                         let b = &self.holds[before];
                         let during_outside =
                             self.outside_between(outside, b.granted, h.granted, Some(&b.process));
@@ -419,8 +444,13 @@ impl History {
                         }
                     }
                 }
-                // The margin of every earlier hold told lost before this grant.
-                if let Some((_, prev)) = i.checked_sub(1).map(|p| holds[p]) {
+                // The margin of every earlier hold told lost before this
+                // grant, where the two exclude each other.
+                if let Some((_, prev)) = i
+                    .checked_sub(1)
+                    .map(|p| holds[p])
+                    .filter(|(_, p)| p.mode.permits().is_none() && p.mode.excludes(h.mode))
+                {
                     let excused = self
                         .end(prev, &mut Verdict::default())
                         .1
@@ -451,9 +481,7 @@ impl History {
                     }
                 }
                 let (end, excused_from) = self.end(h, &mut verdict);
-                if latest.is_none_or(|(_, e, _)| end > e) {
-                    latest = Some((id, end, excused_from));
-                }
+                active.push((id, end, excused_from, h.mode));
             }
         }
         verdict
@@ -520,322 +548,4 @@ impl History {
 }
 
 #[cfg(test)]
-mod tests {
-    //! The checker on hand-made histories: every verdict, every excuse, and
-    //! the cases that must not be excused. Times are in ms for reading.
-    use super::*;
-
-    const MS: u64 = 1_000_000;
-
-    struct Make(History);
-
-    impl Make {
-        fn new() -> Self {
-            Make(History::default())
-        }
-        fn grant(
-            mut self,
-            process: &str,
-            hold: &str,
-            key: &str,
-            token: u64,
-            asked: u64,
-            at: u64,
-        ) -> Self {
-            self.0.record(
-                process,
-                Event::Granted {
-                    hold: hold.into(),
-                    key: key.into(),
-                    token,
-                    at: at * MS,
-                    asked: asked * MS,
-                },
-            );
-            self
-        }
-        fn told(mut self, process: &str, hold: &str, at: u64) -> Self {
-            self.0.record(
-                process,
-                Event::ToldLost {
-                    hold: hold.into(),
-                    at: at * MS,
-                },
-            );
-            self
-        }
-        fn wrote(mut self, process: &str, hold: &str, at: u64) -> Self {
-            self.0.record(
-                process,
-                Event::Wrote {
-                    hold: hold.into(),
-                    outcome: "ok".into(),
-                    at: at * MS,
-                },
-            );
-            self
-        }
-        fn released(mut self, process: &str, hold: &str, at: u64) -> Self {
-            self.0.record(
-                process,
-                Event::Released {
-                    hold: hold.into(),
-                    at: at * MS,
-                },
-            );
-            self
-        }
-        fn paused(mut self, process: &str, stop: u64, cont: u64) -> Self {
-            self.0
-                .process_fault(process, ProcessFault::Paused(stop * MS, cont * MS));
-            self
-        }
-        fn killed(mut self, process: &str, at: u64) -> Self {
-            self.0.process_fault(process, ProcessFault::Killed(at * MS));
-            self
-        }
-        fn window(mut self, name: &'static str, start: u64, end: u64) -> Self {
-            self.0.fault_window(name, start * MS, end * MS, 0);
-            self
-        }
-        fn link_window(mut self, name: &'static str, start: u64, end: u64, hit: &[&str]) -> Self {
-            let hit = hit.iter().map(|p| p.to_string()).collect();
-            self.0.link_fault_window(name, start * MS, end * MS, 0, hit);
-            self
-        }
-        fn check(&self, outside: &[&str]) -> Verdict {
-            self.0.check(outside)
-        }
-    }
-
-    #[test]
-    fn holds_one_after_another_are_clean() {
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .released("p", "a", 5)
-            .grant("q", "b", "k", 2, 2, 6)
-            .released("q", "b", 9)
-            .check(&[]);
-        assert_eq!(
-            (
-                v.holds,
-                v.overlaps_unwarned,
-                v.overlaps_paused,
-                v.tokens_backwards
-            ),
-            (2, 0, 0, 0)
-        );
-    }
-
-    #[test]
-    fn a_grant_while_another_holds_is_an_unwarned_overlap() {
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .released("p", "a", 10)
-            .grant("q", "b", "k", 2, 2, 5)
-            .released("q", "b", 12)
-            .check(&[]);
-        assert_eq!(v.overlaps_unwarned, 1, "{v:?}");
-        assert_eq!(v.examples.len(), 1);
-    }
-
-    #[test]
-    fn other_keys_never_overlap() {
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .released("p", "a", 10)
-            .grant("q", "b", "j", 1, 0, 5)
-            .released("q", "b", 12)
-            .check(&[]);
-        assert_eq!(v.overlaps_unwarned, 0);
-    }
-
-    #[test]
-    fn a_grant_after_the_holder_was_told_is_no_overlap_and_its_margin_is_kept() {
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .told("p", "a", 4)
-            .released("p", "a", 10)
-            .grant("q", "b", "k", 2, 2, 6)
-            .released("q", "b", 12)
-            .check(&[]);
-        assert_eq!(v.overlaps_unwarned, 0, "{v:?}");
-        assert_eq!(v.worst_margin_ms, Some(2.0));
-    }
-
-    #[test]
-    fn a_killed_holder_ends_when_it_is_killed() {
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .killed("p", 3)
-            .grant("q", "b", "k", 2, 2, 6)
-            .released("q", "b", 12)
-            .check(&[]);
-        assert_eq!(v.overlaps_unwarned, 0, "{v:?}");
-        assert_eq!(v.kill_recovery_ms, Some(3.0));
-    }
-
-    #[test]
-    fn a_pause_excuses_a_grant_after_the_stop_when_the_holder_is_told_first() {
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .paused("p", 2, 20)
-            .told("p", "a", 21)
-            .released("p", "a", 22)
-            .grant("q", "b", "k", 2, 3, 10)
-            .released("q", "b", 12)
-            .check(&[]);
-        assert_eq!((v.overlaps_unwarned, v.overlaps_paused), (0, 1), "{v:?}");
-        assert_eq!(v.told_after_resume_ms, Some(1.0));
-    }
-
-    #[test]
-    fn a_pause_never_excuses_an_overlap_before_it() {
-        // q was granted at 5 while p still ran (p stopped only at 8).
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .paused("p", 8, 20)
-            .told("p", "a", 21)
-            .released("p", "a", 22)
-            .grant("q", "b", "k", 2, 3, 5)
-            .released("q", "b", 12)
-            .check(&[]);
-        assert_eq!((v.overlaps_unwarned, v.overlaps_paused), (1, 0), "{v:?}");
-    }
-
-    #[test]
-    fn an_unexcused_pause_before_an_excused_one_excuses_nothing_between() {
-        // p was paused 2..4 and acted after (wrote at 5), untold: that pause
-        // is no excuse. Its second pause (from 8) is: told at 21 before
-        // acting again. q's grant at 6 falls between them.
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .paused("p", 2, 4)
-            .wrote("p", "a", 5)
-            .paused("p", 8, 20)
-            .told("p", "a", 21)
-            .released("p", "a", 22)
-            .grant("q", "b", "k", 2, 3, 6)
-            .released("q", "b", 12)
-            .check(&[]);
-        assert_eq!((v.overlaps_unwarned, v.overlaps_paused), (1, 0), "{v:?}");
-    }
-
-    #[test]
-    fn a_pause_the_holder_acted_after_untold_excuses_nothing() {
-        let v = Make::new()
-            .grant("p", "a", "k", 1, 0, 1)
-            .paused("p", 2, 20)
-            .wrote("p", "a", 21)
-            .released("p", "a", 22)
-            .grant("q", "b", "k", 2, 3, 10)
-            .released("q", "b", 12)
-            .check(&[]);
-        assert_eq!((v.overlaps_unwarned, v.overlaps_paused), (1, 0), "{v:?}");
-    }
-
-    #[test]
-    fn an_outside_fault_excuses_only_its_window() {
-        let during = Make::new()
-            .window("drop", 2, 6)
-            .grant("p", "a", "k", 1, 0, 1)
-            .released("p", "a", 10)
-            .grant("q", "b", "k", 2, 2, 5)
-            .released("q", "b", 12)
-            .check(&["drop"]);
-        assert_eq!(
-            (during.overlaps_unwarned, during.overlaps_outside),
-            (0, 1),
-            "{during:?}"
-        );
-        let named_elsewhere = Make::new()
-            .window("drop", 2, 6)
-            .grant("p", "a", "k", 1, 0, 1)
-            .released("p", "a", 10)
-            .grant("q", "b", "k", 2, 2, 5)
-            .released("q", "b", 12)
-            .check(&["clock"]);
-        assert_eq!(named_elsewhere.overlaps_unwarned, 1, "{named_elsewhere:?}");
-        let after = Make::new()
-            .window("drop", 20, 30)
-            .grant("p", "a", "k", 1, 0, 1)
-            .released("p", "a", 10)
-            .grant("q", "b", "k", 2, 2, 5)
-            .released("q", "b", 12)
-            .check(&["drop"]);
-        assert_eq!(after.overlaps_unwarned, 1, "{after:?}");
-    }
-
-    #[test]
-    fn tokens_must_rise_in_grant_order() {
-        let v = Make::new()
-            .grant("p", "a", "k", 5, 0, 1)
-            .released("p", "a", 2)
-            .grant("q", "b", "k", 3, 3, 4)
-            .released("q", "b", 5)
-            .check(&[]);
-        assert_eq!(v.tokens_backwards, 1, "{v:?}");
-        // Asked before the other was granted: no order between them.
-        let concurrent = Make::new()
-            .grant("p", "a", "k", 5, 0, 2)
-            .released("p", "a", 3)
-            .grant("q", "b", "k", 3, 1, 4)
-            .released("q", "b", 5)
-            .check(&[]);
-        assert_eq!(concurrent.tokens_backwards, 0, "{concurrent:?}");
-        let excused = Make::new()
-            .window("server-kill", 1, 4)
-            .grant("p", "a", "k", 5, 0, 1)
-            .released("p", "a", 2)
-            .grant("q", "b", "k", 3, 3, 4)
-            .released("q", "b", 5)
-            .check(&["server-kill"]);
-        assert_eq!(
-            (excused.tokens_backwards, excused.tokens_backwards_outside),
-            (0, 1)
-        );
-    }
-
-    #[test]
-    fn a_fault_on_some_links_excuses_only_holders_it_hit_and_no_token() {
-        // p's link dropped: q's grant while p held is excused.
-        let hit = Make::new()
-            .link_window("drop", 2, 6, &["p"])
-            .grant("p", "a", "k", 1, 0, 1)
-            .released("p", "a", 10)
-            .grant("q", "b", "k", 2, 2, 5)
-            .released("q", "b", 12)
-            .check(&["drop"]);
-        assert_eq!(
-            (hit.overlaps_unwarned, hit.overlaps_outside),
-            (0, 1),
-            "{hit:?}"
-        );
-        // Only r's link dropped: p's and q's overlap stands.
-        let elsewhere = Make::new()
-            .link_window("drop", 2, 6, &["r"])
-            .grant("p", "a", "k", 1, 0, 1)
-            .released("p", "a", 10)
-            .grant("q", "b", "k", 2, 2, 5)
-            .released("q", "b", 12)
-            .check(&["drop"]);
-        assert_eq!(
-            (elsewhere.overlaps_unwarned, elsewhere.overlaps_outside),
-            (1, 0),
-            "{elsewhere:?}"
-        );
-        // A dropped link never excuses a token going backwards.
-        let tokens = Make::new()
-            .link_window("drop", 1, 4, &["p", "q"])
-            .grant("p", "a", "k", 5, 0, 1)
-            .released("p", "a", 2)
-            .grant("q", "b", "k", 3, 3, 4)
-            .released("q", "b", 5)
-            .check(&["drop"]);
-        assert_eq!(
-            (tokens.tokens_backwards, tokens.tokens_backwards_outside),
-            (1, 0),
-            "{tokens:?}"
-        );
-    }
-}
+mod tests;
