@@ -117,10 +117,32 @@ fn parse_args() -> Result<Args, String> {
     if a.secs == 0 || a.processes == 0 || a.workers == 0 || a.keys == 0 {
         return Err("every count must be at least 1".into());
     }
-    if a.lease < Duration::from_millis(500) {
-        return Err("--lease-ms must be at least 500 (ZooKeeper's shortest session here)".into());
+    if matches!(a.backend.as_str(), "zk" | "zk3" | "etcd" | "etcd3")
+        && a.lease < Duration::from_millis(500)
+    {
+        return Err("--lease-ms must be at least 500 on ZooKeeper (its shortest session here) and etcd (whole seconds)".into());
+    }
+    // A lease a few times the cohort's 50 ms hold bound makes it keep back
+    // hand-offs of leases not surely fresh, which the summary counts.
+    if a.lease < Duration::from_millis(30) {
+        return Err("--lease-ms must be at least 30 (the library's shortest lease)".into());
     }
     Ok(a)
+}
+
+/// Tells the harness of every hand-off a cohort kept back.
+struct KeptBack;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for KeptBack {
+    fn on_event(&self, _: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        println!(
+            "{}",
+            history::Event::KeptBack {
+                at: history::now_ns()
+            }
+            .line()
+        );
+    }
 }
 
 fn main() -> ExitCode {
@@ -138,13 +160,25 @@ fn main() -> ExitCode {
     if let Some(client) = args.client {
         // Warnings (a lock lost, a master moved) go to the process's log,
         // which the harness keeps when a guarantee broke.
-        tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "warn".into()),
-            )
+        // A hand-off the cohort keeps back (the lease not surely fresh) is
+        // counted: told to the harness on stdout, as the workers' events are.
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::Layer;
+        let log = tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_ansi(false)
+            .with_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            );
+        let kept_back = KeptBack.with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target("tower_lock::cohort", tracing::Level::DEBUG),
+        );
+        tracing_subscriber::registry()
+            .with(log)
+            .with(kept_back)
             .init();
         return rt.block_on(worker::client_main(client));
     }

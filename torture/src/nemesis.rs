@@ -687,7 +687,7 @@ fn summarize(
         "impl=tower-lock backend={backend} workload=torture{servers} secs={} processes={} workers={} keys={} \
          lease_ms={} seed={seed} holds={} holds_by_mode={} faults={faults} faults_by_kind={} told_lost={} \
          stale_refused={} overlaps_unwarned={} overlaps_paused={} overlaps_outside={} stale_accepted={} lost_updates={} \
-         leaked={leaked} unavailable_keys={unavailable} tokens_backwards={} tokens_backwards_outside={} failed_acquisitions={} writes_accepted={} \
+         leaked={leaked} unavailable_keys={unavailable} tokens_backwards={} tokens_backwards_outside={} failed_acquisitions={} handoffs_kept_back={} writes_accepted={} \
          worst_margin_ms={margin} told_after_resume_ms={resume} kill_recovery_ms={recovery}{sabotage}",
         args.secs,
         args.processes,
@@ -711,6 +711,7 @@ fn summarize(
         v.tokens_backwards,
         v.tokens_backwards_outside,
         history.failed_acquisitions,
+        history.kept_back,
         t.writes_accepted,
     );
     let mut broken = Vec::new();

@@ -348,22 +348,31 @@ impl Remote {
     /// Whether another local holder may have it without asking the server:
     /// tokens and time left, not lost, and the lease surely fresh.
     fn may_pass_on(&self, options: &CohortOptions) -> bool {
+        self.kept_back(options).is_none()
+    }
+
+    /// Why another local holder may not have it, if it may not.
+    fn kept_back(&self, options: &CohortOptions) -> Option<KeptBack> {
         if self.given.load(Ordering::Relaxed) >= self.tokens
             || self.granted_at.elapsed() >= options.max_hold
-            || self.lost.is_lost()
         {
-            return false;
+            return Some(KeptBack::Bound);
+        }
+        if self.lost.is_lost() {
+            return Some(KeptBack::Lost);
         }
         let handle = lock(&self.handle);
         let Some(handle) = handle.as_ref() else {
-            return false;
+            return Some(KeptBack::Released);
         };
         match (handle.valid_until(), self.validity) {
-            (Some(until), Some(validity)) => {
-                until.saturating_duration_since(Instant::now()) > validity / 2
+            (Some(until), Some(validity))
+                if until.saturating_duration_since(Instant::now()) > validity / 2 =>
+            {
+                None
             }
-            (None, _) => true,
-            (Some(_), None) => false,
+            (None, _) => None,
+            _ => Some(KeptBack::NotSurelyFresh),
         }
     }
 
@@ -384,6 +393,19 @@ impl Drop for Remote {
         // Every path takes the handle first; this is the net under them.
         self.release_on_drop();
     }
+}
+
+/// Why a grant is not handed to the next local waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum KeptBack {
+    /// Its tokens or its time ([`CohortOptions`]) are spent.
+    Bound,
+    Lost,
+    /// Already on its way back to the server.
+    Released,
+    /// Less than half its lease's validity left: a renewal is late, or the
+    /// process was paused. Logged at DEBUG (target `tower_lock::cohort`).
+    NotSurelyFresh,
 }
 
 /// One local holder of a [`Remote`] grant.
@@ -416,7 +438,16 @@ impl<B: Backend> CohortHold<B> {
         let (shared, r) = (&self.shared, &self.remote);
         let next = shared.local.next_in_line(&r.key);
         let passes = matches!(r.mode, LockMode::Exclusive | LockMode::Write);
-        if passes && next == Some(r.mode) && r.may_pass_on(&shared.options) {
+        // Why the next local waiter, wanting the same mode, may not have it.
+        let kept_back = (passes && next == Some(r.mode)).then(|| r.kept_back(&shared.options));
+        if kept_back == Some(Some(KeptBack::NotSurelyFresh)) {
+            tracing::debug!(
+                target: "tower_lock::cohort",
+                key = %r.key,
+                "not handed to the next local waiter: the lease is not surely fresh"
+            );
+        }
+        if kept_back == Some(None) {
             lock(&shared.batons).insert(r.key.clone(), r.clone());
             if !r.watched.swap(true, Ordering::Relaxed) {
                 watch_parked(shared, r);

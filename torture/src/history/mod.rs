@@ -23,7 +23,8 @@ pub fn now_ns() -> u64 {
 }
 
 /// What a client reports, one line each: `G hold key token t asked mode`, `T hold t`,
-/// `X hold t`, `W hold ok|stale|skip t`, `F t` (a failed acquisition).
+/// `X hold t`, `W hold ok|stale|skip t`, `F t` (a failed acquisition),
+/// `K t` (a hand-off kept back: the lease not surely fresh).
 #[derive(Debug, Clone)]
 pub enum Event {
     Granted {
@@ -52,6 +53,11 @@ pub enum Event {
         at: u64,
     },
     Failed,
+    /// A client's cohort kept a lock from its next local waiter because its
+    /// lease was no longer surely fresh (past half its validity).
+    KeptBack {
+        at: u64,
+    },
 }
 
 impl Event {
@@ -69,6 +75,7 @@ impl Event {
             Event::Released { hold, at } => format!("X {hold} {at}"),
             Event::Wrote { hold, outcome, at } => format!("W {hold} {outcome} {at}"),
             Event::Failed => "F".into(),
+            Event::KeptBack { at } => format!("K {at}"),
         }
     }
 
@@ -97,6 +104,9 @@ impl Event {
                 at: at.parse().ok()?,
             },
             ["F"] => Event::Failed,
+            ["K", at] => Event::KeptBack {
+                at: at.parse().ok()?,
+            },
             _ => return None,
         })
     }
@@ -146,6 +156,8 @@ pub struct History {
     windows: Vec<Window>,
     pub failed_acquisitions: u64,
     pub writes_skipped: u64,
+    /// Hand-offs a cohort refused because the lease was not surely fresh.
+    pub kept_back: u64,
 }
 
 impl History {
@@ -273,6 +285,7 @@ impl History {
                 }
             }
             Event::Failed => self.failed_acquisitions += 1,
+            Event::KeptBack { .. } => self.kept_back += 1,
         }
     }
 

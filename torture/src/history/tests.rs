@@ -440,3 +440,12 @@ fn events_keep_their_mode_through_a_line() {
         }
     }
 }
+
+#[test]
+fn hand_offs_kept_back_are_counted() {
+    let mut h = History::default();
+    let line = Event::KeptBack { at: 12 }.line();
+    h.record("p", Event::parse(&line).expect("a K line parses"));
+    h.record("p", Event::parse("K 13").unwrap());
+    assert_eq!(h.kept_back, 2);
+}
