@@ -2,6 +2,10 @@
 """Draws one run of scripts/bench-all.sh as one self-contained SVG.
 
     scripts/bench-plot.py RUN.txt [-o bench/figures.svg] [--note TEXT]
+    scripts/bench-plot.py --docs [--check]
+
+The second form draws the tables of bench/README.md and docs/guarantees.md
+from the run files they name (scripts/benchdocs.py), or checks them.
 
 RUN.txt is the standard output of one run (scripts/bench-all.sh saves it as
 bench/last-run.txt). Only result lines count: `key=value` pairs separated by
@@ -19,6 +23,8 @@ import re
 import statistics
 import sys
 from xml.sax.saxutils import escape
+
+import benchdocs  # the documents' generated tables, beside this script
 
 FIELD = re.compile(r"^[a-z][a-z0-9_]*=\S+$")
 
@@ -401,10 +407,19 @@ def render(lines, source, note):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("run", help="the stdout of scripts/bench-all.sh, saved to a file")
+    ap.add_argument("run", nargs="?", help="the stdout of scripts/bench-all.sh, saved to a file")
     ap.add_argument("-o", "--output", default="bench/figures.svg")
     ap.add_argument("--note", default="", help="appended to the caption (commit, machine)")
+    ap.add_argument("--docs", action="store_true",
+                    help="draw the documents' generated tables from the run files they name")
+    ap.add_argument("--check", action="store_true",
+                    help="with --docs: change nothing, fail where a table differs from its run file")
     args = ap.parse_args()
+    if args.docs:
+        benchdocs.sync(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."), args.check)
+        return
+    if args.run is None:
+        ap.error("give a run file to draw, or --docs")
     lines = parse(args.run)
     if not lines:
         sys.exit(f"bench-plot: no result lines in {args.run}")

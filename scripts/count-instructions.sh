@@ -15,7 +15,7 @@ die() { echo "count-instructions: $*" >&2; exit 1; }
 [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "N must be a positive number, not '$n'"
 command -v valgrind >/dev/null || die "needs valgrind (apt-get install valgrind)"
 cargo build -q --release -p tower-lock-bench --bin http_instructions
-bin=target/release/http_instructions
+bin=${CARGO_TARGET_DIR:-target}/release/http_instructions
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 

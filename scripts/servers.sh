@@ -32,7 +32,9 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it began, in seconds since the script started: the
+# test command's time, step by step.
+step() { printf '\n==> [%ss] %s\n' "$((SECONDS - started))" "$*"; }
 die() { printf '%s: %s\n' "$(basename "$0" .sh)" "$*" >&2; exit 1; }
 
 # --- packages ----------------------------------------------------------------
