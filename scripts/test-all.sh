@@ -22,6 +22,9 @@ start_servers
 
 # --- 3. checks and tests ---------------------------------------------------
 
+# Where cargo puts what it builds (the binaries run below).
+target=${CARGO_TARGET_DIR:-target}
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -125,7 +128,6 @@ step "order_service example, end to end"
 # The workspace's binaries with every feature, as the tests built them (one
 # feature set: nothing is compiled twice).
 cargo build -q --workspace --all-features --bins --examples
-target=${CARGO_TARGET_DIR:-target}
 order_service=$target/debug/examples/order_service
 bench=$target/debug/bench
 http_instructions=$target/debug/http_instructions
