@@ -279,7 +279,10 @@ for sabotage in early-release same-token ignore-lease; do
     sabotaged --backend memory --secs 5 --seed 1 --sabotage "$sabotage"
 done
 # A lost signal is only missed where locks are lost: ZooKeeper under faults
-# (on Redis without quarantine, the server-kill excuse still hides it).
-sabotaged --backend zk --secs 30 --seed 1 --sabotage no-lost
+# (on Redis without quarantine, the server-kill excuse still hides it), and
+# only those that surely lose them, pauses and partitions past the session:
+# with every fault drawn, a run with holds spread over every mode could
+# meet no loss in time and pass (seen once in CI).
+sabotaged --backend zk --secs 30 --seed 1 --nemesis pause,partition --sabotage no-lost
 
 step "all checks passed in $((SECONDS - started))s"
