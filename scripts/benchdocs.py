@@ -118,18 +118,30 @@ MEASURES = {
 }
 
 
+def grouped(items, key):
+    """`items` by `key(item)`, in the order each key first appears."""
+    out = {}
+    for item in items:
+        out.setdefault(key(item), []).append(item)
+    return out
+
+
+def peers(rows):
+    """The peers' rows by implementation (no floor, control or ours)."""
+    return grouped(
+        (r for r in rows if r["impl"] not in NOT_PEERS and not r["impl"].startswith("no-lock")),
+        lambda r: r["impl"],
+    )
+
+
 def bench_table(path):
-    lines = result_lines(path)
-    groups, order = {}, []
-    for line in lines:
-        g = group_name(line)
-        if g not in groups:
-            groups[g], _ = {}, order.append(g)
-        key = (workload(line), who(line))
-        groups[g].setdefault(key, []).append(line)
+    groups = {
+        g: grouped(rows, lambda line: (workload(line), who(line)))
+        for g, rows in grouped(result_lines(path), group_name).items()
+    }
     csv = redis_benchmark_p50(path)
     out = []
-    for g in order:
+    for g in groups:
         out += [f"#### {g}", "", "| workload | who | lines | median | range | also |", "|---|---|---|---|---|---|"]
         if g == "Redis, one server" and csv:
             med, rng = spread(csv)
@@ -164,13 +176,7 @@ def ratio(a, b):
 
 def bench_summary(path):
     """Per backend: this library beside the floor and the best peer."""
-    lines = result_lines(path)
-    groups, order = {}, []
-    for line in lines:
-        g = group_name(line)
-        if g not in groups:
-            groups[g], _ = [], order.append(g)
-        groups[g].append(line)
+    groups = grouped(result_lines(path), group_name)
 
     def med(rows, field):
         v = [float(r[field]) for r in rows if field in r]
@@ -181,25 +187,16 @@ def bench_summary(path):
         "| best peer (awaits its release) | × best peer | 8 workers on one key | best peer | × best peer |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for g in order:
-        rows = groups[g]
+    for g, rows in groups.items():
         unc = [r for r in rows if r["workload"] == "uncontended"]
         ours = med([r for r in unc if r["impl"] == "tower-lock" and "release" not in r], "p50_us")
         if ours is None:
             continue
         floor = med([r for r in unc if r["impl"] in FLOORS], "p50_us")
-        peers = {}
-        for r in unc:
-            if r["impl"] not in NOT_PEERS and not r["impl"].startswith("no-lock"):
-                peers.setdefault(r["impl"], []).append(r)
-        best = min(((med(v, "p50_us"), k) for k, v in peers.items()), default=(None, ""))
+        best = min(((med(v, "p50_us"), k) for k, v in peers(unc).items()), default=(None, ""))
         con = [r for r in rows if r["workload"] == "contended" and "processes" not in r]
         ours_c = med([r for r in con if r["impl"] == "tower-lock"], "cycles_per_s")
-        cpeers = {}
-        for r in con:
-            if r["impl"] not in NOT_PEERS and not r["impl"].startswith("no-lock"):
-                cpeers.setdefault(r["impl"], []).append(r)
-        best_c = max(((med(v, "cycles_per_s"), k) for k, v in cpeers.items()), default=(None, ""))
+        best_c = max(((med(v, "cycles_per_s"), k) for k, v in peers(con).items()), default=(None, ""))
         cell = lambda v, unit: f"{number(v)} {unit}" if v is not None else ""
         named = lambda v, k, unit: f"{number(v)} {unit} (`{k}`)" if v is not None else ""
         out.append(
