@@ -11,10 +11,10 @@
 )]
 #![cfg_attr(
     not(feature = "redis"),
-    doc = "[`RedisBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/struct.RedisBackend.html",
-    doc = "[`RedlockBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/struct.RedlockBackend.html",
+    doc = "[`RedisBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/type.RedisBackend.html",
+    doc = "[`RedlockBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/redlock/type.RedlockBackend.html",
     doc = "[`backend::redis`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/index.html",
-    doc = "[`backend::redlock`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/index.html"
+    doc = "[`backend::redis::redlock`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/redlock/index.html"
 )]
 #![cfg_attr(
     feature = "zookeeper",
@@ -22,18 +22,18 @@
 )]
 #![cfg_attr(
     not(feature = "zookeeper"),
-    doc = "[`ZookeeperBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/struct.ZookeeperBackend.html",
+    doc = "[`ZookeeperBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/type.ZookeeperBackend.html",
     doc = "[`backend::zookeeper`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/index.html"
 )]
 #![cfg_attr(feature = "etcd", doc = "[`EtcdBackend`]: backend::EtcdBackend")]
 #![cfg_attr(
     not(feature = "etcd"),
-    doc = "[`EtcdBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/etcd/struct.EtcdBackend.html"
+    doc = "[`EtcdBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/etcd/type.EtcdBackend.html"
 )]
 #![cfg_attr(feature = "mysql", doc = "[`MysqlBackend`]: backend::MysqlBackend")]
 #![cfg_attr(
     not(feature = "mysql"),
-    doc = "[`MysqlBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/mysql/struct.MysqlBackend.html",
+    doc = "[`MysqlBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/mysql/type.MysqlBackend.html",
     doc = "[`backend::mysql`]: https://docs.rs/tower-lock/latest/tower_lock/backend/mysql/index.html"
 )]
 #![cfg_attr(
@@ -42,7 +42,7 @@
 )]
 #![cfg_attr(
     not(feature = "postgres"),
-    doc = "[`PostgresBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/postgres/struct.PostgresBackend.html",
+    doc = "[`PostgresBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/postgres/type.PostgresBackend.html",
     doc = "[`backend::postgres`]: https://docs.rs/tower-lock/latest/tower_lock/backend/postgres/index.html"
 )]
 #![cfg_attr(
@@ -54,6 +54,20 @@
 #![deny(unsafe_code)]
 
 // The README's examples are compiled and run with the doctests too.
+/// Items that only remote stores use: compiled with any of their features.
+macro_rules! cfg_remote {
+    ($($item:item)*) => {$(
+        #[cfg(any(
+            feature = "redis",
+            feature = "zookeeper",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "etcd"
+        ))]
+        $item
+    )*};
+}
+
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

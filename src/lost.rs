@@ -388,48 +388,38 @@ impl Future for Lost {
     }
 }
 
-/// The moment until which a lease or session is known alive, shared between
-/// the task that renews it and the holds that check it.
-#[cfg(any(
-    feature = "redis",
-    feature = "zookeeper",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "etcd"
-))]
-pub(crate) struct Deadline {
-    base: std::time::Instant,
-    /// Nanoseconds after `base`.
-    after: std::sync::atomic::AtomicU64,
+cfg_remote! {
+    /// The moment until which a lease or session is known alive, shared between
+    /// the task that renews it and the holds that check it.
+    pub(crate) struct Deadline {
+        base: std::time::Instant,
+        /// Nanoseconds after `base`.
+        after: std::sync::atomic::AtomicU64,
+    }
 }
 
-#[cfg(any(
-    feature = "redis",
-    feature = "zookeeper",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "etcd"
-))]
-impl Deadline {
-    pub(crate) fn new(at: std::time::Instant) -> Self {
-        Deadline {
-            base: at,
-            after: std::sync::atomic::AtomicU64::new(0),
+cfg_remote! {
+    impl Deadline {
+        pub(crate) fn new(at: std::time::Instant) -> Self {
+            Deadline {
+                base: at,
+                after: std::sync::atomic::AtomicU64::new(0),
+            }
         }
-    }
 
-    pub(crate) fn get(&self) -> std::time::Instant {
-        self.base + std::time::Duration::from_nanos(self.after.load(Ordering::Acquire))
-    }
+        pub(crate) fn get(&self) -> std::time::Instant {
+            self.base + std::time::Duration::from_nanos(self.after.load(Ordering::Acquire))
+        }
 
-    /// Moves the deadline to `at`, never back.
-    pub(crate) fn extend(&self, at: std::time::Instant) {
-        let after = at.saturating_duration_since(self.base).as_nanos() as u64;
-        self.after.fetch_max(after, Ordering::AcqRel);
-    }
+        /// Moves the deadline to `at`, never back.
+        pub(crate) fn extend(&self, at: std::time::Instant) {
+            let after = at.saturating_duration_since(self.base).as_nanos() as u64;
+            self.after.fetch_max(after, Ordering::AcqRel);
+        }
 
-    pub(crate) fn passed(&self) -> bool {
-        std::time::Instant::now() >= self.get()
+        pub(crate) fn passed(&self) -> bool {
+            std::time::Instant::now() >= self.get()
+        }
     }
 }
 

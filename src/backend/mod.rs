@@ -72,38 +72,22 @@
 //! The core and the layer do not change.
 
 mod capabilities;
-mod cohort;
+mod engine;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
 mod future;
-mod in_flight;
-#[cfg(any(
-    feature = "redis",
-    feature = "zookeeper",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "etcd"
-))]
-mod lease;
 mod memory;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub mod mysql;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-mod owner;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub mod redlock;
 mod registry;
-#[cfg(any(feature = "zookeeper", feature = "etcd"))]
-mod retry;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "zookeeper")]
@@ -121,18 +105,30 @@ pub use self::mysql::{MysqlBackend, MysqlOptions};
 pub use self::postgres::{PostgresBackend, PostgresOptions};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use self::redis::redlock::RedlockBackend;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use self::zookeeper::{ZookeeperBackend, ZookeeperOptions};
 pub use capabilities::Capabilities;
-pub use cohort::{Cohort, CohortOptions};
+cfg_remote! {
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(
+            feature = "redis",
+            feature = "zookeeper",
+            feature = "postgres",
+            feature = "mysql",
+            feature = "etcd"
+        )))
+    )]
+    pub use engine::RemoteBackend;
+}
+pub use engine::{Cohort, CohortOptions};
 pub use future::BackendFuture;
-pub(crate) use in_flight::InFlight;
 pub use memory::MemoryBackend;
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redlock::RedlockBackend;
 pub use registry::connect;
 
 use std::fmt;
@@ -247,12 +243,12 @@ pub trait Backend: Send + Sync + 'static {
     #[cfg_attr(
         feature = "redis",
         doc = "",
-        doc = "[redlock-cancel]: crate::backend::redlock#cancel-safety"
+        doc = "[redlock-cancel]: crate::backend::redis::redlock#cancel-safety"
     )]
     #[cfg_attr(
         not(feature = "redis"),
         doc = "",
-        doc = "[redlock-cancel]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/index.html#cancel-safety"
+        doc = "[redlock-cancel]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/redlock/index.html#cancel-safety"
     )]
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>>;
 

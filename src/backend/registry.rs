@@ -103,8 +103,8 @@ const REGISTRY: &[Row] = &[
 #[cfg_attr(
     not(feature = "redis"),
     doc = "",
-    doc = "[`RedisBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/struct.RedisBackend.html",
-    doc = "[`RedlockBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redlock/struct.RedlockBackend.html"
+    doc = "[`RedisBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/type.RedisBackend.html",
+    doc = "[`RedlockBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/redlock/type.RedlockBackend.html"
 )]
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
     let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::lease::{drift, known_until};
+use crate::backend::engine::lease::{drift, known_until};
 use crate::error::LockError;
 use crate::lost::Deadline;
 

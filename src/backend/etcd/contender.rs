@@ -13,7 +13,7 @@ use etcd_client::{
 };
 
 use super::session::{etcd_error, retry, retry_while, uncertain, Session};
-use crate::backend::lease::{Protocol, Released};
+use crate::backend::engine::lease::{Protocol, Released};
 use crate::error::LockError;
 use crate::mode::Wait;
 use crate::sync::lock;
@@ -548,7 +548,7 @@ async fn delete_until_done(
                 };
                 since.elapsed() < ttl
             };
-            crate::backend::retry::retry_uncertain(again, go_on, call).await
+            crate::backend::engine::retry::retry_uncertain(again, go_on, call).await
         }
     };
     result.map_err(|e| etcd_error("deleting the lock key", e))

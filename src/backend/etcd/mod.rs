@@ -54,7 +54,7 @@
 //!
 //! # Cohorting
 //!
-//! As for ZooKeeper, a [`Cohort`] sits in front: a process's acquisitions
+//! As for ZooKeeper, a [`Cohort`](crate::backend::Cohort) sits in front: a process's acquisitions
 //! of a key queue in the process and only the first puts a key; an
 //! exclusive or write lock passes from holder to holder within the process,
 //! up to [`CohortOptions`]'s bound, while the lease is surely alive.
@@ -142,9 +142,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use self::session::EtcdInner;
-use super::lease::{protocol_backend, Lease};
-use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
+pub use self::session::EtcdStore;
+use crate::backend::engine::lease::Lease;
+use crate::backend::engine::{InFlight, Store};
+use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
@@ -161,7 +162,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How far apart the fencing tokens of two lock keys are: a key's token is
 /// its create revision times this, and the tokens between go to the holders
-/// a [`Cohort`] passes the key to.
+/// a [`Cohort`](crate::backend::Cohort) passes the key to.
 pub const TOKEN_SPACING: u32 = 64;
 
 /// Settings of an [`EtcdBackend`].
@@ -215,7 +216,7 @@ impl EtcdOptions {
         self
     }
 
-    /// How this process's waiters share a lock (see [`Cohort`]); on by
+    /// How this process's waiters share a lock (see [`Cohort`](crate::backend::Cohort)); on by
     /// default, [`CohortOptions::off`] gives each acquisition a key.
     pub fn cohort(mut self, cohort: CohortOptions) -> Self {
         self.cohort = cohort;
@@ -247,16 +248,7 @@ impl EtcdOptions {
 /// let layer = LockLayer::new(etcd, PathParam("sku"));
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct EtcdBackend {
-    cohort: Cohort<Etcd>,
-}
-
-/// The protocol on one lease, without the local queue.
-#[derive(Clone)]
-struct Etcd {
-    inner: Arc<EtcdInner>,
-}
+pub type EtcdBackend = RemoteBackend<EtcdStore>;
 
 /// Splits `etcd://host:port[,host:port...][/root]`.
 fn parse_url(url: &str) -> Result<(Vec<String>, Option<String>), LockError> {
@@ -350,23 +342,19 @@ impl EtcdBackend {
             .map_err(|e| {
                 session::etcd_error(&format!("connecting to etcd at {}", endpoints.join(",")), e)
             })?;
-        let etcd = Etcd {
-            inner: Arc::new(EtcdInner {
-                endpoints,
-                root,
-                ttl: options.lease_ttl,
-                connect_timeout: options.connect_timeout,
-                client,
-                current: Mutex::new(None),
-                opening: tokio::sync::Mutex::new(()),
-                releases: Arc::default(),
-                next: AtomicU64::new(0),
-            }),
+        let store = EtcdStore {
+            endpoints,
+            root,
+            ttl: options.lease_ttl,
+            connect_timeout: options.connect_timeout,
+            client,
+            current: Mutex::new(None),
+            opening: tokio::sync::Mutex::new(()),
+            releases: Arc::default(),
+            next: AtomicU64::new(0),
         };
-        etcd.inner.session().await?;
-        Ok(EtcdBackend {
-            cohort: Cohort::new(etcd, options.cohort),
-        })
+        store.session().await?;
+        Ok(RemoteBackend::new(store, options.cohort))
     }
 
     /// The prefix under which `key`'s contender keys are put: what
@@ -385,52 +373,32 @@ impl EtcdBackend {
     /// # Ok(()) }
     /// ```
     pub fn lock_name(&self, key: &LockKey) -> String {
-        self.cohort.inner().inner.name(key)
+        self.store().name(key)
     }
 
     /// The root under which all lock names live.
     pub fn root(&self) -> &str {
-        &self.cohort.inner().inner.root
+        &self.store().root
     }
 
     /// The current lease's id, if one is held (for diagnostics and tests).
     pub fn lease_id(&self) -> Option<i64> {
-        lock(&self.cohort.inner().inner.current)
-            .as_ref()
-            .map(|s| s.lease)
+        lock(&self.store().current).as_ref().map(|s| s.lease)
     }
 }
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdBackend")
-            .field("endpoints", &self.cohort.inner().inner.endpoints)
-            .field("root", &self.cohort.inner().inner.root)
+            .field("endpoints", &self.store().endpoints)
+            .field("root", &self.store().root)
+            .field("cohort", &self.cohort_options())
             .finish_non_exhaustive()
     }
 }
 
-super::cohort::cohort_backend!(EtcdBackend, "etcd");
-
-// Keys queue by create revision across every client. Releases are not
-// ordered before later requests: one client's requests travel on
-// concurrent HTTP/2 streams. A create applied before the release it
-// followed finds the released key ahead and waits in the queue for its
-// delete, so the next acquire need not wait for the release's answer.
-protocol_backend!(
-    Etcd,
-    "etcd",
-    Capabilities::new()
-        .no_semaphore()
-        .max_tokens(TOKEN_SPACING)
-        .fifo(true)
-        .waits_in_server(true)
-);
-
-impl EtcdInner {
-    fn name(&self, key: &LockKey) -> String {
-        format!("{}/{}", self.root, key.as_str())
-    }
+impl Store for EtcdStore {
+    const NAME: &'static str = "etcd";
 
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         let reader = match request.mode {
@@ -470,6 +438,29 @@ impl EtcdInner {
             lease.lost().fire("the etcd lease ended");
         }
         Ok(lease.acquired(token, tokens))
+    }
+
+    fn releases(&self) -> &Arc<InFlight> {
+        &self.releases
+    }
+
+    // Keys queue by create revision across every client. Releases are not
+    // ordered before later requests: one client's requests travel on
+    // concurrent HTTP/2 streams. A create applied before the release it
+    // followed finds the released key ahead and waits in the queue for its
+    // delete, so the next acquire need not wait for the release's answer.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .no_semaphore()
+            .max_tokens(TOKEN_SPACING)
+            .fifo(true)
+            .waits_in_server(true)
+    }
+}
+
+impl EtcdStore {
+    fn name(&self, key: &LockKey) -> String {
+        format!("{}/{}", self.root, key.as_str())
     }
 }
 

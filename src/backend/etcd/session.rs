@@ -10,13 +10,17 @@ use std::time::{Duration, Instant};
 use etcd_client as etcd;
 
 use super::contender::EtcdLock;
-use crate::backend::lease::Lease;
-use crate::backend::InFlight;
+use crate::backend::engine::lease::Lease;
+use crate::backend::engine::InFlight;
 use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::sync::lock;
 
-pub(super) struct EtcdInner {
+/// An etcd client and its lease: the store behind
+/// [`EtcdBackend`](super::EtcdBackend). Its acquire path is in the module;
+/// the engine ([`RemoteBackend`](crate::backend::RemoteBackend)) does the
+/// rest.
+pub struct EtcdStore {
     pub(super) endpoints: Vec<String>,
     pub(super) root: String,
     pub(super) ttl: Duration,
@@ -151,7 +155,7 @@ impl Drop for Session {
     }
 }
 
-impl EtcdInner {
+impl EtcdStore {
     /// The live lease, granting a new one if there is none or it ended.
     pub(super) async fn session(&self) -> Result<Arc<Session>, LockError> {
         if let Some(s) = lock(&self.current).as_ref().filter(|s| s.usable()) {
@@ -342,7 +346,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, etcd::Error>>,
 {
-    crate::backend::retry::retry_uncertain(uncertain, || go_on(session), call).await
+    crate::backend::engine::retry::retry_uncertain(uncertain, || go_on(session), call).await
 }
 
 /// [`retry_while`] the lease is usable, with the error as a [`LockError`];

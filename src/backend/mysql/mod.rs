@@ -22,7 +22,7 @@
 //!   goes back to the pool once `RELEASE_LOCK` is answered. A waiter that
 //!   gives up is interrupted on the server (`KILL QUERY` from another
 //!   connection) and its connection closed, so no waiter is left.
-//! - Waiters in this process queue in front of the server ([`Cohort`]): a
+//! - Waiters in this process queue in front of the server ([`Cohort`](crate::backend::Cohort)): a
 //!   held lock passes to the next local waiter without a round trip, within
 //!   [`CohortOptions`]' bounds.
 //! - MariaDB does not promise an order among waiters from several
@@ -115,9 +115,11 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::Opts;
 
-use self::session::{my_error, MyInner, Session};
-use super::lease::{check_lease, protocol_backend, Lease, Protocol, Released};
-use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
+pub use self::session::MysqlStore;
+use self::session::{my_error, Session};
+use crate::backend::engine::lease::{check_lease, Lease, Protocol, Released};
+use crate::backend::engine::{InFlight, Store};
+use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
 use crate::error::LockError;
 use crate::mode::Wait;
 use crate::sync::lock;
@@ -238,7 +240,7 @@ impl MysqlOptions {
         self
     }
 
-    /// How this process's waiters share a lock (see [`Cohort`]).
+    /// How this process's waiters share a lock (see [`Cohort`](crate::backend::Cohort)).
     pub fn cohort(mut self, cohort: CohortOptions) -> Self {
         self.cohort = cohort;
         self
@@ -261,16 +263,7 @@ impl MysqlOptions {
 /// let layer = LockLayer::new(db, PathParam("sku")).namespace("sku");
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct MysqlBackend {
-    cohort: Cohort<My>,
-}
-
-/// `GET_LOCK` on pooled connections, without the local queue.
-#[derive(Clone)]
-struct My {
-    inner: Arc<MyInner>,
-}
+pub type MysqlBackend = RemoteBackend<MysqlStore>;
 
 impl MysqlBackend {
     /// Connects to `mysql://user[:password]@host:port/database` (or
@@ -310,56 +303,41 @@ impl MysqlBackend {
             opts.tcp_port(),
             opts.db_name().unwrap_or("(no database)")
         );
-        let my = My {
-            inner: Arc::new(MyInner {
-                opts,
-                target,
-                lease: options.lease,
-                connect_timeout: options.connect_timeout,
-                statements: Statements::new(&options.sequence),
-                sequence: options.sequence,
-                sequence_ready: AtomicBool::new(false),
-                idle: Mutex::new(Vec::new()),
-                connections: super::sql::Connections::new(options.max_connections),
-                releases: Arc::default(),
-            }),
+        let store = MysqlStore {
+            opts,
+            target,
+            lease: options.lease,
+            connect_timeout: options.connect_timeout,
+            statements: Statements::new(&options.sequence),
+            sequence: options.sequence,
+            sequence_ready: AtomicBool::new(false),
+            idle: Mutex::new(Vec::new()),
+            connections: super::sql::Connections::new(options.max_connections),
+            releases: Arc::default(),
         };
-        let first = my.inner.session().await?;
-        my.inner.give_back(first);
-        Ok(MysqlBackend {
-            cohort: Cohort::new(my, options.cohort),
-        })
+        let first = store.session().await?;
+        store.give_back(first);
+        Ok(RemoteBackend::new(store, options.cohort))
     }
 
     /// The connections open now (for diagnostics and tests).
     pub fn connections(&self) -> usize {
-        self.cohort.inner().inner.connections.open()
+        self.store().connections.open()
     }
 }
 
 impl fmt::Debug for MysqlBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MysqlBackend")
-            .field("target", &self.cohort.inner().inner.target)
+            .field("target", &self.store().target)
+            .field("cohort", &self.cohort_options())
             .finish_non_exhaustive()
     }
 }
 
-super::cohort::cohort_backend!(MysqlBackend, "mysql");
+impl Store for MysqlStore {
+    const NAME: &'static str = "mysql";
 
-// No promised order among waiters, and a release and the next acquisition
-// go out on different connections; but `GET_LOCK` waits in the server, so
-// this process's next acquisition need not wait for the release's answer.
-protocol_backend!(
-    My,
-    "mysql",
-    Capabilities::new()
-        .exclusive_only()
-        .max_tokens(TOKEN_SPACING)
-        .waits_in_server(true)
-);
-
-impl MyInner {
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         let key = request.key.as_str().to_owned();
         let secs = match request.wait {
@@ -457,13 +435,29 @@ impl MyInner {
         }
         Ok(lease.acquired(token, request.tokens.clamp(1, TOKEN_SPACING)))
     }
+
+    fn releases(&self) -> &Arc<InFlight> {
+        &self.releases
+    }
+
+    // No promised order among waiters, and a release and the next acquisition
+    // go out on different connections; but `GET_LOCK` waits in the server, so
+    // this process's next acquisition need not wait for the release's answer.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .exclusive_only()
+            .max_tokens(TOKEN_SPACING)
+            .waits_in_server(true)
+    }
 }
+
+impl MysqlStore {}
 
 /// A `GET_LOCK` in flight; dropped (the caller gave up), it interrupts the
 /// wait on the server and closes the connection, which frees whatever the
 /// wait got.
 struct Undo<'a> {
-    inner: &'a Arc<MyInner>,
+    inner: &'a Arc<MysqlStore>,
     session: &'a Arc<Session>,
     armed: bool,
 }
@@ -483,7 +477,7 @@ impl Drop for Undo<'_> {
 
 /// A held `GET_LOCK` lock.
 pub(super) struct MysqlLock {
-    inner: Arc<MyInner>,
+    inner: Arc<MysqlStore>,
     session: Arc<Session>,
     key: String,
 }

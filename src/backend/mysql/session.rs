@@ -14,16 +14,20 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
 
 use super::MysqlLock;
-use crate::backend::lease::Lease;
+use crate::backend::engine::lease::Lease;
+use crate::backend::engine::InFlight;
 use crate::backend::sql::{Alive, Connections, Slot};
-use crate::backend::InFlight;
 use crate::error::LockError;
 use crate::sync::lock;
 
 /// How many connections that hold nothing are kept open.
 const MAX_IDLE: usize = 4;
 
-pub(super) struct MyInner {
+/// `GET_LOCK` on pooled connections: the store behind
+/// [`MysqlBackend`](super::MysqlBackend). Its acquire path is in the
+/// module; the engine ([`RemoteBackend`](crate::backend::RemoteBackend))
+/// does the rest.
+pub struct MysqlStore {
     pub(super) opts: Opts,
     /// `host:port/db`, for messages (never the password).
     pub(super) target: String,
@@ -72,7 +76,7 @@ impl Session {
     }
 }
 
-impl MyInner {
+impl MysqlStore {
     /// A connection for one acquisition: an idle one, or a new one within
     /// `max_connections`.
     pub(super) async fn session(&self) -> Result<Arc<Session>, LockError> {

@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::session::{pg_error, pooled, PgInner, Session, MARK, POOLED};
+use super::session::{pg_error, pooled, Advisory, Session, MARK, POOLED};
 use super::TOKEN_SPACING;
-use crate::backend::lease::{release_in_background, Lease, Protocol, Released};
+use crate::backend::engine::lease::{release_in_background, Lease, Protocol, Released};
 use crate::backend::{Acquired, LockRequest};
 use crate::error::LockError;
 use crate::mode::{LockMode, Wait};
@@ -21,7 +21,7 @@ use crate::token::FencingToken;
 /// Gives each held lock its entry in its session's holds.
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
 
-impl PgInner {
+impl Advisory {
     pub(super) async fn acquire(
         self: Arc<Self>,
         request: LockRequest,
@@ -233,7 +233,7 @@ impl Statements {
 /// by cancelling the wait and closing the session. Either way the claim is
 /// given up once nothing can be left.
 pub(super) async fn attempt(
-    pg: &Arc<PgInner>,
+    pg: &Arc<Advisory>,
     session: &Arc<Session>,
     key: &str,
     read: bool,
@@ -272,7 +272,7 @@ pub(super) async fn attempt(
 
 /// An attempt that may have granted a lock nobody will hold.
 struct Undo<'a> {
-    pg: &'a Arc<PgInner>,
+    pg: &'a Arc<Advisory>,
     session: &'a Arc<Session>,
     key: &'a str,
     read: bool,
@@ -319,7 +319,7 @@ impl Drop for Undo<'_> {
 
 /// A held advisory lock.
 pub(super) struct AdvisoryLock {
-    pub(super) pg: Arc<PgInner>,
+    pub(super) pg: Arc<Advisory>,
     pub(super) session: Arc<Session>,
     pub(super) key: String,
     pub(super) read: bool,

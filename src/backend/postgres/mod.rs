@@ -28,7 +28,7 @@
 //!   cancelled on the server and its connection closed, so no waiter is
 //!   left in `pg_locks`. That connection then holds the lock it waited for
 //!   and goes back to a small pool after the release.
-//! - Waiters in this process queue in front of the server ([`Cohort`]): a
+//! - Waiters in this process queue in front of the server ([`Cohort`](crate::backend::Cohort)): a
 //!   held lock passes to the next local waiter without a round trip, within
 //!   [`CohortOptions`]' bounds.
 //! - Releasing is `pg_advisory_unlock`, one round trip.
@@ -195,10 +195,11 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use self::session::PgInner;
-use self::table::{Table, TableInner};
-use super::lease::{check_lease, protocol_backend};
-use super::{Acquired, Backend, BackendFuture, Capabilities, Cohort, CohortOptions, LockRequest};
+use self::session::Advisory;
+use self::table::LeaseTable;
+use crate::backend::engine::lease::check_lease;
+use crate::backend::engine::{InFlight, Store};
+use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
 use crate::error::LockError;
 
 /// How long a session is known alive after a request it sent was answered.
@@ -212,7 +213,7 @@ pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
 /// The lease table's name in a URL's `?lease_table` without a value.
 pub const DEFAULT_LEASE_TABLE: &str = "tower_lock_leases";
 /// How far apart two grants' fencing tokens are: the tokens between serve
-/// the local holders a [`Cohort`] passes one grant to.
+/// the local holders a [`Cohort`](crate::backend::Cohort) passes one grant to.
 pub const TOKEN_SPACING: u32 = 64;
 
 /// Settings of a [`PostgresBackend`].
@@ -334,7 +335,7 @@ impl PostgresOptions {
         self
     }
 
-    /// How this process's waiters share a lock (see [`Cohort`]): on by
+    /// How this process's waiters share a lock (see [`Cohort`](crate::backend::Cohort)): on by
     /// default, up to [`CohortOptions::DEFAULT_MAX_GRANTS`] holders (at most
     /// [`TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per grant.
     pub fn cohort(mut self, cohort: CohortOptions) -> Self {
@@ -360,21 +361,58 @@ impl PostgresOptions {
 /// let layer = LockLayer::new(pg, PathParam("sku")).namespace("sku");
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct PostgresBackend {
+pub type PostgresBackend = RemoteBackend<PostgresStore>;
+
+/// PostgreSQL in one of its two modes, advisory locks or a lease table: the
+/// store behind [`PostgresBackend`]. Each mode's acquire path is in its
+/// file; the engine ([`RemoteBackend`]) does the rest.
+pub struct PostgresStore {
     mode: Mode,
 }
 
-#[derive(Clone)]
 enum Mode {
-    Advisory(Cohort<Pg>),
-    Table(Cohort<Table>),
+    Advisory(Arc<Advisory>),
+    Table(Arc<LeaseTable>),
 }
 
-/// Advisory locks on the backend's connections, without the local queue.
-#[derive(Clone)]
-struct Pg {
-    inner: Arc<PgInner>,
+impl Store for PostgresStore {
+    const NAME: &'static str = "postgres";
+
+    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+        match &self.mode {
+            Mode::Advisory(pg) => pg.clone().acquire(request).await,
+            Mode::Table(table) => table.clone().acquire(request).await,
+        }
+    }
+
+    fn releases(&self) -> &Arc<InFlight> {
+        match &self.mode {
+            Mode::Advisory(pg) => &pg.releases,
+            Mode::Table(table) => &table.releases,
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        match self.mode {
+            // The server queues waiters from every process in order. A lock
+            // taken on the shared connection is released on it, and the
+            // next try follows the unlock there; a lock taken after a wait
+            // is released on its own connection, and a try that overtakes
+            // that unlock finds the key busy and waits for it in the
+            // server: either way the next local waiter may go as soon as
+            // the unlock is sent.
+            Mode::Advisory(_) => Capabilities::new()
+                .max_tokens(TOKEN_SPACING)
+                .ordered_release(true)
+                .fifo(true),
+            // One statement connection per key: a release sent lands before
+            // the next acquire.
+            Mode::Table(_) => Capabilities::new()
+                .exclusive_only()
+                .max_tokens(TOKEN_SPACING)
+                .ordered_release(true),
+        }
+    }
 }
 
 impl PostgresBackend {
@@ -420,7 +458,7 @@ impl PostgresBackend {
                 None => None,
             };
             let target = target(&config);
-            let inner = TableInner::new(
+            let inner = LeaseTable::new(
                 config,
                 listen_config,
                 target,
@@ -429,9 +467,10 @@ impl PostgresBackend {
                 &options.sequence,
             );
             inner.start().await?;
-            return Ok(PostgresBackend {
-                mode: Mode::Table(Cohort::new(Table { inner }, options.cohort)),
-            });
+            let store = PostgresStore {
+                mode: Mode::Table(inner),
+            };
+            return Ok(RemoteBackend::new(store, options.cohort));
         }
         if options.listen_url.is_some() {
             return Err(LockError::Config(
@@ -445,33 +484,32 @@ impl PostgresBackend {
                 "PostgresOptions::max_connections must be at least 1".into(),
             ));
         }
-        let pg = Pg {
-            inner: Arc::new(PgInner {
-                target: target(&config),
-                config,
-                lease: options.lease,
-                connect_timeout: options.connect_timeout,
-                sequence: options.sequence,
-                sequence_ready: std::sync::atomic::AtomicBool::new(false),
-                shared: Mutex::new(None),
-                opening: tokio::sync::Mutex::new(()),
-                idle: Mutex::new(Vec::new()),
-                connections: super::sql::Connections::new(options.max_connections),
-                releases: Arc::default(),
-                markers: super::owner::Tokens::new(),
-            }),
+        let pg = Arc::new(Advisory {
+            target: target(&config),
+            config,
+            lease: options.lease,
+            connect_timeout: options.connect_timeout,
+            sequence: options.sequence,
+            sequence_ready: std::sync::atomic::AtomicBool::new(false),
+            shared: Mutex::new(None),
+            opening: tokio::sync::Mutex::new(()),
+            idle: Mutex::new(Vec::new()),
+            connections: super::sql::Connections::new(options.max_connections),
+            releases: Arc::default(),
+            markers: crate::backend::engine::owner::Tokens::new(),
+        });
+        pg.shared().await?;
+        let store = PostgresStore {
+            mode: Mode::Advisory(pg),
         };
-        pg.inner.shared().await?;
-        Ok(PostgresBackend {
-            mode: Mode::Advisory(Cohort::new(pg, options.cohort)),
-        })
+        Ok(RemoteBackend::new(store, options.cohort))
     }
 
     /// The advisory-lock connections open now, the shared one included
     /// (for diagnostics and tests); 0 in the lease-table mode.
     pub fn connections(&self) -> usize {
-        match &self.mode {
-            Mode::Advisory(c) => c.inner().inner.connections.open(),
+        match &self.store().mode {
+            Mode::Advisory(c) => c.connections.open(),
             Mode::Table(_) => 0,
         }
     }
@@ -479,89 +517,41 @@ impl PostgresBackend {
     /// Whether this backend locks rows of a lease table
     /// ([`PostgresOptions::lease_table`]) rather than advisory locks.
     pub fn is_lease_table(&self) -> bool {
-        matches!(self.mode, Mode::Table(_))
+        matches!(self.store().mode, Mode::Table(_))
     }
 
     /// In the lease-table mode, how many release notifications woke a
     /// waiter of this backend (for diagnostics and tests).
     pub fn releases_heard(&self) -> u64 {
-        match &self.mode {
+        match &self.store().mode {
             Mode::Advisory(_) => 0,
-            Mode::Table(c) => c.inner().inner.releases_heard(),
+            Mode::Table(c) => c.releases_heard(),
         }
     }
 
     /// In the lease-table mode, whether releases are heard as
     /// notifications now (rather than looked for every 50 ms).
     pub fn hears_releases(&self) -> bool {
-        match &self.mode {
+        match &self.store().mode {
             Mode::Advisory(_) => false,
-            Mode::Table(c) => c.inner().inner.notifications(),
+            Mode::Table(c) => c.notifications(),
         }
     }
 }
 
 impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (mode, target) = match &self.mode {
-            Mode::Advisory(c) => ("advisory", &c.inner().inner.target),
-            Mode::Table(c) => ("lease table", &c.inner().inner.target),
+        let (mode, target) = match &self.store().mode {
+            Mode::Advisory(c) => ("advisory", &c.target),
+            Mode::Table(c) => ("lease table", &c.target),
         };
         f.debug_struct("PostgresBackend")
             .field("mode", &mode)
             .field("target", target)
+            .field("cohort", &self.cohort_options())
             .finish_non_exhaustive()
     }
 }
-
-/// Forwards to the mode's cohort.
-macro_rules! by_mode {
-    ($self:ident, $c:ident => $e:expr) => {
-        match &$self.mode {
-            Mode::Advisory($c) => $e,
-            Mode::Table($c) => $e,
-        }
-    };
-}
-
-impl Backend for PostgresBackend {
-    fn name(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
-        by_mode!(self, c => c.acquire(request))
-    }
-
-    /// Also releases the locks passed on to local waiters that have not
-    /// taken them yet (they acquire anew).
-    fn flush(&self) -> BackendFuture<()> {
-        by_mode!(self, c => c.flush())
-    }
-
-    fn instance_id(&self) -> usize {
-        by_mode!(self, c => c.instance_id())
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        by_mode!(self, c => c.capabilities())
-    }
-}
-
-// The server queues waiters from every process in order. A lock taken on
-// the shared connection is released on it, and the next try follows the
-// unlock there; a lock taken after a wait is released on its own
-// connection, and a try that overtakes that unlock finds the key busy and
-// waits for it in the server: either way the next local waiter may go as
-// soon as the unlock is sent.
-protocol_backend!(
-    Pg,
-    "postgres",
-    Capabilities::new()
-        .max_tokens(TOKEN_SPACING)
-        .ordered_release(true)
-        .fifo(true)
-);
 
 /// The driver's settings, and the lease table a `?lease_table[=name]`
 /// parameter names (taken out: the driver knows no such parameter).

@@ -17,17 +17,17 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
 use super::advisory::{AdvisoryLock, Statements};
-use crate::backend::lease::Lease;
-use crate::backend::owner::Tokens;
+use crate::backend::engine::lease::Lease;
+use crate::backend::engine::owner::Tokens;
+use crate::backend::engine::InFlight;
 use crate::backend::sql::{Alive, Connections, Slot};
-use crate::backend::InFlight;
 use crate::error::LockError;
 use crate::sync::lock;
 
 /// How many sessions that hold nothing are kept open for the next wait.
 const MAX_IDLE: usize = 2;
 
-pub(super) struct PgInner {
+pub(super) struct Advisory {
     pub(super) config: tokio_postgres::Config,
     /// `host:port/db`, for messages (never the password).
     pub(super) target: String,
@@ -163,7 +163,7 @@ impl Drop for Session {
     }
 }
 
-impl PgInner {
+impl Advisory {
     /// The session locks free at once are taken on, opened if there is none
     /// or it ended.
     pub(super) async fn shared(&self) -> Result<Arc<Session>, LockError> {

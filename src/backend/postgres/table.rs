@@ -19,11 +19,12 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 use super::session::{check_sequence, create_missing, pg_error};
 use super::table_sql::Sql;
 use super::TOKEN_SPACING;
-use crate::backend::lease::{
-    check_lease, known_until, protocol_backend, release_in_background, Lease, Protocol, Released,
+use crate::backend::engine::lease::{
+    check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
-use crate::backend::owner::Tokens;
-use crate::backend::{Acquired, Capabilities, InFlight, LockRequest};
+use crate::backend::engine::owner::Tokens;
+use crate::backend::engine::InFlight;
+use crate::backend::{Acquired, LockRequest};
 use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::mode::{LockMode, Wait};
@@ -77,13 +78,7 @@ enum Stmt {
     Probe,
 }
 
-/// The lease-table protocol.
-#[derive(Clone)]
-pub(super) struct Table {
-    pub(super) inner: Arc<TableInner>,
-}
-
-pub(super) struct TableInner {
+pub(super) struct LeaseTable {
     config: tokio_postgres::Config,
     /// Where the listener connects: the same server, or a direct address
     /// when statements go through a transaction pooler.
@@ -118,16 +113,6 @@ pub(super) struct TableInner {
     pub(super) releases: Arc<InFlight>,
 }
 
-// One statement connection: a release sent lands before the next acquire.
-protocol_backend!(
-    Table,
-    "postgres",
-    Capabilities::new()
-        .exclusive_only()
-        .max_tokens(TOKEN_SPACING)
-        .ordered_release(true)
-);
-
 /// What one acquire statement found.
 enum Attempt {
     /// The sequence's value drawn for the grant.
@@ -136,7 +121,7 @@ enum Attempt {
     Busy(Option<i64>),
 }
 
-impl TableInner {
+impl LeaseTable {
     /// The mode's state; connects nothing yet.
     pub(super) fn new(
         config: tokio_postgres::Config,
@@ -148,7 +133,7 @@ impl TableInner {
     ) -> Arc<Self> {
         let listens_there = listen_config.is_none();
         let listen_config = listen_config.unwrap_or_else(|| config.clone());
-        Arc::new(TableInner {
+        Arc::new(LeaseTable {
             config,
             listen_config,
             target,
@@ -369,7 +354,10 @@ impl TableInner {
         }
     }
 
-    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+    pub(super) async fn acquire(
+        self: Arc<Self>,
+        request: LockRequest,
+    ) -> Result<Acquired, LockError> {
         check_lease(request.lease, "PostgreSQL")?;
         if !matches!(request.mode, LockMode::Exclusive | LockMode::Write) {
             return Err(LockError::InvalidMode(format!(
@@ -445,7 +433,7 @@ impl TableInner {
     }
 }
 
-impl Drop for TableInner {
+impl Drop for LeaseTable {
     fn drop(&mut self) {
         for task in lock(&self.tasks).drain(..) {
             task.abort();
@@ -458,7 +446,7 @@ async fn connect(
     config: &tokio_postgres::Config,
     target: &str,
     timeout: Duration,
-    heard: Option<Weak<TableInner>>,
+    heard: Option<Weak<LeaseTable>>,
 ) -> Result<(Client, JoinHandle<()>), LockError> {
     let doing = || format!("connecting to PostgreSQL at {target}");
     // A connection cut without a reset (a partition) fails within seconds
@@ -503,7 +491,7 @@ async fn connect(
 /// whether they arrive: a pooler in transaction mode between the listener
 /// and the server runs `LISTEN` on a session the listener does not keep,
 /// and then waiters look again every [`POLL_RECHECK`] instead.
-async fn listen(table: Weak<TableInner>) {
+async fn listen(table: Weak<LeaseTable>) {
     let mut pause = Duration::from_millis(50);
     let mut warned = false;
     loop {
@@ -570,7 +558,7 @@ async fn listen(table: Weak<TableInner>) {
 }
 
 /// Deletes expired rows, left by holders that died, every [`SWEEP_EVERY`].
-async fn sweep(table: Weak<TableInner>) {
+async fn sweep(table: Weak<LeaseTable>) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
         let Some(t) = table.upgrade() else { return };
@@ -585,7 +573,7 @@ async fn sweep(table: Weak<TableInner>) {
 
 /// A waiter's wake-up, shared by the local waiters of one key.
 struct Watch {
-    table: Arc<TableInner>,
+    table: Arc<LeaseTable>,
     key: String,
     notify: Arc<Notify>,
 }
@@ -604,7 +592,7 @@ impl Drop for Watch {
 /// up, or the connection failed before the answer): its row is deleted in
 /// the background.
 struct Undo<'a> {
-    table: &'a Arc<TableInner>,
+    table: &'a Arc<LeaseTable>,
     key: &'a str,
     owner: &'a str,
     armed: bool,
@@ -631,7 +619,7 @@ impl Drop for Undo<'_> {
 
 /// A held lease row.
 struct TableLock {
-    table: Arc<TableInner>,
+    table: Arc<LeaseTable>,
     key: String,
     owner: String,
     lease_ms: i64,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::scripts::{scripts, FENCE_TTL};
-pub(crate) use crate::backend::owner::Tokens;
+pub(crate) use crate::backend::engine::owner::Tokens;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;

@@ -49,7 +49,7 @@
 //!
 //! # Passing a lock on
 //!
-//! The backend is a [`Cohort`] in front of the Redis protocol: when a holder
+//! The backend is a [`Cohort`](crate::backend::Cohort) in front of the Redis protocol: when a holder
 //! of an exclusive or write lock releases it while another acquisition of the
 //! same key in the same mode waits in this process, the Redis lock is handed
 //! to that waiter instead of being released and taken again. No round trip,
@@ -199,6 +199,7 @@ mod layout;
 mod master;
 mod options;
 mod pubsub;
+pub mod redlock;
 mod replicas;
 mod scripts;
 mod server;
@@ -212,15 +213,14 @@ use redis::aio::ConnectionManagerConfig;
 use redis::{PushInfo, PushKind};
 
 use self::connection::{Connection, Doubt, Link};
-pub(crate) use self::layout::{redis_error, Attempt, Floor, Layout, Tokens};
-pub(crate) use self::options::check_tls_support;
+use self::layout::{redis_error, Tokens};
 use self::options::tls_mismatch_hint;
 pub use self::options::RedisOptions;
 use self::pubsub::{sweep_subscriptions, Watches};
-use self::server::{Server, ServerInner};
-use super::Cohort;
+pub use self::server::RedisStore;
 #[cfg(doc)]
 use super::CohortOptions;
+use super::RemoteBackend;
 use crate::error::LockError;
 use crate::key::LockKey;
 
@@ -245,10 +245,7 @@ use crate::key::LockKey;
 /// let layer = LockLayer::new(redis, PathParam("sku"));
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct RedisBackend {
-    cohort: Cohort<Server>,
-}
+pub type RedisBackend = RemoteBackend<RedisStore>;
 
 impl RedisBackend {
     /// Connects with the default [`RedisOptions`].
@@ -364,21 +361,17 @@ impl RedisBackend {
             Arc::downgrade(&watches),
             Arc::downgrade(&conn),
         ));
-        let server = Server {
-            inner: Arc::new(ServerInner {
-                conn,
-                replicas,
-                response_timeout: options.response_timeout,
-                prefix: options.prefix,
-                quarantine: options.restart_quarantine,
-                watches,
-                tokens: Tokens::new(),
-                releases: Arc::default(),
-            }),
+        let store = RedisStore {
+            conn,
+            replicas,
+            response_timeout: options.response_timeout,
+            prefix: options.prefix,
+            quarantine: options.restart_quarantine,
+            watches,
+            tokens: Tokens::new(),
+            releases: Arc::default(),
         };
-        Ok(RedisBackend {
-            cohort: Cohort::new(server, options.cohort),
-        })
+        Ok(RemoteBackend::new(store, options.cohort))
     }
 
     /// The Redis key of an exclusive lock on `key`, for peers in other
@@ -402,17 +395,15 @@ impl RedisBackend {
     /// # Ok(()) }
     /// ```
     pub fn redis_key(&self, key: &LockKey) -> String {
-        layout::redis_name(&self.cohort.inner().inner.prefix, key.as_str())
+        layout::redis_name(&self.store().prefix, key.as_str())
     }
 }
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("prefix", &self.cohort.inner().inner.prefix)
-            .field("cohort", &self.cohort.options())
+            .field("prefix", &self.store().prefix)
+            .field("cohort", &self.cohort_options())
             .finish_non_exhaustive()
     }
 }
-
-super::cohort::cohort_backend!(RedisBackend, "redis");

@@ -1,6 +1,6 @@
 //! One Redis server, spoken to directly: the acquire loop, renewal and
-//! release of one lock. [`Cohort`](crate::backend::Cohort) puts the local
-//! queue in front.
+//! release of one lock. [`RemoteBackend`](crate::backend::RemoteBackend)
+//! puts the engine in front.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,11 +12,11 @@ use super::layout::{redis_error, uncertain, Attempt, Floor, Layout, Tokens};
 use super::pubsub::Watches;
 use super::replicas::{Acked, Replicas};
 use super::scripts::{EPOCH_STRIDE, MAX_FLOOR};
-use crate::backend::lease::protocol_backend;
-use crate::backend::lease::{
+use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
-use crate::backend::{Acquired, Capabilities, InFlight, LockRequest};
+use crate::backend::engine::{InFlight, Store};
+use crate::backend::{Acquired, Capabilities, LockRequest};
 use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::mode::Wait;
@@ -28,13 +28,11 @@ const MAX_RECHECK: Duration = Duration::from_secs(1);
 /// The most fencing tokens one acquisition reserves.
 const MAX_TOKENS: u32 = 1 << 16;
 
-/// The Redis protocol on one connection.
-#[derive(Clone)]
-pub(super) struct Server {
-    pub(super) inner: Arc<ServerInner>,
-}
-
-pub(super) struct ServerInner {
+/// One Redis server, or the master Sentinel names, or a Cluster: the
+/// store behind [`RedisBackend`](super::RedisBackend). Its acquire path is
+/// here; the engine ([`RemoteBackend`](crate::backend::RemoteBackend)) does
+/// the rest.
+pub struct RedisStore {
     pub(super) conn: Arc<Connection>,
     /// Writes count only once this many replicas have them.
     pub(super) replicas: Option<Replicas>,
@@ -48,15 +46,9 @@ pub(super) struct ServerInner {
 }
 
 // One connection: a release sent lands before the next acquire.
-protocol_backend!(
-    Server,
-    "redis",
-    Capabilities::new()
-        .max_tokens(MAX_TOKENS)
-        .ordered_release(true)
-);
+impl Store for RedisStore {
+    const NAME: &'static str = "redis";
 
-impl ServerInner {
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         check_lease(request.lease, "Redis")?;
         if let Some(q) = self.quarantine.filter(|q| request.lease > *q) {
@@ -118,6 +110,18 @@ impl ServerInner {
         Ok(lease.acquired(FencingToken::new(first), reserved))
     }
 
+    fn releases(&self) -> &Arc<InFlight> {
+        &self.releases
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .max_tokens(MAX_TOKENS)
+            .ordered_release(true)
+    }
+}
+
+impl RedisStore {
     /// One acquire script. Dropped while it is in flight (the caller gave
     /// up), or failed without an answer, it may still have granted the lock:
     /// then the lock is released in the background.
@@ -182,7 +186,7 @@ impl ServerInner {
 /// have granted (compare-and-delete by the attempt's token: harmless if it
 /// granted nothing).
 struct Attempting<'a> {
-    inner: &'a Arc<ServerInner>,
+    inner: &'a Arc<RedisStore>,
     layout: &'a Layout,
     token: &'a str,
     lease: Duration,
@@ -216,7 +220,7 @@ impl Drop for Attempting<'_> {
 
 /// A lock held in Redis: its keys and owner token.
 pub(super) struct RedisLock {
-    server: Arc<ServerInner>,
+    server: Arc<RedisStore>,
     layout: Layout,
     token: String,
 }

@@ -53,7 +53,7 @@
 //!
 //! # Cohorting
 //!
-//! The backend is a [`Cohort`] in front of the recipes: a process's
+//! The backend is a [`Cohort`](crate::backend::Cohort) in front of the recipes: a process's
 //! acquisitions of a key queue in the process and only the first creates a
 //! node. An exclusive or write lock passes from holder to holder within the
 //! process without touching the server, up to [`CohortOptions`]'s bound (32
@@ -163,12 +163,13 @@ use std::time::Duration;
 
 use self::node::Node;
 use self::recipes::Role;
-use self::session::{Session, ZkInner};
+use self::session::Session;
+pub use self::session::ZookeeperStore;
 pub use self::url::node_name;
 use self::url::{check_root, parse_url};
-use super::lease::protocol_backend;
-use super::lease::Lease;
-use super::{Acquired, Capabilities, Cohort, CohortOptions, LockRequest};
+use crate::backend::engine::lease::Lease;
+use crate::backend::engine::{InFlight, Store};
+use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
@@ -185,7 +186,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How far apart the fencing tokens of two lock nodes are: a node's token
 /// is its creation zxid times this, and the tokens between are the ones a
-/// [`Cohort`] hands to the holders it passes the lock to. So it bounds how
+/// [`Cohort`](crate::backend::Cohort) hands to the holders it passes the lock to. So it bounds how
 /// many local holders one node serves.
 pub const TOKEN_SPACING: u32 = 64;
 
@@ -239,7 +240,7 @@ impl ZookeeperOptions {
         self
     }
 
-    /// How this process's waiters share a lock (see [`Cohort`]): on by
+    /// How this process's waiters share a lock (see [`Cohort`](crate::backend::Cohort)): on by
     /// default, up to [`CohortOptions::DEFAULT_MAX_GRANTS`] holders (at most
     /// [`TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per lock
     /// node; [`CohortOptions::off`] gives each acquisition a node of its
@@ -274,16 +275,7 @@ impl ZookeeperOptions {
 /// let layer = LockLayer::new(zk, PathParam("sku"));
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct ZookeeperBackend {
-    cohort: Cohort<Zk>,
-}
-
-/// The recipes on one session, without the local queue.
-#[derive(Clone)]
-struct Zk {
-    inner: Arc<ZkInner>,
-}
+pub type ZookeeperBackend = RemoteBackend<ZookeeperStore>;
 
 impl ZookeeperBackend {
     /// Connects to `zk://host:port[,host:port...][/root]` with default
@@ -316,21 +308,17 @@ impl ZookeeperBackend {
             .or(url_root)
             .unwrap_or_else(|| DEFAULT_ROOT.to_owned());
         check_root(&root)?;
-        let zk = Zk {
-            inner: Arc::new(ZkInner {
-                hosts,
-                root,
-                session_timeout: options.session_timeout,
-                connect_timeout: options.connect_timeout,
-                current: Mutex::new(None),
-                opening: tokio::sync::Mutex::new(()),
-                releases: Arc::default(),
-            }),
+        let store = ZookeeperStore {
+            hosts,
+            root,
+            session_timeout: options.session_timeout,
+            connect_timeout: options.connect_timeout,
+            current: Mutex::new(None),
+            opening: tokio::sync::Mutex::new(()),
+            releases: Arc::default(),
         };
-        zk.inner.session().await?;
-        Ok(ZookeeperBackend {
-            cohort: Cohort::new(zk, options.cohort),
-        })
+        store.session().await?;
+        Ok(RemoteBackend::new(store, options.cohort))
     }
 
     /// The path of the node under which `key`'s lock nodes are created.
@@ -349,17 +337,17 @@ impl ZookeeperBackend {
     /// # Ok(()) }
     /// ```
     pub fn lock_path(&self, key: &LockKey) -> String {
-        self.cohort.inner().inner.dir(key)
+        self.store().dir(key)
     }
 
     /// The root under which all lock paths live.
     pub fn root(&self) -> &str {
-        &self.cohort.inner().inner.root
+        &self.store().root
     }
 
     /// The current session's id, if one is open (for diagnostics and tests).
     pub fn session_id(&self) -> Option<i64> {
-        lock(&self.cohort.inner().inner.current)
+        lock(&self.store().current)
             .as_ref()
             .map(|s| s.client.session_id().0)
     }
@@ -368,26 +356,16 @@ impl ZookeeperBackend {
 impl fmt::Debug for ZookeeperBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZookeeperBackend")
-            .field("hosts", &self.cohort.inner().inner.hosts)
-            .field("root", &self.cohort.inner().inner.root)
+            .field("hosts", &self.store().hosts)
+            .field("root", &self.store().root)
+            .field("cohort", &self.cohort_options())
             .finish_non_exhaustive()
     }
 }
 
-super::cohort::cohort_backend!(ZookeeperBackend, "zookeeper");
+impl Store for ZookeeperStore {
+    const NAME: &'static str = "zookeeper";
 
-// A session's requests are applied in order, and waiters queue by
-// sequence number across every client.
-protocol_backend!(
-    Zk,
-    "zookeeper",
-    Capabilities::new()
-        .max_tokens(TOKEN_SPACING)
-        .ordered_release(true)
-        .fifo(true)
-);
-
-impl ZkInner {
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         let session = self.session().await?;
         let dir = self.dir(&request.key);
@@ -409,6 +387,21 @@ impl ZkInner {
         Ok(self.held(&session, node, role != Role::Read, tokens))
     }
 
+    fn releases(&self) -> &Arc<InFlight> {
+        &self.releases
+    }
+
+    // A session's requests are applied in order, and waiters queue by
+    // sequence number across every client.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .max_tokens(TOKEN_SPACING)
+            .ordered_release(true)
+            .fifo(true)
+    }
+}
+
+impl ZookeeperStore {
     /// A granted node as an [`Acquired`], registered with its session;
     /// `writer` for exclusive and write locks.
     fn held(&self, session: &Arc<Session>, node: Node, writer: bool, tokens: u32) -> Acquired {

@@ -7,7 +7,7 @@ use std::time::Instant;
 use zookeeper_client as zk;
 
 use super::session::{alive, retry_while, uncertain, zk_error, Session};
-use crate::backend::lease::{Protocol, Released};
+use crate::backend::engine::lease::{Protocol, Released};
 use crate::error::LockError;
 use crate::sync::lock;
 

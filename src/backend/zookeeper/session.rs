@@ -11,14 +11,18 @@ use zookeeper_client as zk;
 
 use super::node::ZkLock;
 use super::url::node_name;
-use crate::backend::lease::Lease;
-use crate::backend::InFlight;
+use crate::backend::engine::lease::Lease;
+use crate::backend::engine::InFlight;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::Deadline;
 use crate::sync::lock;
 
-pub(super) struct ZkInner {
+/// ZooKeeper sessions and Curator's recipes: the store behind
+/// [`ZookeeperBackend`](super::ZookeeperBackend). Its acquire path is in
+/// the module; the engine ([`RemoteBackend`](crate::backend::RemoteBackend))
+/// does the rest.
+pub struct ZookeeperStore {
     pub(super) hosts: String,
     pub(super) root: String,
     pub(super) session_timeout: Duration,
@@ -89,7 +93,7 @@ pub(super) fn zk_error(doing: &str, e: zk::Error) -> LockError {
     LockError::backend("zookeeper", doing.to_owned(), Some(Box::new(e) as _))
 }
 
-impl ZkInner {
+impl ZookeeperStore {
     pub(super) fn dir(&self, key: &LockKey) -> String {
         format!("{}/{}", self.root, node_name(key))
     }
@@ -274,5 +278,5 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, zk::Error>>,
 {
-    crate::backend::retry::retry_uncertain(uncertain, || go_on(session), call).await
+    crate::backend::engine::retry::retry_uncertain(uncertain, || go_on(session), call).await
 }

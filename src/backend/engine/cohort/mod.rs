@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use super::{
-    Acquired, Backend, BackendFuture, Capabilities, InFlight, LeaseHandle, LockRequest,
-    MemoryBackend,
+use super::InFlight;
+use crate::backend::{
+    Acquired, Backend, BackendFuture, Capabilities, LeaseHandle, LockRequest, MemoryBackend,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -165,7 +165,7 @@ struct Shared<B> {
     /// The local queue: only its head asks the backend.
     local: MemoryBackend,
     /// Server grants a local holder left for the next one, by key.
-    batons: Mutex<HashMap<LockKey, Arc<Remote>>>,
+    batons: Mutex<HashMap<LockKey, Arc<ServerGrant>>>,
     /// Releases this layer awaits itself (handing a lock back fairly).
     in_flight: Arc<InFlight>,
 }
@@ -271,11 +271,14 @@ impl<B: Backend> Shared<B> {
         };
         let (key, mode, lease) = (request.key.clone(), request.mode, request.lease);
         let acquired = self.backend.acquire(request.with_tokens(tokens)).await?;
-        Ok(self.grant(Arc::new(Remote::new(acquired, key, mode, lease)), local))
+        Ok(self.grant(
+            Arc::new(ServerGrant::new(acquired, key, mode, lease)),
+            local,
+        ))
     }
 
     /// The next local holder of `remote`.
-    fn grant(self: &Arc<Self>, remote: Arc<Remote>, local: Acquired) -> Acquired {
+    fn grant(self: &Arc<Self>, remote: Arc<ServerGrant>, local: Acquired) -> Acquired {
         let n = remote.given.fetch_add(1, Ordering::Relaxed);
         let token = FencingToken::new(remote.first + u64::from(n));
         let lost = remote.lost.clone();
@@ -288,7 +291,7 @@ impl<B: Backend> Shared<B> {
     }
 
     /// Takes `remote` back from the baton slot, if it is still there.
-    fn take_back(&self, remote: &Arc<Remote>) -> bool {
+    fn take_back(&self, remote: &Arc<ServerGrant>) -> bool {
         let mut batons = lock(&self.batons);
         match batons.get(&remote.key) {
             Some(parked) if Arc::ptr_eq(parked, remote) => {
@@ -301,7 +304,7 @@ impl<B: Backend> Shared<B> {
 }
 
 /// One grant from the wrapped backend, served to local holders in turn.
-struct Remote {
+struct ServerGrant {
     /// The backend's hold; taken when the lock goes back to the server.
     handle: Mutex<Option<Arc<dyn LeaseHandle>>>,
     lost: LostSignal,
@@ -322,15 +325,15 @@ struct Remote {
     validity: Option<Duration>,
 }
 
-impl Remote {
-    fn new(acquired: Acquired, key: LockKey, mode: LockMode, lease: Duration) -> Remote {
+impl ServerGrant {
+    fn new(acquired: Acquired, key: LockKey, mode: LockMode, lease: Duration) -> ServerGrant {
         let granted_at = Instant::now();
         let validity = acquired
             .valid_until()
             .map(|v| v.saturating_duration_since(granted_at));
         let tokens = acquired.tokens();
         let (token, lost, handle) = acquired.into_parts();
-        Remote {
+        ServerGrant {
             handle: Mutex::new(Some(handle)),
             lost,
             key,
@@ -388,7 +391,7 @@ impl Remote {
     }
 }
 
-impl Drop for Remote {
+impl Drop for ServerGrant {
     fn drop(&mut self) {
         // Every path takes the handle first; this is the net under them.
         self.release_on_drop();
@@ -408,10 +411,10 @@ enum KeptBack {
     NotSurelyFresh,
 }
 
-/// One local holder of a [`Remote`] grant.
+/// One local holder of a [`ServerGrant`] grant.
 struct CohortHold<B> {
     shared: Arc<Shared<B>>,
-    remote: Arc<Remote>,
+    remote: Arc<ServerGrant>,
     /// This holder's place in the local queue, given up after the release.
     local: Mutex<Option<Acquired>>,
 }
@@ -605,7 +608,7 @@ impl<B: Backend> Drop for Unclaimed<'_, B> {
 /// other processes must not wait on it for as long as it is renewed. One
 /// timer per server grant, not per hand-off: past the bound it is never
 /// parked again.
-fn watch_parked<B: Backend>(shared: &Arc<Shared<B>>, remote: &Arc<Remote>) {
+fn watch_parked<B: Backend>(shared: &Arc<Shared<B>>, remote: &Arc<ServerGrant>) {
     let Some(deadline) = remote.granted_at.checked_add(shared.options.max_hold) else {
         return;
     };
@@ -626,56 +629,6 @@ fn watch_parked<B: Backend>(shared: &Arc<Shared<B>>, remote: &Arc<Remote>) {
         }
     });
 }
-
-/// Implements [`Backend`] for a public backend that is a [`Cohort`] (in its
-/// field `cohort`) in front of its protocol.
-#[cfg(any(
-    feature = "redis",
-    feature = "zookeeper",
-    feature = "mysql",
-    feature = "etcd"
-))]
-macro_rules! cohort_backend {
-    ($backend:ty, $name:literal) => {
-        impl $crate::backend::Backend for $backend {
-            fn name(&self) -> &'static str {
-                $name
-            }
-
-            fn acquire(
-                &self,
-                request: $crate::backend::LockRequest,
-            ) -> $crate::backend::BackendFuture<
-                Result<$crate::backend::Acquired, $crate::LockError>,
-            > {
-                self.cohort.acquire(request)
-            }
-
-            /// Also releases the locks passed on to local waiters that have
-            /// not taken them yet (they acquire anew).
-            fn flush(&self) -> $crate::backend::BackendFuture<()> {
-                self.cohort.flush()
-            }
-
-            fn instance_id(&self) -> usize {
-                // Clones share the cohort and the connection, and so their
-                // locks.
-                self.cohort.instance_id()
-            }
-
-            fn capabilities(&self) -> $crate::backend::Capabilities {
-                self.cohort.capabilities()
-            }
-        }
-    };
-}
-#[cfg(any(
-    feature = "redis",
-    feature = "zookeeper",
-    feature = "mysql",
-    feature = "etcd"
-))]
-pub(crate) use cohort_backend;
 
 #[cfg(test)]
 mod tests;

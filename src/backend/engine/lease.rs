@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::{Acquired, BackendFuture, InFlight, LeaseHandle};
+use super::InFlight;
+use crate::backend::{Acquired, BackendFuture, LeaseHandle};
 use crate::error::LockError;
 use crate::lost::{Deadline, HasLostState, LostSignal, LostState};
 use crate::sync::lock;
@@ -330,39 +331,3 @@ pub(crate) fn release_in_background(
         Poll::Pending => in_flight.spawn(&rt, async move { release.await.unwrap_or_else(failed) }),
     }
 }
-
-/// Implements [`Backend`](crate::backend::Backend) for a remote protocol
-/// `$backend { inner: Arc<Inner> }`, where `Inner` has
-/// `async fn acquire(self: Arc<Self>, LockRequest)` and a `releases:
-/// Arc<InFlight>`, with the given name and capabilities.
-macro_rules! protocol_backend {
-    ($backend:ty, $name:literal, $capabilities:expr) => {
-        impl $crate::backend::Backend for $backend {
-            fn name(&self) -> &'static str {
-                $name
-            }
-
-            fn acquire(
-                &self,
-                request: $crate::backend::LockRequest,
-            ) -> $crate::backend::BackendFuture<
-                Result<$crate::backend::Acquired, $crate::LockError>,
-            > {
-                $crate::backend::BackendFuture::new(self.inner.clone().acquire(request))
-            }
-
-            fn flush(&self) -> $crate::backend::BackendFuture<()> {
-                self.inner.releases.flushed()
-            }
-
-            fn instance_id(&self) -> usize {
-                std::sync::Arc::as_ptr(&self.inner).cast::<()>() as usize
-            }
-
-            fn capabilities(&self) -> $crate::backend::Capabilities {
-                $capabilities
-            }
-        }
-    };
-}
-pub(crate) use protocol_backend;

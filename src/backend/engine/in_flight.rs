@@ -74,18 +74,13 @@ impl InFlight {
     }
 }
 
-#[cfg(any(
-    feature = "redis",
-    feature = "zookeeper",
-    feature = "postgres",
-    feature = "mysql",
-    feature = "etcd"
-))]
-impl InFlight {
-    /// A backend's [`flush`](super::Backend::flush): completes once no
-    /// release is in flight.
-    pub(crate) fn flushed(self: &Arc<Self>) -> super::BackendFuture<()> {
-        let this = self.clone();
-        super::BackendFuture::new(async move { this.idle().await })
+cfg_remote! {
+    impl InFlight {
+        /// A backend's [`flush`](super::Backend::flush): completes once no
+        /// release is in flight.
+        pub(crate) fn flushed(self: &Arc<Self>) -> crate::backend::BackendFuture<()> {
+            let this = self.clone();
+            crate::backend::BackendFuture::new(async move { this.idle().await })
+        }
     }
 }

@@ -11,7 +11,7 @@
 //! majority; anything less fires the lost signal. Only exclusive locks.
 //!
 //! A release runs the release script on every instance, as with the
-//! [single-instance backend](super::redis#release): awaited by
+//! [single-instance backend](super#release): awaited by
 //! [`LockGuard::release`](crate::LockGuard::release), in the background when
 //! the guard is dropped, sent again where an instance did not answer, and
 //! waited for by [`Backend::flush`](crate::Backend::flush).
@@ -25,7 +25,7 @@
 //! Each instance keeps its own counter (started at its clock in microseconds),
 //! which an acquisition raises by the block of tokens it reserves for the
 //! holders this process passes the lock to (as with the
-//! [single-instance backend](super::redis#passing-a-lock-on)); a grant's first
+//! [single-instance backend](super#passing-a-lock-on)); a grant's first
 //! token is the largest counter among the instances that granted it, less
 //! the block.
 //! Two majorities always share an instance, whose counter rose between them, but
@@ -65,10 +65,13 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::lease::protocol_backend;
-use super::lease::{check_lease, drift, release_in_background, Lease, Protocol, Released};
-use super::redis::{redis_error, Attempt, Floor, Layout, Tokens};
-use super::{Acquired, Capabilities, Cohort, CohortOptions, InFlight, LockRequest};
+use super::layout::{redis_error, Attempt, Floor, Layout, Tokens};
+use super::options::check_tls_support;
+use crate::backend::engine::lease::{
+    check_lease, drift, release_in_background, Lease, Protocol, Released,
+};
+use crate::backend::engine::{InFlight, Store};
+use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
 use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::mode::Wait;
@@ -96,18 +99,12 @@ const MAX_TOKENS: u32 = 1 << 16;
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct RedlockBackend {
-    cohort: Cohort<Redlock>,
-}
+pub type RedlockBackend = RemoteBackend<RedlockStore>;
 
-/// The Redlock algorithm over the instances, without the local queue.
-#[derive(Clone)]
-struct Redlock {
-    inner: Arc<RedlockInner>,
-}
-
-struct RedlockInner {
+/// The Redlock algorithm over the instances: the store behind
+/// [`RedlockBackend`]. Its acquire path is here; the engine
+/// ([`RemoteBackend`]) does the rest.
+pub struct RedlockStore {
     nodes: Vec<Node>,
     prefix: String,
     tokens: Tokens,
@@ -161,7 +158,7 @@ impl RedlockBackend {
         let tls = match scheme {
             "redlock" => false,
             "redlocks" => {
-                super::redis::check_tls_support("redlocks")?;
+                check_tls_support("redlocks")?;
                 true
             }
             _ => {
@@ -209,23 +206,19 @@ impl RedlockBackend {
                 conn,
             });
         }
-        let redlock = Redlock {
-            inner: Arc::new(RedlockInner {
-                nodes,
-                prefix: "lock:".into(),
-                tokens: Tokens::new(),
-                jitter: Default::default(),
-                releases: Arc::default(),
-            }),
+        let store = RedlockStore {
+            nodes,
+            prefix: "lock:".into(),
+            tokens: Tokens::new(),
+            jitter: Default::default(),
+            releases: Arc::default(),
         };
-        Ok(RedlockBackend {
-            cohort: Cohort::new(redlock, CohortOptions::default()),
-        })
+        Ok(RemoteBackend::new(store, CohortOptions::default()))
     }
 
-    /// The same backend with another [`Cohort`] bound, or
+    /// The same backend with another [`Cohort`](crate::backend::Cohort) bound, or
     /// [`CohortOptions::off`] to send every acquisition to the instances.
-    /// On by default, as for the [single-instance backend](super::redis#passing-a-lock-on).
+    /// On by default, as for the [single-instance backend](super#passing-a-lock-on).
     ///
     /// # Examples
     ///
@@ -239,18 +232,17 @@ impl RedlockBackend {
     /// # Ok(()) }
     /// ```
     pub fn with_cohort(self, options: CohortOptions) -> Self {
-        RedlockBackend {
-            cohort: Cohort::new(self.cohort.inner().clone(), options),
-        }
+        self.recohorted(options)
     }
 }
 
 impl fmt::Debug for RedlockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let nodes = &self.cohort.inner().inner.nodes;
+        let nodes = &self.store().nodes;
         let addrs: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
         f.debug_struct("RedlockBackend")
             .field("instances", &addrs)
+            .field("cohort", &self.cohort_options())
             .finish_non_exhaustive()
     }
 }
@@ -266,7 +258,7 @@ struct Round {
     reserved: u32,
 }
 
-impl RedlockInner {
+impl RedlockStore {
     fn quorum(&self) -> usize {
         self.nodes.len() / 2 + 1
     }
@@ -380,6 +372,10 @@ impl RedlockInner {
         let r = self.jitter.hash_one((token, attempt));
         MAX_RETRY_DELAY.mul_f64((r % 1000) as f64 / 1000.0)
     }
+}
+
+impl Store for RedlockStore {
+    const NAME: &'static str = "redlock";
 
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         check_lease(request.lease, "Redlock")?;
@@ -441,23 +437,23 @@ impl RedlockInner {
         // instance's counter neared its clock).
         Ok(lease.acquired(FencingToken::new(fence + 1 - u64::from(reserved)), reserved))
     }
+
+    fn releases(&self) -> &Arc<InFlight> {
+        &self.releases
+    }
+
+    // Every instance's connection keeps its commands in order.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .exclusive_only()
+            .max_tokens(MAX_TOKENS)
+            .ordered_release(true)
+    }
 }
-
-super::cohort::cohort_backend!(RedlockBackend, "redlock");
-
-// Every instance's connection keeps its commands in order.
-protocol_backend!(
-    Redlock,
-    "redlock",
-    Capabilities::new()
-        .exclusive_only()
-        .max_tokens(MAX_TOKENS)
-        .ordered_release(true)
-);
 
 /// A lock held by a majority: its keys and owner token.
 struct RedlockLock {
-    inner: Arc<RedlockInner>,
+    inner: Arc<RedlockStore>,
     layout: Arc<Layout>,
     token: Arc<str>,
 }
@@ -534,7 +530,7 @@ impl Protocol for RedlockLock {
 /// the background, retrying until the round's lease would have ended, and
 /// [`Backend::flush`](crate::Backend::flush) waits for that.
 struct RoundInFlight<'a> {
-    inner: &'a Arc<RedlockInner>,
+    inner: &'a Arc<RedlockStore>,
     layout: &'a Arc<Layout>,
     token: &'a Arc<str>,
     lease: Duration,

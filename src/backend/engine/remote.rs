@@ -1,0 +1,129 @@
+//! [`RemoteBackend`]: the one [`Backend`] implementation of every remote
+//! store, the [`Cohort`] in front of the store's acquire path.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use super::{Cohort, CohortOptions, InFlight};
+use crate::backend::{Acquired, Backend, BackendFuture, Capabilities, LockRequest};
+use crate::error::LockError;
+
+/// What a remote store supplies to the engine: its acquire path. Each lock
+/// it grants is a `Lease` of the store's `Protocol`, which renews and
+/// releases it; the engine does the rest.
+pub(crate) trait Store: Send + Sync + 'static {
+    /// The backend's name ([`Backend::name`]).
+    const NAME: &'static str;
+
+    /// Takes one lock from the server, as [`Backend::acquire`] describes.
+    fn acquire(
+        self: Arc<Self>,
+        request: LockRequest,
+    ) -> impl Future<Output = Result<Acquired, LockError>> + Send + 'static;
+
+    /// The releases it has sent and not yet seen answered.
+    fn releases(&self) -> &Arc<InFlight>;
+
+    /// What the store offers ([`Backend::capabilities`]), before cohorting.
+    fn capabilities(&self) -> Capabilities;
+}
+
+/// A remote backend: the engine (the process's local queue and hand-off,
+/// lease renewal, the lost signal, release and `flush`) in front of one
+/// store. Every remote backend is one, named after its store:
+/// `RedisBackend` is `RemoteBackend<RedisStore>`, and so on; each store's
+/// module documents its backend, its options and what it guarantees.
+///
+/// Clones share the connections, the local queue and the locks.
+pub struct RemoteBackend<S> {
+    cohort: Cohort<Direct<S>>,
+}
+
+impl<S> Clone for RemoteBackend<S> {
+    fn clone(&self) -> Self {
+        RemoteBackend {
+            cohort: self.cohort.clone(),
+        }
+    }
+}
+
+// Each method here is crate-private; `Store` is the crate's own.
+#[allow(private_bounds)]
+impl<S: Store> RemoteBackend<S> {
+    /// The backend of `store`, cohorted as `cohort` says.
+    pub(crate) fn new(store: S, cohort: CohortOptions) -> Self {
+        RemoteBackend {
+            cohort: Cohort::new(Direct(Arc::new(store)), cohort),
+        }
+    }
+
+    /// The same store with another cohort bound: the locks it holds stay
+    /// with the old bound's backend.
+    #[cfg(feature = "redis")]
+    pub(crate) fn recohorted(&self, cohort: CohortOptions) -> Self {
+        RemoteBackend {
+            cohort: Cohort::new(Direct(self.cohort.inner().0.clone()), cohort),
+        }
+    }
+
+    /// The store behind the engine.
+    pub(crate) fn store(&self) -> &S {
+        &self.cohort.inner().0
+    }
+
+    /// How this process's waiters share a lock.
+    pub(crate) fn cohort_options(&self) -> CohortOptions {
+        self.cohort.options()
+    }
+}
+
+impl<S: Store> Backend for RemoteBackend<S> {
+    fn name(&self) -> &'static str {
+        S::NAME
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        self.cohort.acquire(request)
+    }
+
+    /// Also releases the locks passed on to local waiters that have not
+    /// taken them yet (they acquire anew).
+    fn flush(&self) -> BackendFuture<()> {
+        self.cohort.flush()
+    }
+
+    fn instance_id(&self) -> usize {
+        // Clones share the cohort and the connection, and so their locks.
+        self.cohort.instance_id()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.cohort.capabilities()
+    }
+}
+
+/// The store spoken to directly, each acquisition a request of its own: what
+/// the cohort wraps.
+struct Direct<S>(Arc<S>);
+
+impl<S: Store> Backend for Direct<S> {
+    fn name(&self) -> &'static str {
+        S::NAME
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        BackendFuture::new(self.0.clone().acquire(request))
+    }
+
+    fn flush(&self) -> BackendFuture<()> {
+        self.0.releases().flushed()
+    }
+
+    fn instance_id(&self) -> usize {
+        Arc::as_ptr(&self.0).cast::<()>() as usize
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.capabilities()
+    }
+}
