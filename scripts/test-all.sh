@@ -31,6 +31,9 @@ cargo fmt --all -- --check
 step "the documents' generated tables match the run files they are drawn from"
 python3 scripts/bench-plot.py --docs --check
 
+step "one public path per type, no module circle (scripts/check-layout.py)"
+python3 scripts/check-layout.py
+
 step "cargo clippy --workspace --all-targets --all-features -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 # A user's build has only the features they chose: it must not warn either.

@@ -48,43 +48,6 @@ pub struct HeldLock {
 }
 
 impl HeldLock {
-    /// The lock the [`LockLayer`](crate::LockLayer) holds for the request
-    /// being served (with nested layers, the innermost that holds one):
-    /// `Some` while its inner service is called and its response future
-    /// polled, `None` elsewhere (outside a layer, on a request the layer
-    /// passed through unlocked, in a task the handler spawned: take it
-    /// before spawning).
-    ///
-    /// The layer puts it in the request extensions only when asked to
-    /// ([`LockLayer::held_lock_extension`](crate::LockLayer::held_lock_extension)):
-    /// that costs every request an allocation, and the layer already keeps it.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use bytes::Bytes;
-    /// use http::{Request, Response};
-    /// use http_body_util::Full;
-    /// use tower::{ServiceBuilder, ServiceExt};
-    /// use tower_lock::{HeldLock, LockBody, LockLayer, MemoryBackend, QueryParam};
-    ///
-    /// let service = ServiceBuilder::new()
-    ///     .layer(LockLayer::new(MemoryBackend::new(), QueryParam("account")))
-    ///     .service_fn(|_req: Request<()>| async {
-    ///         let held = HeldLock::current().expect("under the layer");
-    ///         let body = LockBody::wrap(Full::new(Bytes::from(held.key().to_string())));
-    ///         Ok::<_, std::convert::Infallible>(Response::new(body))
-    ///     });
-    /// let res = service.oneshot(Request::post("/?account=7").body(()).unwrap()).await.unwrap();
-    /// assert_eq!(res.status(), 200);
-    /// assert!(HeldLock::current().is_none(), "not while serving a request");
-    /// # }
-    /// ```
-    pub fn current() -> Option<HeldLock> {
-        crate::reentry::layer_lock()
-    }
-
     /// The locked key (namespace included).
     pub fn key(&self) -> &LockKey {
         &self.key
@@ -341,7 +304,7 @@ impl LockGuard {
         if let Some(hold) = hold {
             span.record("hold_us", hold.as_micros() as u64);
         }
-        crate::metrics::released(&self.held, hold);
+        crate::metrics::released(self.held.backend(), || self.held.is_lost(), hold);
         match result {
             Ok(()) => tracing::debug!(parent: span, "lock released"),
             Err(e) => tracing::warn!(parent: span, error = %e, "lock release failed"),

@@ -6,8 +6,8 @@
 #![doc = ""]
 #![cfg_attr(
     feature = "redis",
-    doc = "[`RedisBackend`]: backend::RedisBackend",
-    doc = "[`RedlockBackend`]: backend::RedlockBackend"
+    doc = "[`RedisBackend`]: backend::redis::RedisBackend",
+    doc = "[`RedlockBackend`]: backend::redis::redlock::RedlockBackend"
 )]
 #![cfg_attr(
     not(feature = "redis"),
@@ -18,19 +18,22 @@
 )]
 #![cfg_attr(
     feature = "zookeeper",
-    doc = "[`ZookeeperBackend`]: backend::ZookeeperBackend"
+    doc = "[`ZookeeperBackend`]: backend::zookeeper::ZookeeperBackend"
 )]
 #![cfg_attr(
     not(feature = "zookeeper"),
     doc = "[`ZookeeperBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/type.ZookeeperBackend.html",
     doc = "[`backend::zookeeper`]: https://docs.rs/tower-lock/latest/tower_lock/backend/zookeeper/index.html"
 )]
-#![cfg_attr(feature = "etcd", doc = "[`EtcdBackend`]: backend::EtcdBackend")]
+#![cfg_attr(feature = "etcd", doc = "[`EtcdBackend`]: backend::etcd::EtcdBackend")]
 #![cfg_attr(
     not(feature = "etcd"),
     doc = "[`EtcdBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/etcd/type.EtcdBackend.html"
 )]
-#![cfg_attr(feature = "mysql", doc = "[`MysqlBackend`]: backend::MysqlBackend")]
+#![cfg_attr(
+    feature = "mysql",
+    doc = "[`MysqlBackend`]: backend::mysql::MysqlBackend"
+)]
 #![cfg_attr(
     not(feature = "mysql"),
     doc = "[`MysqlBackend`]: https://docs.rs/tower-lock/latest/tower_lock/backend/mysql/type.MysqlBackend.html",
@@ -38,7 +41,7 @@
 )]
 #![cfg_attr(
     feature = "postgres",
-    doc = "[`PostgresBackend`]: backend::PostgresBackend"
+    doc = "[`PostgresBackend`]: backend::postgres::PostgresBackend"
 )]
 #![cfg_attr(
     not(feature = "postgres"),
@@ -88,7 +91,7 @@ mod loom;
 pub use crate::loom::models as loom_models;
 mod lost;
 mod metrics;
-pub mod middleware;
+mod middleware;
 mod mode;
 mod redact;
 mod reentry;
@@ -97,14 +100,17 @@ mod source;
 mod sync;
 mod token;
 
-pub use backend::{Backend, MemoryBackend};
+pub use backend::contract::Backend;
+pub use backend::memory::MemoryBackend;
 pub use error::{BoxError, LockError};
 pub use guard::{HeldLock, LockGuard, LockSet};
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lock_future::LockFuture;
 pub use locker::{BackendExt, IntoLockKey, LockAllBuilder, LockBuilder, Locker};
-pub use lost::{HasLostState, Lost, LostSignal, LostState, LostTrigger};
-pub use middleware::{LockBody, LockLayer, LockService, LockableBody, OnLost, OnMissingKey};
+pub use lost::{Lost, LostSignal};
+pub use middleware::{
+    LockBody, LockLayer, LockService, LockableBody, OnLost, OnMissingKey, ResponseFuture,
+};
 pub use mode::{LockMode, Wait};
 pub use rejection::LockRejection;
 #[cfg(feature = "axum")]

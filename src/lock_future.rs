@@ -10,11 +10,12 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 use tracing::field::Empty;
 
-use crate::backend::{Acquired, Backend, BackendFuture, LockRequest};
+use crate::backend::{Acquired, BackendFuture, LockRequest};
 use crate::error::LockError;
 use crate::guard::{HeldLock, LockGuard};
 use crate::key::LockKey;
 use crate::mode::{LockMode, Wait};
+use crate::Backend;
 
 /// Future of one acquisition: waits at most until its deadline, and leaves
 /// the backend's queue if dropped.

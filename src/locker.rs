@@ -9,12 +9,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Backend, DEFAULT_LEASE};
+use crate::backend::DEFAULT_LEASE;
 use crate::error::LockError;
 use crate::guard::{LockGuard, LockSet};
 use crate::key::{KeyError, LockKey};
 use crate::lock_future::LockFuture;
 use crate::mode::{LockMode, Wait};
+use crate::Backend;
 
 /// Something that names a lock key: `&str`, `String` or [`LockKey`].
 ///

@@ -25,7 +25,8 @@ use std::task::{Context, Poll, Waker};
 ///
 /// ```
 /// use std::sync::Arc;
-/// use tower_lock::{HasLostState, LostSignal, LostState};
+/// use tower_lock::LostSignal;
+/// use tower_lock::backend::{HasLostState, LostState};
 ///
 /// /// A backend's state for one lock, the lost state inside it.
 /// struct Hold {
@@ -133,7 +134,8 @@ impl Default for LostState {
 /// ```
 /// use std::sync::Arc;
 /// use std::time::{Duration, Instant};
-/// use tower_lock::{HasLostState, LostSignal, LostState};
+/// use tower_lock::LostSignal;
+/// use tower_lock::backend::{HasLostState, LostState};
 ///
 /// struct Hold {
 ///     lost: LostState,
@@ -186,7 +188,7 @@ impl HasLostState for LostState {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// use tower_lock::LostTrigger;
+/// use tower_lock::backend::LostTrigger;
 ///
 /// let trigger = LostTrigger::new(); // kept by the backend's renewal task
 /// let signal = trigger.signal(); // handed to the holder
@@ -365,7 +367,8 @@ impl fmt::Debug for LostSignal {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::time::Duration;
-/// use tower_lock::{Lost, LostSignal, LostTrigger};
+/// use tower_lock::{Lost, LostSignal};
+/// use tower_lock::backend::LostTrigger;
 ///
 /// let trigger = LostTrigger::new();
 /// let lost: Lost = trigger.signal().lost();

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use crate::guard::HeldLock;
-
 /// An acquisition ended with `outcome` after waiting `waited`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 #[inline]
@@ -26,18 +24,19 @@ pub(crate) fn acquisition(backend: &'static str, outcome: &'static str, waited: 
     }
 }
 
-/// A lock was released (or dropped) after being held for `hold`.
+/// A lock of `backend` was released (or dropped) after being held for
+/// `hold`; `lost` says whether it had been lost (asked only with the
+/// feature).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 #[inline]
-pub(crate) fn released(held: &HeldLock, hold: Option<Duration>) {
+pub(crate) fn released(backend: &'static str, lost: impl FnOnce() -> bool, hold: Option<Duration>) {
     #[cfg(feature = "metrics")]
     {
         use metrics::{counter, histogram};
-        let backend = held.backend();
         if let Some(hold) = hold {
             histogram!("tower_lock_hold_seconds", "backend" => backend).record(hold.as_secs_f64());
         }
-        if held.is_lost() {
+        if lost() {
             counter!("tower_lock_lost_total", "backend" => backend).increment(1);
         }
     }

@@ -86,6 +86,47 @@ fn in_request<R>(f: impl FnOnce(&RequestLocks) -> R) -> Option<R> {
     REQUEST.is_set().then(|| REQUEST.with(f))
 }
 
+// `HeldLock::current` lives here, beside the request's locks it reads:
+// the guards know nothing of requests.
+impl HeldLock {
+    /// The lock the [`LockLayer`](crate::LockLayer) holds for the request
+    /// being served (with nested layers, the innermost that holds one):
+    /// `Some` while its inner service is called and its response future
+    /// polled, `None` elsewhere (outside a layer, on a request the layer
+    /// passed through unlocked, in a task the handler spawned: take it
+    /// before spawning).
+    ///
+    /// The layer puts it in the request extensions only when asked to
+    /// ([`LockLayer::held_lock_extension`](crate::LockLayer::held_lock_extension)):
+    /// that costs every request an allocation, and the layer already keeps it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use bytes::Bytes;
+    /// use http::{Request, Response};
+    /// use http_body_util::Full;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_lock::{HeldLock, LockBody, LockLayer, MemoryBackend, QueryParam};
+    ///
+    /// let service = ServiceBuilder::new()
+    ///     .layer(LockLayer::new(MemoryBackend::new(), QueryParam("account")))
+    ///     .service_fn(|_req: Request<()>| async {
+    ///         let held = HeldLock::current().expect("under the layer");
+    ///         let body = LockBody::wrap(Full::new(Bytes::from(held.key().to_string())));
+    ///         Ok::<_, std::convert::Infallible>(Response::new(body))
+    ///     });
+    /// let res = service.oneshot(Request::post("/?account=7").body(()).unwrap()).await.unwrap();
+    /// assert_eq!(res.status(), 200);
+    /// assert!(HeldLock::current().is_none(), "not while serving a request");
+    /// # }
+    /// ```
+    pub fn current() -> Option<HeldLock> {
+        layer_lock()
+    }
+}
+
 /// The lock the innermost layer that holds one holds for the request being
 /// served, if any.
 pub(crate) fn layer_lock() -> Option<HeldLock> {

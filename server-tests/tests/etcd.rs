@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::fault_proxy::FaultProxy;
 use etcd_client::GetOptions;
-use tower_lock::backend::{CohortOptions, EtcdBackend, EtcdOptions};
+use tower_lock::backend::etcd::{EtcdBackend, EtcdOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::{Backend, BackendExt, LockError, LockKey, LockMode, Wait};
 
 fn etcd_url() -> String {

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::cluster::{AfterLeaderKill, Cluster, Engine};
 use common::fault_proxy::FaultProxy;
-use tower_lock::backend::{CohortOptions, EtcdBackend, EtcdOptions};
+use tower_lock::backend::etcd::{EtcdBackend, EtcdOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::BackendExt;
 
 async fn backend(hosts: &str) -> EtcdBackend {

@@ -12,7 +12,8 @@ use std::io::{BufReader, Write};
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
-use tower_lock::backend::{CohortOptions, MysqlBackend, MysqlOptions};
+use tower_lock::backend::mysql::{MysqlBackend, MysqlOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::{Backend, BackendExt, LockError, LockMode, Wait};
 
 fn my_url() -> String {
@@ -37,13 +38,13 @@ async fn backend_with(options: MysqlOptions) -> MysqlBackend {
 }
 
 async fn backend() -> MysqlBackend {
-    backend_with(MysqlOptions::default().lease(Duration::from_secs(4))).await
+    backend_with(MysqlOptions::default().session_lease(Duration::from_secs(4))).await
 }
 
 async fn plain_backend() -> MysqlBackend {
     backend_with(
         MysqlOptions::default()
-            .lease(Duration::from_secs(4))
+            .session_lease(Duration::from_secs(4))
             .cohort(CohortOptions::off()),
     )
     .await
@@ -222,7 +223,7 @@ async fn tokens_stay_above_a_sequence_that_went_back() {
     let sequence = format!("t_seq_back_{}", std::process::id());
     let options = || {
         MysqlOptions::default()
-            .lease(Duration::from_secs(4))
+            .session_lease(Duration::from_secs(4))
             .sequence(sequence.as_str())
     };
     let before = backend_with(options()).await;

@@ -13,7 +13,8 @@ use std::io::{BufReader, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tower_lock::backend::{CohortOptions, PostgresBackend, PostgresOptions};
+use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::{Backend, BackendExt, LockError, LockMode, Wait};
 
 fn pg_url() -> String {
@@ -41,14 +42,14 @@ async fn backend_with(options: PostgresOptions) -> PostgresBackend {
 }
 
 async fn backend() -> PostgresBackend {
-    backend_with(PostgresOptions::default().lease(Duration::from_secs(4))).await
+    backend_with(PostgresOptions::default().session_lease(Duration::from_secs(4))).await
 }
 
 /// A backend whose every acquisition goes to the server.
 async fn plain_backend() -> PostgresBackend {
     backend_with(
         PostgresOptions::default()
-            .lease(Duration::from_secs(4))
+            .session_lease(Duration::from_secs(4))
             .cohort(CohortOptions::off()),
     )
     .await
@@ -518,7 +519,7 @@ async fn through_a_transaction_pooler_advisory_locks_are_refused_never_shared() 
         match PostgresBackend::connect_with(
             &bouncer_url(),
             PostgresOptions::default()
-                .lease(Duration::from_secs(4))
+                .session_lease(Duration::from_secs(4))
                 .cohort(CohortOptions::off()),
         )
         .await

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use tower_lock::backend::{PostgresBackend, PostgresOptions};
+use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
 use tower_lock::{Backend, BackendExt, LockError, LockMode};
 
 const TABLE: &str = "tower_lock_leases";

@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::redis_cluster::RedisCluster;
-use tower_lock::backend::{CohortOptions, RedisBackend, RedisOptions};
+use tower_lock::backend::redis::{RedisBackend, RedisOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::{Backend, BackendExt, LockError, LockMode};
 
 async fn backend(url: &str, options: RedisOptions) -> RedisBackend {

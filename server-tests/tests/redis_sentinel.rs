@@ -7,7 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::sentinel::SentinelGroup;
-use tower_lock::backend::{CohortOptions, RedisBackend, RedisOptions};
+use tower_lock::backend::redis::{RedisBackend, RedisOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::{Backend, BackendExt, LockError};
 
 fn options() -> RedisOptions {

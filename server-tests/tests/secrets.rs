@@ -159,7 +159,7 @@ async fn no_password_leaves_through_errors_bodies_or_logs() {
     let redlock = format!(
         "redlock://:{PASSWORD}@127.0.0.1:1,:{PASSWORD}@127.0.0.1:2,:{PASSWORD}@127.0.0.1:3"
     );
-    let backend = tower_lock::backend::RedlockBackend::connect(&redlock)
+    let backend = tower_lock::backend::redis::redlock::RedlockBackend::connect(&redlock)
         .await
         .unwrap();
     assert_no_secret("backend's Debug", &redlock, &format!("{backend:?}"));

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::cluster::{Cluster, Engine};
 use common::fault_proxy::FaultProxy;
-use tower_lock::backend::{CohortOptions, ZookeeperBackend, ZookeeperOptions};
+use tower_lock::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::BackendExt;
 
 async fn backend(hosts: &str) -> ZookeeperBackend {

@@ -1,8 +1,10 @@
 //! [`Capabilities`]: what a backend offers the core and [`Cohort`](super::Cohort).
 
 #[cfg(doc)]
-use super::{Backend, Cohort, LeaseHandle, LockRequest};
+use super::{Cohort, LeaseHandle, LockRequest};
 use crate::mode::LockMode;
+#[cfg(doc)]
+use crate::Backend;
 
 /// What a [`Backend`] can do, for the core and for [`Cohort`]. See the
 /// [module documentation](super#how-remote-backends-and-cohorting-plug-in)

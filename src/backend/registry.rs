@@ -5,10 +5,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::{Backend, MemoryBackend};
 #[cfg(all(doc, feature = "redis"))]
-use super::{RedisBackend, RedlockBackend};
+use super::redis::{redlock::RedlockBackend, RedisBackend};
 use crate::error::LockError;
+use crate::{Backend, MemoryBackend};
 
 type Connected<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn Backend>, LockError>> + Send + 'a>>;
 
@@ -42,18 +42,22 @@ macro_rules! row {
 
 /// Every scheme [`connect`] knows; `memory` is always there.
 const REGISTRY: &[Row] = &[
-    row!("redis", "redis", super::RedisBackend),
-    row!("rediss", "redis-tls", super::RedisBackend),
-    row!("redis+sentinel", "redis", super::RedisBackend),
-    row!("redis+cluster", "redis", super::RedisBackend),
-    row!("redlock", "redis", super::RedlockBackend),
-    row!("redlocks", "redis-tls", super::RedlockBackend),
-    row!("zk", "zookeeper", super::ZookeeperBackend),
-    row!("postgres", "postgres", super::PostgresBackend),
-    row!("postgresql", "postgres", super::PostgresBackend),
-    row!("mysql", "mysql", super::MysqlBackend),
-    row!("mariadb", "mysql", super::MysqlBackend),
-    row!("etcd", "etcd", super::EtcdBackend),
+    row!("redis", "redis", super::redis::RedisBackend),
+    row!("rediss", "redis-tls", super::redis::RedisBackend),
+    row!("redis+sentinel", "redis", super::redis::RedisBackend),
+    row!("redis+cluster", "redis", super::redis::RedisBackend),
+    row!("redlock", "redis", super::redis::redlock::RedlockBackend),
+    row!(
+        "redlocks",
+        "redis-tls",
+        super::redis::redlock::RedlockBackend
+    ),
+    row!("zk", "zookeeper", super::zookeeper::ZookeeperBackend),
+    row!("postgres", "postgres", super::postgres::PostgresBackend),
+    row!("postgresql", "postgres", super::postgres::PostgresBackend),
+    row!("mysql", "mysql", super::mysql::MysqlBackend),
+    row!("mariadb", "mysql", super::mysql::MysqlBackend),
+    row!("etcd", "etcd", super::etcd::EtcdBackend),
 ];
 
 /// Opens the backend a URL names, for services that take it from their

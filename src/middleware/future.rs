@@ -31,7 +31,7 @@ pin_project! {
     /// use axum::{body::Body, routing::post, Router};
     /// use http::Request;
     /// use tower::{Layer, Service, ServiceExt};
-    /// use tower_lock::{middleware::ResponseFuture, LockLayer, MemoryBackend, QueryParam};
+    /// use tower_lock::{LockLayer, MemoryBackend, QueryParam, ResponseFuture};
     ///
     /// let mut service = LockLayer::new(MemoryBackend::new(), QueryParam("cart"))
     ///     .layer(Router::new().route("/checkout", post(|| async { "paid" })));

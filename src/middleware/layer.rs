@@ -9,11 +9,11 @@ use tower_layer::Layer;
 
 use super::config::{Config, ModeSelector, OnLost, OnMissingKey};
 use super::LockService;
-use crate::backend::Backend;
 use crate::locker::Locker;
 use crate::mode::{LockMode, Wait};
 use crate::rejection::LockRejection;
 use crate::source::KeySource;
+use crate::Backend;
 
 /// Holds a lock on a key taken from each request while the inner service
 /// serves it.

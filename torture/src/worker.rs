@@ -7,11 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tower_lock::backend::etcd::{EtcdBackend, EtcdOptions};
+use tower_lock::backend::mysql::{MysqlBackend, MysqlOptions};
+use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
+use tower_lock::backend::redis::redlock::RedlockBackend;
+use tower_lock::backend::redis::{RedisBackend, RedisOptions};
+use tower_lock::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
 use tower_lock::backend::Capabilities;
-use tower_lock::backend::{
-    EtcdBackend, EtcdOptions, MysqlBackend, MysqlOptions, PostgresBackend, PostgresOptions,
-    RedisBackend, RedisOptions, RedlockBackend, ZookeeperBackend, ZookeeperOptions,
-};
 use tower_lock::{Backend, BackendExt, LockError, LockGuard, LockMode, LockSet, Wait};
 
 use crate::history::{now_ns, Event, Mode};
@@ -505,14 +507,14 @@ pub async fn open(
         "mysql" => Arc::new(
             MysqlBackend::connect_with(
                 &format!("mysql://root@{servers}/test"),
-                MysqlOptions::default().lease(lease),
+                MysqlOptions::default().session_lease(lease),
             )
             .await?,
         ),
         "postgres" => Arc::new(
             PostgresBackend::connect_with(
                 &format!("postgres://postgres@{servers}/postgres"),
-                PostgresOptions::default().lease(lease),
+                PostgresOptions::default().session_lease(lease),
             )
             .await?,
         ),

@@ -26,7 +26,8 @@ use common::fault_proxy::{Fault as ProxyFault, FaultProxy};
 use common::{check_two_process_log, free_port};
 
 use redis::AsyncCommands;
-use tower_lock::backend::{CohortOptions, RedisBackend, RedisOptions};
+use tower_lock::backend::redis::{RedisBackend, RedisOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::{Backend, BackendExt, LockError, LockKey};
 
 fn redis_url() -> String {
@@ -132,7 +133,7 @@ async fn child_entry() {
         // (renewing) until killed.
         let url = std::env::var("REDLOCK_URL").unwrap();
         let lease = Duration::from_millis(std::env::var("LEASE_MS").unwrap().parse().unwrap());
-        let b = tower_lock::backend::RedlockBackend::connect(&url)
+        let b = tower_lock::backend::redis::redlock::RedlockBackend::connect(&url)
             .await
             .unwrap();
         let g = b.lock("held").lease(lease).await.unwrap();

@@ -76,7 +76,7 @@ async fn a_killed_holder_frees_the_key_when_its_lease_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_a_killed_holder_frees_the_key_when_its_lease_ends() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let url = redlock_url(&servers);
     let extra = [("REDLOCK_URL", url.clone()), ("LEASE_MS", "1000".into())];

@@ -4,7 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_excludes_and_cleans_up() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let url = redlock_url(&servers);
     let a = RedlockBackend::connect(&url).await.unwrap();
@@ -29,7 +29,7 @@ const ONE_ROUND: Duration = Duration::from_millis(2 * (200 + 2 * 200 + 200));
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_works_with_one_of_three_down_and_fails_at_once_with_two() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let wait = Duration::from_secs(10);
     // Down as a killed server (connections refused) or a stopped one
     // (connections accepted, nothing answered).
@@ -72,7 +72,7 @@ async fn redlock_works_with_one_of_three_down_and_fails_at_once_with_two() {
 /// on the one that granted it, and on one that did not answer in time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_undoes_a_failed_round_on_every_instance() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let backend = RedlockBackend::connect(&redlock_url(&servers))
         .await
@@ -161,7 +161,7 @@ async fn every_end_of_a_request_releases_its_lock_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_a_request_reenters_its_own_lock() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let backend = RedlockBackend::connect(&redlock_url(&servers))
         .await
@@ -171,7 +171,7 @@ async fn redlock_a_request_reenters_its_own_lock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_every_end_of_a_request_releases_its_lock_at_once() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let url = redlock_url(&servers);
     let (one, other) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
@@ -180,7 +180,7 @@ async fn redlock_every_end_of_a_request_releases_its_lock_at_once() {
 
 #[tokio::test]
 async fn redlock_waiters_in_one_process_are_served_in_arrival_order() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let backend = RedlockBackend::connect(&redlock_url(&servers))
         .await
@@ -190,7 +190,7 @@ async fn redlock_waiters_in_one_process_are_served_in_arrival_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_two_backends_with_queues_of_their_own_take_turns() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let url = redlock_url(&servers);
     let (a, b) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
@@ -208,7 +208,7 @@ async fn redlock_two_backends_with_queues_of_their_own_take_turns() {
 /// would be held by no one on a majority until the lease ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_undoes_a_round_cancelled_in_flight() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let url = redlock_url(&servers);
     let backend = RedlockBackend::connect(&url).await.unwrap();
@@ -245,7 +245,7 @@ async fn redlock_undoes_a_round_cancelled_in_flight() {
 /// can have ended on a majority, and before the other client is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_holder_cut_off_from_a_majority_is_told_before_anyone_else_is_granted() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let proxies = [
         FaultProxy::start(servers[0].addr()).await.unwrap(),
@@ -304,7 +304,7 @@ async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_every_operation_cut_at_every_poll_frees_no_other_holder() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let url = redlock_url(&servers);
     let (a, other) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));

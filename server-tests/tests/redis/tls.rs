@@ -141,9 +141,10 @@ impl Server {
 #[cfg(feature = "redis-tls")]
 async fn excludes_and_releases(a: &impl Backend, b: &impl Backend) {
     let g = a.lock("k").await.unwrap();
+    let second = b.lock("k").fail_fast().await;
     assert!(
-        matches!(b.lock("k").fail_fast().await, Err(LockError::Busy)),
-        "a second holder"
+        matches!(second, Err(LockError::Busy)),
+        "a second holder must be refused as busy: {second:?}"
     );
     g.release().await.unwrap();
     b.lock("k")
@@ -250,7 +251,7 @@ async fn a_plain_url_to_a_tls_port_fails_clearly_within_the_timeout() {
 #[cfg(feature = "redis-tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlocks_locks_over_tls_and_checks_certificates() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let ca = TestCa::new();
     let servers: Vec<Server> = (0..3).map(|_| Server::start_tls(&ca)).collect();
     let list = redlock_url(&servers).replace("redlock://", "");
@@ -319,7 +320,7 @@ pub(super) async fn tls_lock_child() {
 #[cfg(not(feature = "redis-tls"))]
 #[tokio::test]
 async fn without_the_redis_tls_feature_a_tls_url_is_a_config_error_naming_it() {
-    use tower_lock::backend::RedlockBackend;
+    use tower_lock::backend::redis::redlock::RedlockBackend;
     let names_the_feature = |url: &str, err: LockError| match err {
         LockError::Config(m) if m.contains("`redis-tls` feature") => {}
         other => panic!("{url}: {other}"),

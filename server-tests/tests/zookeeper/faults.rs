@@ -146,7 +146,8 @@ async fn a_server_paused_past_the_session_timeout_aborts_the_holder_before_anyon
         .get_data(&format!("/paused/42/{}", children[0]))
         .await
         .unwrap();
-    let first_token = stat.czxid as u64 * u64::from(tower_lock::backend::zookeeper::TOKEN_SPACING);
+    let first_token = stat.czxid as u64
+        * u64::from(tower_lock::backend::zookeeper::ZookeeperBackend::TOKEN_SPACING);
 
     // The next holder, on a session of its own, already waits.
     let other = backend_rooted(&server.addr, "/paused", Duration::from_secs(10)).await;

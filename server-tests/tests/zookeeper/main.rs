@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::fault_proxy::{Fault as ProxyFault, FaultProxy};
-use tower_lock::backend::{CohortOptions, ZookeeperBackend, ZookeeperOptions};
+use tower_lock::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::{Backend, BackendExt, LockError, LockKey, LockMode, Wait};
 use zookeeper_client as zk;
 

@@ -51,7 +51,7 @@ async fn a_held_lock_passes_to_local_waiters_with_one_node_per_bound() {
     }
     // 17 grants from three nodes: each node's token is its zxid times the
     // spacing, and the holders it served took the next ones.
-    let spacing = u64::from(tower_lock::backend::zookeeper::TOKEN_SPACING);
+    let spacing = u64::from(tower_lock::backend::zookeeper::ZookeeperBackend::TOKEN_SPACING);
     let tokens = tokens.lock().unwrap().clone();
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
     let mut nodes: Vec<u64> = tokens.iter().map(|t| t / spacing).collect();
@@ -111,7 +111,7 @@ async fn nodes_are_named_as_curator_names_them() {
     // The fencing token is the node's creation zxid, spaced for the
     // holders a cohort may pass the lock to.
     let (_, stat) = client.get_data(&format!("{dir}/{name}")).await.unwrap();
-    let spacing = u64::from(tower_lock::backend::zookeeper::TOKEN_SPACING);
+    let spacing = u64::from(tower_lock::backend::zookeeper::ZookeeperBackend::TOKEN_SPACING);
     assert_eq!(g.token().get(), stat.czxid as u64 * spacing);
     assert_ne!(stat.ephemeral_owner, 0);
     // The parent is a container node, reaped by the server once empty.

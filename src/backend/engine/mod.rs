@@ -6,6 +6,13 @@
 //! grants, how to renew and release it (`lease::Protocol`).
 
 mod cohort;
+#[cfg(any(
+    feature = "zookeeper",
+    feature = "postgres",
+    feature = "mysql",
+    feature = "etcd"
+))]
+pub(crate) mod holds;
 mod in_flight;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) mod owner;

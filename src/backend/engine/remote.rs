@@ -5,7 +5,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::{Cohort, CohortOptions, InFlight};
-use crate::backend::{Acquired, Backend, BackendFuture, Capabilities, LockRequest};
+use crate::Backend;
+use crate::backend::{Acquired, BackendFuture, Capabilities, LockRequest};
 use crate::error::LockError;
 
 /// What a remote store supplies to the engine: its acquire path. Each lock

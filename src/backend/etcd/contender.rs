@@ -572,7 +572,7 @@ impl EtcdLock {
 
     /// Forgets the key in the session's list of holds: it is being deleted.
     fn unlist(&self) {
-        lock(&self.session.holds).remove(self.key());
+        self.session.holds.remove(self.key());
     }
 }
 

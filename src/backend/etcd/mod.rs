@@ -47,7 +47,7 @@
 //! # Fencing tokens
 //!
 //! A lock's token is the create revision of its key times
-//! [`TOKEN_SPACING`] (64). The revision is the cluster's, which only grows,
+//! [`EtcdBackend::TOKEN_SPACING`] (64). The revision is the cluster's, which only grows,
 //! across keys, restarts and leader elections. The holders this process
 //! passes the key to (see [Cohorting](#cohorting)) take the tokens between,
 //! all below the token of any key created later.
@@ -63,7 +63,7 @@
 //! # Leases: what is and is not guaranteed
 //!
 //! Every lock of a backend is attached to one etcd lease (TTL
-//! [`DEFAULT_LEASE_TTL`]), as a Go `concurrency.Session` does.
+//! [`EtcdOptions::DEFAULT_LEASE_TTL`]), as a Go `concurrency.Session` does.
 //!
 //! - **Known alive.** The leader expires a lease a TTL after the last
 //!   keep-alive it received. The backend sends one every sixth of the TTL
@@ -124,7 +124,7 @@
 //!
 //! ```no_run
 //! # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-//! use tower_lock::backend::EtcdBackend;
+//! use tower_lock::backend::etcd::EtcdBackend;
 //! use tower_lock::BackendExt;
 //!
 //! let etcd = EtcdBackend::connect("etcd://127.0.0.1:2379/locks").await?;
@@ -152,19 +152,6 @@ use crate::mode::LockMode;
 use crate::sync::lock;
 use crate::token::FencingToken;
 
-/// The root used when the URL names none.
-pub const DEFAULT_ROOT: &str = "/tower-lock";
-/// The lease TTL asked of the server (whole seconds; the server may grant
-/// more).
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
-/// How long the first answer may take before an acquire fails.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How far apart the fencing tokens of two lock keys are: a key's token is
-/// its create revision times this, and the tokens between go to the holders
-/// a [`Cohort`](crate::backend::Cohort) passes the key to.
-pub const TOKEN_SPACING: u32 = 64;
-
 /// Settings of an [`EtcdBackend`].
 ///
 /// # Examples
@@ -172,7 +159,7 @@ pub const TOKEN_SPACING: u32 = 64;
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
 /// use std::time::Duration;
-/// use tower_lock::backend::{EtcdBackend, EtcdOptions};
+/// use tower_lock::backend::etcd::{EtcdBackend, EtcdOptions};
 ///
 /// let options = EtcdOptions::default()
 ///     .root("/services/orders/locks")
@@ -194,23 +181,31 @@ impl Default for EtcdOptions {
     fn default() -> Self {
         EtcdOptions {
             root: None,
-            lease_ttl: DEFAULT_LEASE_TTL,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            lease_ttl: EtcdOptions::DEFAULT_LEASE_TTL,
+            connect_timeout: EtcdOptions::DEFAULT_CONNECT_TIMEOUT,
             cohort: CohortOptions::default(),
         }
     }
 }
 
 impl EtcdOptions {
+    /// The root used when the URL names none.
+    pub const DEFAULT_ROOT: &str = "/tower-lock";
+    /// The lease TTL asked of the server (whole seconds; the server may grant
+    /// more).
+    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+    /// How long the first answer may take before an acquire fails.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// The prefix under which lock keys live, e.g. `/locks`; overrides the
-    /// URL's path. Default [`DEFAULT_ROOT`].
+    /// URL's path. Default [`EtcdOptions::DEFAULT_ROOT`].
     pub fn root(mut self, root: impl Into<String>) -> Self {
         self.root = Some(root.into());
         self
     }
 
     /// The TTL of the lease the locks are attached to, in whole seconds (at
-    /// least one). Default [`DEFAULT_LEASE_TTL`].
+    /// least one). Default [`EtcdOptions::DEFAULT_LEASE_TTL`].
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self
@@ -224,7 +219,7 @@ impl EtcdOptions {
     }
 
     /// How long the first answer (granting the lease) may take. Default
-    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    /// [`EtcdOptions::DEFAULT_CONNECT_TIMEOUT`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -241,7 +236,7 @@ impl EtcdOptions {
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-/// use tower_lock::backend::EtcdBackend;
+/// use tower_lock::backend::etcd::EtcdBackend;
 /// use tower_lock::{LockLayer, PathParam};
 ///
 /// let etcd = EtcdBackend::connect("etcd://127.0.0.1:2379").await?;
@@ -292,6 +287,11 @@ fn check_root(root: &str) -> Result<(), LockError> {
 }
 
 impl EtcdBackend {
+    /// How far apart the fencing tokens of two lock keys are: a key's token is
+    /// its create revision times this, and the tokens between go to the holders
+    /// a [`Cohort`](crate::backend::Cohort) passes the key to.
+    pub const TOKEN_SPACING: u32 = 64;
+
     /// Connects to `etcd://host:port[,host:port...][/root]` with default
     /// [options](EtcdOptions).
     ///
@@ -301,7 +301,7 @@ impl EtcdBackend {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use tower_lock::backend::EtcdBackend;
+    /// use tower_lock::backend::etcd::EtcdBackend;
     /// use tower_lock::LockError;
     ///
     /// // A malformed URL is refused before anything is connected to.
@@ -320,7 +320,7 @@ impl EtcdBackend {
         let root = options
             .root
             .or(url_root)
-            .unwrap_or_else(|| DEFAULT_ROOT.to_owned());
+            .unwrap_or_else(|| EtcdOptions::DEFAULT_ROOT.to_owned());
         check_root(&root)?;
         if options.lease_ttl < Duration::from_secs(1) {
             return Err(LockError::Config(
@@ -364,7 +364,7 @@ impl EtcdBackend {
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_lock::backend::EtcdBackend;
+    /// use tower_lock::backend::etcd::EtcdBackend;
     /// use tower_lock::LockKey;
     ///
     /// let etcd = EtcdBackend::connect("etcd://127.0.0.1:2379/locks").await?;
@@ -422,8 +422,9 @@ impl Store for EtcdStore {
             .contend(&prefix, value.into_bytes(), request.wait)
             .await?;
         let tokens = if reader { 1 } else { request.tokens };
-        let tokens = tokens.clamp(1, TOKEN_SPACING);
-        let token = FencingToken::new(contender.revision as u64 * u64::from(TOKEN_SPACING));
+        let tokens = tokens.clamp(1, EtcdBackend::TOKEN_SPACING);
+        let token =
+            FencingToken::new(contender.revision as u64 * u64::from(EtcdBackend::TOKEN_SPACING));
         let held = contender.into_lock();
         let key = held.key().to_owned();
         let lease = Lease::new(
@@ -432,11 +433,7 @@ impl Store for EtcdStore {
             session.alive_until.clone(),
             self.releases.clone(),
         );
-        lock(&session.holds).insert(key, Arc::downgrade(&lease));
-        // Ended meanwhile: `end` may have drained the map before the insert.
-        if session.ended.load(Ordering::Acquire) {
-            lease.lost().fire("the etcd lease ended");
-        }
+        session.holds.insert(key, &lease, ());
         Ok(lease.acquired(token, tokens))
     }
 
@@ -452,7 +449,7 @@ impl Store for EtcdStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .no_semaphore()
-            .max_tokens(TOKEN_SPACING)
+            .max_tokens(EtcdBackend::TOKEN_SPACING)
             .fifo(true)
             .waits_in_server(true)
     }

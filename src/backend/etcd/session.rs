@@ -1,7 +1,7 @@
 //! The etcd lease every lock of a backend is attached to: granting it,
 //! knowing it alive from keep-alive answers, and ending it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use etcd_client as etcd;
 
-use super::contender::EtcdLock;
-use crate::backend::engine::lease::Lease;
+use crate::backend::engine::holds::Holds;
 use crate::backend::engine::InFlight;
 use crate::error::LockError;
 use crate::lost::Deadline;
@@ -53,7 +52,7 @@ pub(super) struct Session {
     /// Wakes the acquisitions waiting on this lease when it ends.
     pub(super) ended_notify: tokio::sync::Notify,
     /// The locks held on this lease, by key, told when it ends.
-    pub(super) holds: Mutex<HashMap<String, Weak<Lease<EtcdLock>>>>,
+    pub(super) holds: Holds<String>,
     /// The backend's deletes in flight.
     pub(super) releases: Arc<InFlight>,
     /// The contender key names in use (see [`Slot`](super::contender::Slot)).
@@ -102,12 +101,7 @@ impl Session {
         }
         tracing::warn!(lease = self.lease, reason, "etcd locks lost");
         self.ended_notify.notify_waiters();
-        let holds: Vec<_> = lock(&self.holds).drain().collect();
-        for (_, hold) in holds {
-            if let Some(hold) = hold.upgrade() {
-                hold.lost().fire(reason.clone());
-            }
-        }
+        self.holds.end(&reason);
     }
 
     fn revoke_in_background(&self) {
@@ -200,7 +194,7 @@ impl EtcdStore {
             alive_until: Arc::new(Deadline::new(sent + known_alive)),
             ended: AtomicBool::new(false),
             ended_notify: tokio::sync::Notify::new(),
-            holds: Mutex::new(HashMap::new()),
+            holds: Holds::new(),
             releases: self.releases.clone(),
             slots: Mutex::default(),
         });

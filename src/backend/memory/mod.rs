@@ -11,12 +11,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::{Acquired, Backend, BackendFuture, LockRequest};
+use super::{Acquired, BackendFuture, LockRequest};
+
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::loom::sync::Mutex;
 use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
+use crate::Backend;
 use shard::{wake_all, Grants, Holder, MapKey, Shard, ShardState, Slot, Waiter};
 
 const SHARDS: usize = 64;
@@ -373,9 +375,11 @@ mod tests {
     use std::sync::{Arc, Weak};
     use std::task::{Context, Waker};
 
-    use super::{lock, MemoryBackend, Shard};
+    use super::{lock, Shard};
+
     use crate::key::LockKey;
     use crate::BackendExt;
+    use crate::MemoryBackend;
 
     /// How many released holds the shard of `key` keeps.
     fn spares(backend: &MemoryBackend, key: &str) -> usize {

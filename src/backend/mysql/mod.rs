@@ -37,7 +37,7 @@
 //!
 //! Drawn from a sequence (`tower_lock_tokens` by default, created on first
 //! use) in the same statement as the grant, after it: a lock's token is
-//! `NEXTVAL × TOKEN_SPACING`, the tokens in between serving the local
+//! `NEXTVAL × MysqlBackend::TOKEN_SPACING`, the tokens in between serving the local
 //! holders a grant is passed to. Sequences need MariaDB 10.3 or later; a
 //! MySQL server is refused with an error saying so.
 //!
@@ -59,7 +59,7 @@
 //!
 //! A `GET_LOCK` lock lives as long as its connection. While it holds a
 //! lock, the connection is pinged every quarter
-//! [lease](MysqlOptions::lease), and known alive until the send time of the
+//! [lease](MysqlOptions::session_lease), and known alive until the send time of the
 //! last answered request plus the lease; no answer in time, or a broken
 //! connection, and the lock is reported lost (the guard's lost signal)
 //! before the server can free it:
@@ -96,7 +96,7 @@
 //!
 //! ```no_run
 //! # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-//! use tower_lock::backend::MysqlBackend;
+//! use tower_lock::backend::mysql::MysqlBackend;
 //! use tower_lock::Locker;
 //!
 //! let db = MysqlBackend::connect("mysql://app@127.0.0.1:3306/orders").await?;
@@ -122,20 +122,7 @@ use crate::backend::engine::{InFlight, Store};
 use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
 use crate::error::LockError;
 use crate::mode::Wait;
-use crate::sync::lock;
 use crate::token::FencingToken;
-
-/// How long a connection is known alive after a request it sent was
-/// answered.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
-/// How long connecting may take before the acquisition fails.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most connections one backend opens.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
-/// The token sequence used when none is named.
-pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
-/// How far apart two grants' fencing tokens are.
-pub const TOKEN_SPACING: u32 = 64;
 
 /// The lock name for the key given as the statement's first three
 /// parameters.
@@ -162,7 +149,7 @@ impl Statements {
 }
 
 /// Sequence values from here on would not fit a token once multiplied by
-/// [`TOKEN_SPACING`].
+/// [`MysqlBackend::TOKEN_SPACING`].
 const MAX_SEQUENCE_VALUE: i64 = 1 << 58;
 
 /// `GET_LOCK` takes seconds; "forever" is a year (MariaDB refuses -1).
@@ -175,10 +162,10 @@ const FOREVER_SECS: f64 = 365.0 * 24.0 * 3600.0;
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
 /// use std::time::Duration;
-/// use tower_lock::backend::{MysqlBackend, MysqlOptions};
+/// use tower_lock::backend::mysql::{MysqlBackend, MysqlOptions};
 ///
 /// let options = MysqlOptions::default()
-///     .lease(Duration::from_secs(5))
+///     .session_lease(Duration::from_secs(5))
 ///     .max_connections(8);
 /// let db = MysqlBackend::connect_with("mysql://app@db:3306/orders", options).await?;
 /// # Ok(()) }
@@ -195,10 +182,10 @@ pub struct MysqlOptions {
 impl Default for MysqlOptions {
     fn default() -> Self {
         MysqlOptions {
-            lease: DEFAULT_LEASE,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            sequence: DEFAULT_SEQUENCE.to_owned(),
+            lease: MysqlOptions::DEFAULT_SESSION_LEASE,
+            connect_timeout: MysqlOptions::DEFAULT_CONNECT_TIMEOUT,
+            max_connections: MysqlOptions::DEFAULT_MAX_CONNECTIONS,
+            sequence: MysqlOptions::DEFAULT_SEQUENCE.to_owned(),
             cohort: CohortOptions::default(),
         }
     }
@@ -206,22 +193,32 @@ impl Default for MysqlOptions {
 
 impl MysqlOptions {
     /// How long a connection is known alive after a request it sent was
+    /// answered.
+    pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(10);
+    /// How long connecting may take before the acquisition fails.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The most connections one backend opens.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
+    /// The token sequence used when none is named.
+    pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
+
+    /// How long a connection is known alive after a request it sent was
     /// answered (see the [module docs](self)); a lock request's own lease
-    /// does not apply. Default [`DEFAULT_LEASE`].
-    pub fn lease(mut self, lease: Duration) -> Self {
+    /// does not apply. Default [`MysqlOptions::DEFAULT_SESSION_LEASE`].
+    pub fn session_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
     /// How long opening a connection may take. Default
-    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    /// [`MysqlOptions::DEFAULT_CONNECT_TIMEOUT`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// The most connections this backend opens. Default
-    /// [`DEFAULT_MAX_CONNECTIONS`].
+    /// [`MysqlOptions::DEFAULT_MAX_CONNECTIONS`].
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = max;
         self
@@ -234,7 +231,7 @@ impl MysqlOptions {
     /// each connection lifts it to the server's clock in microseconds (see
     /// [Fencing tokens](self#fencing-tokens)), and
     /// [`connect_with`](MysqlBackend::connect_with) refuses another with
-    /// [`LockError::Config`]. Default [`DEFAULT_SEQUENCE`].
+    /// [`LockError::Config`]. Default [`MysqlOptions::DEFAULT_SEQUENCE`].
     pub fn sequence(mut self, name: impl Into<String>) -> Self {
         self.sequence = name.into();
         self
@@ -256,7 +253,7 @@ impl MysqlOptions {
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-/// use tower_lock::backend::MysqlBackend;
+/// use tower_lock::backend::mysql::MysqlBackend;
 /// use tower_lock::{LockLayer, PathParam};
 ///
 /// let db = MysqlBackend::connect("mysql://app@127.0.0.1:3306/orders").await?;
@@ -266,6 +263,9 @@ impl MysqlOptions {
 pub type MysqlBackend = RemoteBackend<MysqlStore>;
 
 impl MysqlBackend {
+    /// How far apart two grants' fencing tokens are.
+    pub const TOKEN_SPACING: u32 = 64;
+
     /// Connects to `mysql://user[:password]@host:port/database` (or
     /// `mariadb://`) with default [options](MysqlOptions).
     ///
@@ -276,7 +276,7 @@ impl MysqlBackend {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use tower_lock::backend::MysqlBackend;
+    /// use tower_lock::backend::mysql::MysqlBackend;
     /// use tower_lock::LockError;
     ///
     /// let wrong = MysqlBackend::connect("postgres://app@db/orders").await;
@@ -379,8 +379,9 @@ impl Store for MysqlStore {
                         "mysql",
                         format!(
                             "GET_LOCK answered {got:?}: an error in the server, or a token \
-                             sequence that gave a value outside 1..2^58 (times {TOKEN_SPACING} \
-                             it would not fit a token)"
+                             sequence that gave a value outside 1..2^58 (times {} \
+                             it would not fit a token)",
+                            MysqlBackend::TOKEN_SPACING
                         ),
                         None,
                     ));
@@ -417,7 +418,7 @@ impl Store for MysqlStore {
         }
         // In range (checked above): the product and the local holders'
         // tokens after it fit.
-        let token = FencingToken::new(n as u64 * u64::from(TOKEN_SPACING));
+        let token = FencingToken::new(n as u64 * u64::from(MysqlBackend::TOKEN_SPACING));
         let held = MysqlLock {
             inner: self.clone(),
             session: session.clone(),
@@ -429,11 +430,11 @@ impl Store for MysqlStore {
             session.alive.until.clone(),
             self.releases.clone(),
         );
-        *lock(&session.hold) = Some(Arc::downgrade(&lease));
+        session.hold.insert((), &lease, ());
         if session.ended.load(Ordering::Acquire) {
             lease.lost().fire("the MariaDB connection ended".to_owned());
         }
-        Ok(lease.acquired(token, request.tokens.clamp(1, TOKEN_SPACING)))
+        Ok(lease.acquired(token, request.tokens.clamp(1, MysqlBackend::TOKEN_SPACING)))
     }
 
     fn releases(&self) -> &Arc<InFlight> {
@@ -446,7 +447,7 @@ impl Store for MysqlStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .exclusive_only()
-            .max_tokens(TOKEN_SPACING)
+            .max_tokens(MysqlBackend::TOKEN_SPACING)
             .waits_in_server(true)
     }
 }
@@ -486,7 +487,7 @@ impl MysqlLock {
     /// One `RELEASE_LOCK`; a failure closes the connection, which frees
     /// the lock.
     async fn unlock(&self) -> Result<(), LockError> {
-        lock(&self.session.hold).take();
+        self.session.hold.remove(&());
         let key = self.key.as_str();
         let released: Result<Option<Option<i64>>, _> = {
             let mut conn = self.session.conn.lock().await;

@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts};
 
-use super::MysqlLock;
-use crate::backend::engine::lease::Lease;
+use crate::backend::engine::holds::Holds;
 use crate::backend::engine::InFlight;
 use crate::backend::sql::{Alive, Connections, Slot};
 use crate::error::LockError;
@@ -51,7 +50,7 @@ pub(super) struct Session {
     /// server's uptime for the restart quarantine.
     pub(super) alive: Alive,
     pub(super) ended: AtomicBool,
-    pub(super) hold: Mutex<Option<Weak<Lease<MysqlLock>>>>,
+    pub(super) hold: Holds<()>,
     _slot: Slot,
 }
 
@@ -69,9 +68,8 @@ impl Session {
         if self.ended.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Some(hold) = lock(&self.hold).take().and_then(|h| h.upgrade()) {
+        if self.hold.end(reason) > 0 {
             tracing::warn!(reason, "mysql lock lost");
-            hold.lost().fire(reason.to_owned());
         }
     }
 }
@@ -112,7 +110,7 @@ impl MysqlStore {
 
     /// Takes back a connection whose lock was released (or never granted).
     pub(super) fn give_back(&self, session: Arc<Session>) {
-        if !session.usable() || lock(&session.hold).is_some() {
+        if !session.usable() || !session.hold.is_empty() {
             return;
         }
         let mut idle = lock(&self.idle);
@@ -185,7 +183,7 @@ impl MysqlStore {
             id,
             alive: Alive::new(sent, self.lease, Duration::from_secs(uptime), learnt),
             ended: AtomicBool::new(false),
-            hold: Mutex::new(None),
+            hold: Holds::new(),
             _slot: slot,
         })
     }
@@ -243,7 +241,7 @@ pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration) {
         if s.ended.load(Ordering::Acquire) {
             return;
         }
-        let held = lock(&s.hold).is_some();
+        let held = !s.hold.is_empty();
         let deadline = s.alive.until.get();
         let sent = Instant::now();
         let ping = async {

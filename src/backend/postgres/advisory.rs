@@ -7,15 +7,14 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Instant;
 
-use tokio_postgres::{Client, NoTls, Statement};
+use tokio_postgres::NoTls;
 
-use super::session::{pg_error, pooled, Advisory, Session, MARK, POOLED};
-use super::TOKEN_SPACING;
+use super::session::{pg_error, pooled, Advisory, Session, POOLED};
+use super::PostgresBackend;
 use crate::backend::engine::lease::{release_in_background, Lease, Protocol, Released};
 use crate::backend::{Acquired, LockRequest};
 use crate::error::LockError;
 use crate::mode::{LockMode, Wait};
-use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// Gives each held lock its entry in its session's holds.
@@ -129,7 +128,9 @@ impl Advisory {
         tokens: u32,
     ) -> Acquired {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
+        let token = FencingToken::new(
+            (n.max(0) as u64).saturating_mul(u64::from(PostgresBackend::TOKEN_SPACING)),
+        );
         let held = AdvisoryLock {
             pg: self.clone(),
             session: session.clone(),
@@ -143,14 +144,8 @@ impl Advisory {
             session.alive.until.clone(),
             self.releases.clone(),
         );
-        lock(&session.holds).insert(id, (Arc::downgrade(&lease), key.to_owned()));
-        // Ended meanwhile: `end` may have drained the holds before the insert.
-        if session.ended.load(Ordering::Acquire) {
-            lease
-                .lost()
-                .fire("the PostgreSQL connection ended".to_owned());
-        }
-        lease.acquired(token, tokens.clamp(1, TOKEN_SPACING))
+        session.holds.insert(id, &lease, ());
+        lease.acquired(token, tokens.clamp(1, PostgresBackend::TOKEN_SPACING))
     }
 }
 
@@ -159,68 +154,6 @@ impl Advisory {
 /// key names a permit.
 fn permit_key(key: &str, i: usize) -> String {
     format!("{key}\u{1}permit{i}")
-}
-
-/// The statements a session prepares once, so that each lock operation is
-/// one round trip. Index 0 is exclusive, 1 shared.
-pub(super) struct Statements {
-    try_lock: [Statement; 2],
-    lock: [Statement; 2],
-    unlock: [Statement; 2],
-    pub(super) ping: Statement,
-}
-
-/// The lock's 64-bit key: the server's own hash of the key text, so that
-/// SQL can take the same lock (`pg_advisory_lock(hashtextextended('sku:A1',
-/// 0))`).
-const KEY: &str = "hashtextextended($1, 0)";
-
-impl Statements {
-    pub(super) async fn prepare(
-        client: &Client,
-        sequence: &str,
-        marker: &str,
-    ) -> Result<Self, LockError> {
-        // Run on a session not marked as this connection's (a pooler in
-        // transaction mode), a lock statement takes nothing and answers
-        // -1, an unlock NULL, a ping false.
-        let foreign = format!("current_setting('{MARK}', true) IS DISTINCT FROM '{marker}'");
-        // The token is drawn after the grant, in the same statement (a
-        // CASE evaluates in order): grants and tokens go up together.
-        let try_sql = |f: &str| {
-            format!(
-                "SELECT CASE WHEN {foreign} THEN -1 WHEN {f}({KEY}) THEN nextval('{sequence}') END"
-            )
-        };
-        let lock_sql = |f: &str| {
-            format!(
-                "SELECT CASE WHEN {foreign} THEN -1 \
-                 WHEN {f}({KEY})::text = '' THEN nextval('{sequence}') END"
-            )
-        };
-        let unlock_sql =
-            |f: &str| format!("SELECT CASE WHEN {foreign} THEN NULL ELSE {f}({KEY}) END");
-        let texts = [
-            try_sql("pg_try_advisory_lock"),
-            try_sql("pg_try_advisory_lock_shared"),
-            lock_sql("pg_advisory_lock"),
-            lock_sql("pg_advisory_lock_shared"),
-            unlock_sql("pg_advisory_unlock"),
-            unlock_sql("pg_advisory_unlock_shared"),
-            format!("SELECT NOT {foreign}"),
-        ];
-        let p = |i: usize| client.prepare(&texts[i]);
-        // Sent together: one round trip.
-        let (t0, t1, l0, l1, u0, u1, ping) =
-            tokio::try_join!(p(0), p(1), p(2), p(3), p(4), p(5), p(6))
-                .map_err(|e| pg_error("preparing the lock statements", e))?;
-        Ok(Statements {
-            try_lock: [t0, t1],
-            lock: [l0, l1],
-            unlock: [u0, u1],
-            ping,
-        })
-    }
 }
 
 /// Sends one lock statement on `session` for `key`, which the caller has
@@ -330,7 +263,7 @@ pub(super) struct AdvisoryLock {
 impl AdvisoryLock {
     /// One unlock; a failure closes the session, which frees the lock.
     async fn unlock(&self) -> Result<(), LockError> {
-        lock(&self.session.holds).remove(&self.id);
+        self.session.holds.remove(&self.id);
         let unlock = &self.session.statements.unlock[usize::from(self.read)];
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&self.key];
         let mut query = std::pin::pin!(self.session.client.query_one(unlock, &params));

@@ -37,7 +37,7 @@
 //!
 //! Drawn from a sequence (`tower_lock_tokens` by default, created on first
 //! use; see [`PostgresOptions::sequence`]) in the same statement as the
-//! grant, after it: a lock's token is `nextval × TOKEN_SPACING`, and the
+//! grant, after it: a lock's token is `nextval × PostgresBackend::TOKEN_SPACING`, and the
 //! tokens in between serve the local holders a grant is passed to. Each
 //! grant draws after the previous holder's grant, so tokens rise in grant
 //! order across every process.
@@ -54,7 +54,7 @@
 //!
 //! An advisory lock lives as long as the server session that took it. The
 //! connection is known alive until the send time of the last request the
-//! server answered plus the [lease](PostgresOptions::lease); while it holds
+//! server answered plus the [lease](PostgresOptions::session_lease); while it holds
 //! locks it is asked every quarter lease. No answer in time, or a broken
 //! connection, and every lock on it is reported lost (the lost signal of
 //! each guard), before the server can free them:
@@ -175,7 +175,7 @@
 //!
 //! ```no_run
 //! # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-//! use tower_lock::backend::PostgresBackend;
+//! use tower_lock::backend::postgres::PostgresBackend;
 //! use tower_lock::Locker;
 //!
 //! let pg = PostgresBackend::connect("postgres://app@127.0.0.1:5432/orders").await?;
@@ -202,20 +202,6 @@ use crate::backend::engine::{InFlight, Store};
 use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
 use crate::error::LockError;
 
-/// How long a session is known alive after a request it sent was answered.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
-/// How long connecting may take before the acquisition fails.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The most connections one backend opens.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
-/// The token sequence used when none is named.
-pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
-/// The lease table's name in a URL's `?lease_table` without a value.
-pub const DEFAULT_LEASE_TABLE: &str = "tower_lock_leases";
-/// How far apart two grants' fencing tokens are: the tokens between serve
-/// the local holders a [`Cohort`](crate::backend::Cohort) passes one grant to.
-pub const TOKEN_SPACING: u32 = 64;
-
 /// Settings of a [`PostgresBackend`].
 ///
 /// # Examples
@@ -223,10 +209,10 @@ pub const TOKEN_SPACING: u32 = 64;
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
 /// use std::time::Duration;
-/// use tower_lock::backend::{PostgresBackend, PostgresOptions};
+/// use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
 ///
 /// let options = PostgresOptions::default()
-///     .lease(Duration::from_secs(5))
+///     .session_lease(Duration::from_secs(5))
 ///     .max_connections(8)
 ///     .sequence("locks.tokens");
 /// let pg = PostgresBackend::connect_with("postgres://app@db:5432/orders", options).await?;
@@ -246,10 +232,10 @@ pub struct PostgresOptions {
 impl Default for PostgresOptions {
     fn default() -> Self {
         PostgresOptions {
-            lease: DEFAULT_LEASE,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            sequence: DEFAULT_SEQUENCE.to_owned(),
+            lease: PostgresOptions::DEFAULT_SESSION_LEASE,
+            connect_timeout: PostgresOptions::DEFAULT_CONNECT_TIMEOUT,
+            max_connections: PostgresOptions::DEFAULT_MAX_CONNECTIONS,
+            sequence: PostgresOptions::DEFAULT_SEQUENCE.to_owned(),
             lease_table: None,
             listen_url: None,
             cohort: CohortOptions::default(),
@@ -258,26 +244,37 @@ impl Default for PostgresOptions {
 }
 
 impl PostgresOptions {
+    /// How long a session is known alive after a request it sent was answered.
+    pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(10);
+    /// How long connecting may take before the acquisition fails.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The most connections one backend opens.
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
+    /// The token sequence used when none is named.
+    pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
+    /// The lease table's name in a URL's `?lease_table` without a value.
+    pub const DEFAULT_LEASE_TABLE: &str = "tower_lock_leases";
+
     /// How long a connection is known alive after a request it sent was
     /// answered (see the [module docs](self)); a lock request's own lease
-    /// does not apply. Default [`DEFAULT_LEASE`]; the server keeps a silent
+    /// does not apply. Default [`PostgresOptions::DEFAULT_SESSION_LEASE`]; the server keeps a silent
     /// connection (and its locks) at least this long, so a dead holder's
     /// locks behind a partition are freed about twice this after it went
     /// silent.
-    pub fn lease(mut self, lease: Duration) -> Self {
+    pub fn session_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
     /// How long opening a connection may take. Default
-    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    /// [`PostgresOptions::DEFAULT_CONNECT_TIMEOUT`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
     /// The most connections this backend opens. Default
-    /// [`DEFAULT_MAX_CONNECTIONS`].
+    /// [`PostgresOptions::DEFAULT_MAX_CONNECTIONS`].
     pub fn max_connections(mut self, max: usize) -> Self {
         self.max_connections = max;
         self
@@ -287,7 +284,7 @@ impl PostgresOptions {
     /// schema-qualified (`schema.name`, lower-case letters, digits and
     /// `_`). Created on first use if missing; a role that may not create it
     /// needs it made once: `CREATE SEQUENCE tower_lock_tokens`. Default
-    /// [`DEFAULT_SEQUENCE`].
+    /// [`PostgresOptions::DEFAULT_SEQUENCE`].
     ///
     /// One made by hand must hand out its values in the order they are
     /// drawn: `CACHE 1` (the default; with more, each session draws from a
@@ -304,13 +301,13 @@ impl PostgresOptions {
     /// through a pooler in transaction mode. Optionally schema-qualified,
     /// as [`sequence`](Self::sequence); created on first use if missing.
     /// A URL selects it with `?lease_table=name` (or `?lease_table` for
-    /// [`DEFAULT_LEASE_TABLE`]).
+    /// [`PostgresOptions::DEFAULT_LEASE_TABLE`]).
     ///
     /// # Examples
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-    /// use tower_lock::backend::{PostgresBackend, PostgresOptions};
+    /// use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
     ///
     /// // Statements through PgBouncer in transaction mode; notifications
     /// // of releases straight from the server.
@@ -337,7 +334,7 @@ impl PostgresOptions {
 
     /// How this process's waiters share a lock (see [`Cohort`](crate::backend::Cohort)): on by
     /// default, up to [`CohortOptions::DEFAULT_MAX_GRANTS`] holders (at most
-    /// [`TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per grant.
+    /// [`PostgresBackend::TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per grant.
     pub fn cohort(mut self, cohort: CohortOptions) -> Self {
         self.cohort = cohort;
         self
@@ -354,7 +351,7 @@ impl PostgresOptions {
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-/// use tower_lock::backend::PostgresBackend;
+/// use tower_lock::backend::postgres::PostgresBackend;
 /// use tower_lock::{LockLayer, PathParam};
 ///
 /// let pg = PostgresBackend::connect("postgres://app@127.0.0.1:5432/orders").await?;
@@ -402,20 +399,24 @@ impl Store for PostgresStore {
             // server: either way the next local waiter may go as soon as
             // the unlock is sent.
             Mode::Advisory(_) => Capabilities::new()
-                .max_tokens(TOKEN_SPACING)
+                .max_tokens(PostgresBackend::TOKEN_SPACING)
                 .ordered_release(true)
                 .fifo(true),
             // One statement connection per key: a release sent lands before
             // the next acquire.
             Mode::Table(_) => Capabilities::new()
                 .exclusive_only()
-                .max_tokens(TOKEN_SPACING)
+                .max_tokens(PostgresBackend::TOKEN_SPACING)
                 .ordered_release(true),
         }
     }
 }
 
 impl PostgresBackend {
+    /// How far apart two grants' fencing tokens are: the tokens between serve
+    /// the local holders a [`Cohort`](crate::backend::Cohort) passes one grant to.
+    pub const TOKEN_SPACING: u32 = 64;
+
     /// Connects to `postgres://user[:password]@host:port/database` (or
     /// `postgresql://`, and any parameter the driver takes, such as
     /// `?connect_timeout=2`) with default [options](PostgresOptions).
@@ -427,7 +428,7 @@ impl PostgresBackend {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use tower_lock::backend::PostgresBackend;
+    /// use tower_lock::backend::postgres::PostgresBackend;
     /// use tower_lock::LockError;
     ///
     /// // A malformed URL is refused before anything is connected to.
@@ -599,7 +600,7 @@ fn split_url(url: &str) -> (String, Option<String>) {
             Some(("lease_table", _)) | None
                 if param == "lease_table" || param == "lease_table=" =>
             {
-                table = Some(DEFAULT_LEASE_TABLE.to_owned())
+                table = Some(PostgresOptions::DEFAULT_LEASE_TABLE.to_owned())
             }
             _ => rest.push(param),
         }
@@ -655,7 +656,7 @@ mod tests {
         );
         assert_eq!(
             table("postgres://app@db/orders?connect_timeout=2&lease_table"),
-            Some(DEFAULT_LEASE_TABLE.to_owned())
+            Some(PostgresOptions::DEFAULT_LEASE_TABLE.to_owned())
         );
         let (config, _) =
             parse_url("postgres://app@db/orders?lease_table=t&connect_timeout=2").unwrap();

@@ -7,17 +7,16 @@
 //! last request it answered plus the lease, and every lock it holds is lost
 //! with it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::{Client, NoTls, Statement};
 
-use super::advisory::{AdvisoryLock, Statements};
-use crate::backend::engine::lease::Lease;
+use crate::backend::engine::holds::Holds;
 use crate::backend::engine::owner::Tokens;
 use crate::backend::engine::InFlight;
 use crate::backend::sql::{Alive, Connections, Slot};
@@ -51,9 +50,6 @@ pub(super) struct Advisory {
     pub(super) markers: Tokens,
 }
 
-/// A held lock and its key, as its session lists it.
-pub(super) type Held = (Weak<Lease<AdvisoryLock>>, String);
-
 /// One server session and the locks it holds.
 pub(super) struct Session {
     pub(super) client: Client,
@@ -65,7 +61,7 @@ pub(super) struct Session {
     /// it, and every lock it holds is lost with it.
     pub(super) ended: AtomicBool,
     /// The locks held on this session, by id, told when it ends.
-    pub(super) holds: Mutex<HashMap<usize, Held>>,
+    pub(super) holds: Holds<usize>,
     /// The keys locked or being locked on this session: advisory locks are
     /// re-entrant per session, so a second lock on one of them would be
     /// granted at once, and is taken on another session instead.
@@ -119,7 +115,7 @@ impl Session {
     }
 
     pub(super) fn holds_nothing(&self) -> bool {
-        lock(&self.holds).is_empty()
+        self.holds.is_empty()
     }
 
     /// Asks the server once, so that the session is known alive from now.
@@ -144,14 +140,9 @@ impl Session {
         if self.ended.swap(true, Ordering::AcqRel) {
             return;
         }
-        let holds: Vec<_> = lock(&self.holds).drain().collect();
-        if !holds.is_empty() {
-            tracing::warn!(reason, locks = holds.len(), "postgres locks lost");
-        }
-        for (_, (hold, _)) in holds {
-            if let Some(hold) = hold.upgrade() {
-                hold.lost().fire(reason.to_owned());
-            }
+        let told = self.holds.end(reason);
+        if told > 0 {
+            tracing::warn!(reason, locks = told, "postgres locks lost");
         }
         self.connection.abort();
     }
@@ -312,7 +303,7 @@ impl Advisory {
                 learnt,
             ),
             ended: AtomicBool::new(false),
-            holds: Mutex::new(HashMap::new()),
+            holds: Holds::new(),
             claims: Mutex::new(HashSet::new()),
             connection,
             _slot: slot,
@@ -493,5 +484,67 @@ async fn keep_alive(session: Weak<Session>, lease: Duration) {
                 return;
             }
         }
+    }
+}
+
+/// The statements a session prepares once, so that each lock operation is
+/// one round trip. Index 0 is exclusive, 1 shared.
+pub(super) struct Statements {
+    pub(super) try_lock: [Statement; 2],
+    pub(super) lock: [Statement; 2],
+    pub(super) unlock: [Statement; 2],
+    pub(super) ping: Statement,
+}
+
+/// The lock's 64-bit key: the server's own hash of the key text, so that
+/// SQL can take the same lock (`pg_advisory_lock(hashtextextended('sku:A1',
+/// 0))`).
+const KEY: &str = "hashtextextended($1, 0)";
+
+impl Statements {
+    pub(super) async fn prepare(
+        client: &Client,
+        sequence: &str,
+        marker: &str,
+    ) -> Result<Self, LockError> {
+        // Run on a session not marked as this connection's (a pooler in
+        // transaction mode), a lock statement takes nothing and answers
+        // -1, an unlock NULL, a ping false.
+        let foreign = format!("current_setting('{MARK}', true) IS DISTINCT FROM '{marker}'");
+        // The token is drawn after the grant, in the same statement (a
+        // CASE evaluates in order): grants and tokens go up together.
+        let try_sql = |f: &str| {
+            format!(
+                "SELECT CASE WHEN {foreign} THEN -1 WHEN {f}({KEY}) THEN nextval('{sequence}') END"
+            )
+        };
+        let lock_sql = |f: &str| {
+            format!(
+                "SELECT CASE WHEN {foreign} THEN -1 \
+                 WHEN {f}({KEY})::text = '' THEN nextval('{sequence}') END"
+            )
+        };
+        let unlock_sql =
+            |f: &str| format!("SELECT CASE WHEN {foreign} THEN NULL ELSE {f}({KEY}) END");
+        let texts = [
+            try_sql("pg_try_advisory_lock"),
+            try_sql("pg_try_advisory_lock_shared"),
+            lock_sql("pg_advisory_lock"),
+            lock_sql("pg_advisory_lock_shared"),
+            unlock_sql("pg_advisory_unlock"),
+            unlock_sql("pg_advisory_unlock_shared"),
+            format!("SELECT NOT {foreign}"),
+        ];
+        let p = |i: usize| client.prepare(&texts[i]);
+        // Sent together: one round trip.
+        let (t0, t1, l0, l1, u0, u1, ping) =
+            tokio::try_join!(p(0), p(1), p(2), p(3), p(4), p(5), p(6))
+                .map_err(|e| pg_error("preparing the lock statements", e))?;
+        Ok(Statements {
+            try_lock: [t0, t1],
+            lock: [l0, l1],
+            unlock: [u0, u1],
+            ping,
+        })
     }
 }

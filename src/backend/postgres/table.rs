@@ -18,7 +18,7 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
 use super::session::{check_sequence, create_missing, pg_error};
 use super::table_sql::Sql;
-use super::TOKEN_SPACING;
+use super::PostgresBackend;
 use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
@@ -414,7 +414,9 @@ impl LeaseTable {
         };
         undo.armed = false;
         drop(undo);
-        let token = FencingToken::new((n.max(0) as u64).saturating_mul(u64::from(TOKEN_SPACING)));
+        let token = FencingToken::new(
+            (n.max(0) as u64).saturating_mul(u64::from(PostgresBackend::TOKEN_SPACING)),
+        );
         let valid = Arc::new(Deadline::new(known_until(sent, request.lease)));
         let releases = self.releases.clone();
         let lease = Lease::new(
@@ -429,7 +431,10 @@ impl LeaseTable {
             releases,
         );
         lease.keep_renewed();
-        Ok(lease.acquired(token, request.tokens.clamp(1, TOKEN_SPACING)))
+        Ok(lease.acquired(
+            token,
+            request.tokens.clamp(1, PostgresBackend::TOKEN_SPACING),
+        ))
     }
 }
 

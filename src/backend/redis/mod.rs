@@ -234,7 +234,7 @@ use crate::key::LockKey;
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-/// use tower_lock::backend::RedisBackend;
+/// use tower_lock::backend::redis::RedisBackend;
 /// use tower_lock::{BackendExt, LockLayer, PathParam};
 ///
 /// let redis = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
@@ -385,7 +385,7 @@ impl RedisBackend {
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_lock::backend::RedisBackend;
+    /// use tower_lock::backend::redis::RedisBackend;
     /// use tower_lock::LockKey;
     ///
     /// let redis = RedisBackend::connect("redis://127.0.0.1:6379/").await?;

@@ -15,7 +15,7 @@ use crate::error::LockError;
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
 /// use std::time::Duration;
-/// use tower_lock::backend::{RedisBackend, RedisOptions};
+/// use tower_lock::backend::redis::{RedisBackend, RedisOptions};
 ///
 /// let options = RedisOptions::default()
 ///     .prefix("orders:lock:")
@@ -137,7 +137,7 @@ impl RedisOptions {
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
     /// use std::time::Duration;
-    /// use tower_lock::backend::{RedisBackend, RedisOptions};
+    /// use tower_lock::backend::redis::{RedisBackend, RedisOptions};
     ///
     /// let options = RedisOptions::default().wait_for_replicas(2, Duration::from_millis(100));
     /// let redis = RedisBackend::connect_with(

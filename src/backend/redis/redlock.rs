@@ -91,7 +91,7 @@ const MAX_TOKENS: u32 = 1 << 16;
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-/// use tower_lock::backend::RedlockBackend;
+/// use tower_lock::backend::redis::redlock::RedlockBackend;
 /// use tower_lock::BackendExt;
 ///
 /// let redlock = RedlockBackend::connect("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379").await?;
@@ -145,7 +145,7 @@ impl RedlockBackend {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use tower_lock::backend::RedlockBackend;
+    /// use tower_lock::backend::redis::redlock::RedlockBackend;
     /// use tower_lock::LockError;
     ///
     /// // Refused before anything is connected to: Redlock needs three servers or more.
@@ -224,7 +224,8 @@ impl RedlockBackend {
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-    /// use tower_lock::backend::{CohortOptions, RedlockBackend};
+    /// use tower_lock::backend::CohortOptions;
+    /// use tower_lock::backend::redis::redlock::RedlockBackend;
     ///
     /// let redlock = RedlockBackend::connect("redlock://10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379")
     ///     .await?

@@ -43,7 +43,7 @@
 //!
 //! # Fencing tokens
 //!
-//! A lock's token is the creation zxid of its node times [`TOKEN_SPACING`]
+//! A lock's token is the creation zxid of its node times [`ZookeeperBackend::TOKEN_SPACING`]
 //! (64). The zxid is the ensemble's transaction id, which only grows, across
 //! keys, restarts and leader elections, and even when a container parent is
 //! reaped and its sequence numbers start again from zero. The zxid has no
@@ -57,7 +57,7 @@
 //! acquisitions of a key queue in the process and only the first creates a
 //! node. An exclusive or write lock passes from holder to holder within the
 //! process without touching the server, up to [`CohortOptions`]'s bound (32
-//! holders, at most [`TOKEN_SPACING`], or 50 ms from the grant) and only
+//! holders, at most [`ZookeeperBackend::TOKEN_SPACING`], or 50 ms from the grant) and only
 //! while the session is surely alive; then the node is deleted and the next
 //! node in the server's queue, another process's or this one's next, is
 //! granted. So processes take turns in the order of their nodes, but within
@@ -141,7 +141,7 @@
 //!
 //! ```no_run
 //! # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-//! use tower_lock::backend::ZookeeperBackend;
+//! use tower_lock::backend::zookeeper::ZookeeperBackend;
 //! use tower_lock::BackendExt;
 //!
 //! let zk = ZookeeperBackend::connect("zk://127.0.0.1:2181/locks").await?;
@@ -157,7 +157,6 @@ mod session;
 mod url;
 
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -176,20 +175,6 @@ use crate::mode::LockMode;
 use crate::sync::lock;
 use crate::token::FencingToken;
 
-/// The root used when the URL names none.
-pub const DEFAULT_ROOT: &str = "/tower-lock";
-/// The session timeout asked of the server (which clamps it between 2 and
-/// 20 of its ticks).
-pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long connecting may take before the acquire fails.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How far apart the fencing tokens of two lock nodes are: a node's token
-/// is its creation zxid times this, and the tokens between are the ones a
-/// [`Cohort`](crate::backend::Cohort) hands to the holders it passes the lock to. So it bounds how
-/// many local holders one node serves.
-pub const TOKEN_SPACING: u32 = 64;
-
 /// Settings of a [`ZookeeperBackend`].
 ///
 /// # Examples
@@ -197,7 +182,7 @@ pub const TOKEN_SPACING: u32 = 64;
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
 /// use std::time::Duration;
-/// use tower_lock::backend::{ZookeeperBackend, ZookeeperOptions};
+/// use tower_lock::backend::zookeeper::{ZookeeperBackend, ZookeeperOptions};
 ///
 /// let options = ZookeeperOptions::default()
 ///     .root("/services/orders/locks")
@@ -219,22 +204,30 @@ impl Default for ZookeeperOptions {
     fn default() -> Self {
         ZookeeperOptions {
             root: None,
-            session_timeout: DEFAULT_SESSION_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            session_timeout: ZookeeperOptions::DEFAULT_SESSION_TIMEOUT,
+            connect_timeout: ZookeeperOptions::DEFAULT_CONNECT_TIMEOUT,
             cohort: CohortOptions::default(),
         }
     }
 }
 
 impl ZookeeperOptions {
+    /// The root used when the URL names none.
+    pub const DEFAULT_ROOT: &str = "/tower-lock";
+    /// The session timeout asked of the server (which clamps it between 2 and
+    /// 20 of its ticks).
+    pub const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+    /// How long connecting may take before the acquire fails.
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// The path under which lock nodes live, e.g. `/locks`; overrides the
-    /// URL's path. Default [`DEFAULT_ROOT`].
+    /// URL's path. Default [`ZookeeperOptions::DEFAULT_ROOT`].
     pub fn root(mut self, root: impl Into<String>) -> Self {
         self.root = Some(root.into());
         self
     }
 
-    /// The session timeout to ask for. Default [`DEFAULT_SESSION_TIMEOUT`].
+    /// The session timeout to ask for. Default [`ZookeeperOptions::DEFAULT_SESSION_TIMEOUT`].
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
         self
@@ -242,7 +235,7 @@ impl ZookeeperOptions {
 
     /// How this process's waiters share a lock (see [`Cohort`](crate::backend::Cohort)): on by
     /// default, up to [`CohortOptions::DEFAULT_MAX_GRANTS`] holders (at most
-    /// [`TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per lock
+    /// [`ZookeeperBackend::TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per lock
     /// node; [`CohortOptions::off`] gives each acquisition a node of its
     /// own, as Curator does.
     pub fn cohort(mut self, cohort: CohortOptions) -> Self {
@@ -251,7 +244,7 @@ impl ZookeeperOptions {
     }
 
     /// How long opening a session may take. Default
-    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    /// [`ZookeeperOptions::DEFAULT_CONNECT_TIMEOUT`].
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -268,7 +261,7 @@ impl ZookeeperOptions {
 ///
 /// ```no_run
 /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-/// use tower_lock::backend::ZookeeperBackend;
+/// use tower_lock::backend::zookeeper::ZookeeperBackend;
 /// use tower_lock::{LockLayer, PathParam};
 ///
 /// let zk = ZookeeperBackend::connect("zk://127.0.0.1:2181").await?;
@@ -278,6 +271,12 @@ impl ZookeeperOptions {
 pub type ZookeeperBackend = RemoteBackend<ZookeeperStore>;
 
 impl ZookeeperBackend {
+    /// How far apart the fencing tokens of two lock nodes are: a node's token
+    /// is its creation zxid times this, and the tokens between are the ones a
+    /// [`Cohort`](crate::backend::Cohort) hands to the holders it passes the lock to. So it bounds how
+    /// many local holders one node serves.
+    pub const TOKEN_SPACING: u32 = 64;
+
     /// Connects to `zk://host:port[,host:port...][/root]` with default
     /// [options](ZookeeperOptions).
     ///
@@ -287,7 +286,7 @@ impl ZookeeperBackend {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// use tower_lock::backend::ZookeeperBackend;
+    /// use tower_lock::backend::zookeeper::ZookeeperBackend;
     /// use tower_lock::LockError;
     ///
     /// // A malformed URL is refused before anything is connected to.
@@ -306,7 +305,7 @@ impl ZookeeperBackend {
         let root = options
             .root
             .or(url_root)
-            .unwrap_or_else(|| DEFAULT_ROOT.to_owned());
+            .unwrap_or_else(|| ZookeeperOptions::DEFAULT_ROOT.to_owned());
         check_root(&root)?;
         let store = ZookeeperStore {
             hosts,
@@ -327,7 +326,7 @@ impl ZookeeperBackend {
     ///
     /// ```no_run
     /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_lock::backend::ZookeeperBackend;
+    /// use tower_lock::backend::zookeeper::ZookeeperBackend;
     /// use tower_lock::LockKey;
     ///
     /// let zk = ZookeeperBackend::connect("zk://127.0.0.1:2181/locks").await?;
@@ -395,7 +394,7 @@ impl Store for ZookeeperStore {
     // sequence number across every client.
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
-            .max_tokens(TOKEN_SPACING)
+            .max_tokens(ZookeeperBackend::TOKEN_SPACING)
             .ordered_release(true)
             .fifo(true)
     }
@@ -405,8 +404,9 @@ impl ZookeeperStore {
     /// A granted node as an [`Acquired`], registered with its session;
     /// `writer` for exclusive and write locks.
     fn held(&self, session: &Arc<Session>, node: Node, writer: bool, tokens: u32) -> Acquired {
-        let tokens = tokens.clamp(1, TOKEN_SPACING);
-        let token = FencingToken::new(node.czxid as u64 * u64::from(TOKEN_SPACING));
+        let tokens = tokens.clamp(1, ZookeeperBackend::TOKEN_SPACING);
+        let token =
+            FencingToken::new(node.czxid as u64 * u64::from(ZookeeperBackend::TOKEN_SPACING));
         let lock = node.into_lock();
         let path = lock.path.clone();
         let lease = Lease::new(
@@ -415,11 +415,7 @@ impl ZookeeperStore {
             session.alive_until.clone(),
             self.releases.clone(),
         );
-        crate::sync::lock(&session.holds).insert(path, (Arc::downgrade(&lease), writer));
-        // Ended meanwhile: `end` may have drained the map before the insert.
-        if session.ended.load(Ordering::Acquire) {
-            lease.lost().fire("the ZooKeeper session ended");
-        }
+        session.holds.insert(path, &lease, writer);
         lease.acquired(token, tokens)
     }
 }

@@ -9,7 +9,6 @@ use zookeeper_client as zk;
 use super::session::{alive, retry_while, uncertain, zk_error, Session};
 use crate::backend::engine::lease::{Protocol, Released};
 use crate::error::LockError;
-use crate::sync::lock;
 
 /// A lock node this process created (or is creating). Dropped without
 /// [`delete`](Node::delete), it deletes itself in the background, retrying
@@ -163,7 +162,7 @@ pub(super) struct ZkLock {
 impl ZkLock {
     /// Forgets the node in the session's list of holds: it is being deleted.
     fn unlist(&self) {
-        lock(&self.session.holds).remove(&self.path);
+        self.session.holds.remove(&self.path);
     }
 }
 

@@ -10,7 +10,6 @@ use super::node::Node;
 use super::session::{retry, retry_while, uncertain, zk_error, Session};
 use crate::error::LockError;
 use crate::mode::Wait;
-use crate::sync::lock;
 
 const LOCK_NAME: &str = "lock-";
 const READ_NAME: &str = "__READ__";
@@ -137,9 +136,7 @@ impl Session {
             // nearest blocker). Its deletion therefore hands the lock to us:
             // no need to list again, which saves a round trip per local
             // handoff.
-            let handoff = lock(&self.holds)
-                .get(&watch)
-                .is_some_and(|(_, writer)| *writer);
+            let handoff = self.holds.get(&watch, |writer| *writer) == Some(true);
             let watched = retry_while(self, Session::usable, || {
                 self.client.get_and_watch_data(&watch)
             })

@@ -1,7 +1,6 @@
 //! The ZooKeeper session: opening it, knowing it alive, and the retries
 //! every call makes through connection loss.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -9,9 +8,8 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-use super::node::ZkLock;
 use super::url::node_name;
-use crate::backend::engine::lease::Lease;
+use crate::backend::engine::holds::Holds;
 use crate::backend::engine::InFlight;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -34,9 +32,6 @@ pub struct ZookeeperStore {
     pub(super) releases: Arc<InFlight>,
 }
 
-/// A lock held on a session, and whether it is an exclusive or write lock.
-pub(super) type Held = (Weak<Lease<ZkLock>>, bool);
-
 /// One ZooKeeper session and the locks that live with it.
 pub(super) struct Session {
     pub(super) client: zk::Client,
@@ -52,7 +47,7 @@ pub(super) struct Session {
     /// Each has a lost state of its own, so that a lock's waker list lives
     /// only as long as the lock. The flag marks exclusive and write locks:
     /// their waiters need not list the children again when they go.
-    pub(super) holds: Mutex<HashMap<String, Held>>,
+    pub(super) holds: Holds<String, bool>,
     /// The backend's deletes in flight.
     pub(super) releases: Arc<InFlight>,
 }
@@ -80,12 +75,7 @@ impl Session {
     fn end(&self, reason: String) {
         self.ended.store(true, Ordering::Release);
         self.ended_notify.notify_waiters();
-        let holds: Vec<_> = lock(&self.holds).drain().collect();
-        for (_, (hold, _)) in holds {
-            if let Some(hold) = hold.upgrade() {
-                hold.lost().fire(reason.clone());
-            }
-        }
+        self.holds.end(&reason);
     }
 }
 
@@ -140,7 +130,7 @@ impl ZookeeperStore {
             client,
             ended: AtomicBool::new(false),
             ended_notify: tokio::sync::Notify::new(),
-            holds: Mutex::new(HashMap::new()),
+            holds: Holds::new(),
             releases: self.releases.clone(),
         });
         tokio::spawn(watch_session(Arc::downgrade(&session), states));

@@ -7,14 +7,12 @@
 use std::sync::Arc;
 
 use super::{exclusive, model};
-use crate::backend::{
-    Acquired, Backend, BackendFuture, Capabilities, Cohort, CohortOptions, LockRequest,
-    MemoryBackend,
-};
+use crate::backend::{Acquired, BackendFuture, Capabilities, Cohort, CohortOptions, LockRequest};
 use crate::error::LockError;
 use crate::loom::sync::atomic::{AtomicU32, Ordering};
 use crate::mode::Wait;
 use crate::token::FencingToken;
+use crate::{Backend, MemoryBackend};
 
 /// A server that reserves a block of tokens per grant, as the remote
 /// backends do, so that the cohort hands the lock on: the memory backend's

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use super::{exclusive, model, poll_once};
-use crate::backend::{Backend, MemoryBackend};
 use crate::loom::sync::atomic::{AtomicU32, Ordering};
 use crate::mode::Wait;
+use crate::{Backend, MemoryBackend};
 
 /// One holder, a waiter that waits until granted, and a wait polled once
 /// and dropped, all on one key: never two holders at once, the waiter is

@@ -10,9 +10,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::InFlight;
-use crate::backend::{
-    Acquired, Backend, BackendFuture, Capabilities, LeaseHandle, LockRequest, MemoryBackend,
-};
+use crate::backend::{Acquired, BackendFuture, Capabilities, LeaseHandle, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -21,6 +19,7 @@ use crate::lost::LostSignal;
 use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
 use crate::token::FencingToken;
+use crate::{Backend, MemoryBackend};
 
 /// How far a [`Cohort`] passes a lock between local waiters before it gives
 /// the lock back to the server.

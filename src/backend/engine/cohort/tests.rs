@@ -8,13 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Cohort, CohortOptions};
-use crate::backend::{
-    Acquired, Backend, BackendFuture, Capabilities, LeaseHandle, LockRequest, MemoryBackend,
-};
+use crate::backend::{Acquired, BackendFuture, Capabilities, LeaseHandle, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::{LockMode, Wait};
 use crate::token::FencingToken;
+use crate::{Backend, MemoryBackend};
 
 /// A server: the memory backend's locks, each reserving the block of tokens
 /// asked for (64 apart), and valid until a moment the test sets, as a

@@ -1,0 +1,541 @@
+//! The [`Backend`] trait and the types it trades in: a request for one
+//! lock, and the lock it grants. The contract is in the [module
+//! documentation](super).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{BackendFuture, Capabilities};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lost::LostSignal;
+use crate::mode::{LockMode, Wait};
+use crate::token::FencingToken;
+#[cfg(doc)]
+use crate::{backend::Cohort, MemoryBackend};
+
+/// A lock store.
+///
+/// See the [module documentation](super) for the contract. Users do not call
+/// these methods directly: they use [`BackendExt::lock`](crate::BackendExt::lock),
+/// a [`Locker`](crate::Locker) or the [`LockLayer`](crate::LockLayer).
+///
+/// # Examples
+///
+/// A toy backend: exclusive locks on Tokio mutexes, one per key. The mutex
+/// queues waiters in order and leaves its queue when a waiting future is
+/// dropped, and every grant takes the next number of one counter, so the
+/// contract holds; a real backend would also forget idle keys, as
+/// [`MemoryBackend`] does.
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::{Arc, Mutex};
+///
+/// use tokio::sync::OwnedMutexGuard;
+/// use tower_lock::backend::{Acquired, BackendFuture, LeaseHandle, LockRequest};
+/// use tower_lock::{Backend, BackendExt, FencingToken, LockError, LockMode, Wait};
+///
+/// #[derive(Default)]
+/// struct MutexBackend {
+///     keys: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+///     tokens: Arc<AtomicU64>,
+/// }
+///
+/// /// A granted lock: releasing it unlocks the mutex.
+/// struct Held(Mutex<Option<OwnedMutexGuard<()>>>);
+///
+/// impl LeaseHandle for Held {
+///     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+///         self.0.lock().unwrap().take();
+///         BackendFuture::ready(Ok(()))
+///     }
+/// }
+///
+/// fn grant(tokens: &AtomicU64, guard: OwnedMutexGuard<()>) -> Acquired {
+///     let token = FencingToken::new(tokens.fetch_add(1, Ordering::Relaxed) + 1);
+///     Acquired::new(token, Arc::new(Held(Mutex::new(Some(guard)))))
+/// }
+///
+/// impl Backend for MutexBackend {
+///     fn name(&self) -> &'static str {
+///         "mutex"
+///     }
+///
+///     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+///         if request.mode != LockMode::Exclusive {
+///             let why = format!("the mutex backend has no {} locks", request.mode);
+///             return BackendFuture::ready(Err(LockError::InvalidMode(why)));
+///         }
+///         let key = request.key.as_str().to_owned();
+///         let mutex = self.keys.lock().unwrap().entry(key).or_default().clone();
+///         if request.wait == Wait::FailFast {
+///             // Decided at once: no future to box.
+///             let result = match mutex.try_lock_owned() {
+///                 Ok(guard) => Ok(grant(&self.tokens, guard)),
+///                 Err(_) => Err(LockError::Busy),
+///             };
+///             return BackendFuture::ready(result);
+///         }
+///         // The core enforces the wait by dropping this future.
+///         let tokens = self.tokens.clone();
+///         BackendFuture::new(async move { Ok(grant(&tokens, mutex.lock_owned().await)) })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+/// let backend = MutexBackend::default();
+/// let first = backend.lock("order-1").await?;
+/// assert!(matches!(backend.lock("order-1").fail_fast().await, Err(LockError::Busy)));
+/// let earlier = first.token();
+/// drop(first);
+/// assert!(backend.lock("order-1").await?.token() > earlier);
+/// # Ok(()) }
+/// ```
+pub trait Backend: Send + Sync + 'static {
+    /// A short name for traces and errors: `memory`, `redis`, `zookeeper`.
+    fn name(&self) -> &'static str;
+
+    /// Acquires `request.key` in `request.mode`.
+    ///
+    /// # Cancel safety
+    ///
+    /// The core drops this future when the wait runs out or the request goes
+    /// away, and the contract asks a backend to undo what it started: a
+    /// queued waiter leaves the queue at once, and a lock granted as the
+    /// future was dropped is released. The memory backend does it in the
+    /// drop. The Redis and ZooKeeper backends start the undo (the release of
+    /// an acquire script that may have granted, the delete of a node that
+    /// may have been created) from the drop and finish it in a background
+    /// task, which [`flush`](Self::flush) waits for; dropped outside a Tokio
+    /// runtime, that undo cannot run, and the lock ends with its lease or
+    /// session. The Redlock backend undoes a failed round, but not a round
+    /// still in flight when its future is dropped: see its
+    /// [module documentation][redlock-cancel].
+    #[cfg_attr(
+        feature = "redis",
+        doc = "",
+        doc = "[redlock-cancel]: crate::backend::redis::redlock#cancel-safety"
+    )]
+    #[cfg_attr(
+        not(feature = "redis"),
+        doc = "",
+        doc = "[redlock-cancel]: https://docs.rs/tower-lock/latest/tower_lock/backend/redis/redlock/index.html#cancel-safety"
+    )]
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>>;
+
+    /// Completes once no release this backend sent is waiting for its answer
+    /// (each ends answered, or given up when its lease or session ended).
+    /// Under steady traffic there may be no such moment: call it once the
+    /// process has stopped taking locks.
+    ///
+    /// When a guard is dropped (as the layer does once a response is ready),
+    /// remote backends send its release and await the answer in the
+    /// background; so they do when a release must be sent again after a
+    /// broken connection. Call this before a process exits, after a graceful
+    /// shutdown: a release still in flight when the Tokio runtime stops is
+    /// lost, and its lock then stays taken until its lease (Redis) or session
+    /// (ZooKeeper) ends. The default, for backends that release at once,
+    /// completes at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the future only waits. The releases it waits for run in
+    /// tasks of their own on the Tokio runtime, so dropping it (a shutdown
+    /// deadline that ran out, as below) stops the waiting and nothing else:
+    /// they go on while the runtime runs, and a later `flush` waits for those
+    /// still in flight. What is lost is what `flush` guards against: the
+    /// releases still unanswered when the runtime stops. The Redis backend
+    /// also releases, when `flush` is called and whether or not the future is
+    /// then awaited, the locks it kept for local waiters that have not taken
+    /// them yet (those waiters then acquire anew).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+    /// use std::time::Duration;
+    /// use tower_lock::{Backend, BackendExt, MemoryBackend};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// backend.lock("sku-1").await?.release().await?;
+    ///
+    /// // After a graceful shutdown, give releases in flight five seconds.
+    /// if tokio::time::timeout(Duration::from_secs(5), backend.flush()).await.is_err() {
+    ///     eprintln!("some locks stay taken until their lease ends");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    fn flush(&self) -> BackendFuture<()> {
+        BackendFuture::ready(())
+    }
+
+    /// Identifies the locks this backend holds in this process: handles that
+    /// share their state (clones) return the same value. A request that
+    /// locks a key it already holds through the same backend
+    /// [re-enters](crate::Locker#re-entrancy) that lock instead of waiting
+    /// for itself.
+    ///
+    /// The default is the backend's address, right for a backend that is
+    /// not a handle on shared state; a cloneable handle returns the address
+    /// of what its clones share.
+    fn instance_id(&self) -> usize {
+        (self as *const Self).cast::<()>() as usize
+    }
+
+    /// What this backend can do: its modes, and what [`Cohort`] may rely
+    /// on. The default is every mode, one token per grant, releases not
+    /// ordered, waiters not served in order across processes.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+    }
+}
+
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+
+    fn instance_id(&self) -> usize {
+        (**self).instance_id()
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        (**self).acquire(request)
+    }
+    fn flush(&self) -> BackendFuture<()> {
+        (**self).flush()
+    }
+}
+
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+
+    fn instance_id(&self) -> usize {
+        (**self).instance_id()
+    }
+
+    fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
+        (**self).acquire(request)
+    }
+    fn flush(&self) -> BackendFuture<()> {
+        (**self).flush()
+    }
+}
+
+/// One acquisition asked of a [`Backend`].
+///
+/// The core builds it from [`BackendExt::lock`](crate::BackendExt::lock) and
+/// the layer's settings; backend tests build it by hand.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_lock::backend::LockRequest;
+/// use tower_lock::{Backend, LockError, LockKey, LockMode, MemoryBackend, Wait};
+///
+/// let backend = MemoryBackend::new();
+/// let request = LockRequest::new(LockKey::new("sku-1")?, LockMode::Exclusive)
+///     .with_wait(Wait::FailFast)
+///     .with_lease(Duration::from_secs(30));
+/// let held = backend.acquire(request.clone()).await?;
+/// assert!(matches!(backend.acquire(request).await, Err(LockError::Busy)));
+/// drop(held); // releases
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct LockRequest {
+    /// The key, validated.
+    pub key: LockKey,
+    /// The mode, validated (a semaphore has at least one permit).
+    pub mode: LockMode,
+    /// The wait policy: how long, from this call, the core lets it wait.
+    pub wait: Wait,
+    /// How long a remote lock lives without renewal. Backends renew it while
+    /// held; the memory backend has no use for it.
+    pub lease: Duration,
+    /// How many consecutive fencing tokens to reserve (at least 1, at most
+    /// the backend's [`Capabilities::max_tokens`]): [`Cohort`] hands one
+    /// grant to that many local holders in turn, each with its own token. A
+    /// backend may reserve fewer, and says how many in
+    /// [`Acquired::with_tokens`].
+    pub tokens: u32,
+}
+
+impl LockRequest {
+    /// A request for `key` in `mode` with the default wait and lease, for
+    /// backend tests.
+    pub fn new(key: LockKey, mode: LockMode) -> Self {
+        LockRequest {
+            key,
+            mode,
+            wait: Wait::DEFAULT,
+            lease: DEFAULT_LEASE,
+            tokens: 1,
+        }
+    }
+
+    /// Sets the wait policy.
+    pub fn with_wait(mut self, wait: Wait) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets the lease.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets how many fencing tokens to reserve (at least 1).
+    pub fn with_tokens(mut self, tokens: u32) -> Self {
+        self.tokens = tokens.max(1);
+        self
+    }
+}
+
+/// The default lease of a remote lock: 10 seconds, renewed every third of it
+/// while held.
+///
+/// The lease bounds how long a crashed holder keeps its key from everyone
+/// else (the torture harness measures it as `kill_recovery_ms`: about one
+/// lease), so it is no longer than the default wait: a request that arrives
+/// as a replica crashes still gets the key within its wait. Longer leases
+/// only help holders that stall (a pause, an unanswered renewal) for more
+/// than two thirds of one; they then lose the lock and are told.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use std::time::Duration;
+/// use tower_lock::backend::DEFAULT_LEASE;
+/// use tower_lock::{BackendExt, MemoryBackend};
+///
+/// assert_eq!(DEFAULT_LEASE, Duration::from_secs(10));
+/// // A job that may stall longer asks for a longer lease:
+/// let backend = MemoryBackend::new();
+/// let guard = backend.lock("nightly-export").lease(Duration::from_secs(60)).await?;
+/// # drop(guard); Ok(()) }
+/// ```
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// What a backend hands back for a granted lock.
+///
+/// Dropping it without turning it into a guard releases the lock.
+///
+/// # Examples
+///
+/// A backend builds one from its fencing token, its [`LeaseHandle`] and, if
+/// the lock can be lost, the signal of a [`LostTrigger`](crate::backend::LostTrigger)
+/// it keeps:
+///
+/// ```
+/// use std::sync::Arc;
+/// use tower_lock::backend::{Acquired, BackendFuture, LeaseHandle};
+/// use tower_lock::{FencingToken, LockError};
+/// use tower_lock::backend::LostTrigger;
+///
+/// struct Hold;
+/// impl LeaseHandle for Hold {
+///     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+///         BackendFuture::ready(Ok(()))
+///     }
+/// }
+///
+/// let trigger = LostTrigger::new();
+/// let acquired = Acquired::new(FencingToken::new(42), Arc::new(Hold)).with_lost(trigger.signal());
+/// assert_eq!(acquired.token().get(), 42);
+/// assert!(!acquired.lost().is_lost());
+/// trigger.fire("lease expired"); // from the backend's renewal task
+/// assert_eq!(acquired.lost().reason(), Some("lease expired"));
+/// ```
+#[must_use = "dropping an Acquired releases the lock"]
+pub struct Acquired {
+    token: FencingToken,
+    lost: LostSignal,
+    handle: Option<Arc<dyn LeaseHandle>>,
+    tokens: u32,
+}
+
+impl Acquired {
+    /// A grant with fencing token `token`, released through `handle`.
+    ///
+    /// The handle is an `Arc` so that a backend can keep one allocation per
+    /// lock for its own state, the handle and the [`LostState`](crate::backend::LostState)
+    /// its [`LostSignal`] points into.
+    pub fn new(token: FencingToken, handle: Arc<dyn LeaseHandle>) -> Self {
+        Acquired {
+            token,
+            lost: LostSignal::never(),
+            handle: Some(handle),
+            tokens: 1,
+        }
+    }
+
+    /// Attaches the signal the backend fires if it loses the lock.
+    pub fn with_lost(mut self, lost: LostSignal) -> Self {
+        self.lost = lost;
+        self
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The lost signal.
+    pub fn lost(&self) -> &LostSignal {
+        &self.lost
+    }
+
+    /// Says that the grant reserved `tokens` consecutive fencing tokens,
+    /// [`token`](Self::token) the first (for a [`LockRequest::tokens`] above
+    /// 1).
+    pub fn with_tokens(mut self, tokens: u32) -> Self {
+        self.tokens = tokens.max(1);
+        self
+    }
+
+    /// How many consecutive fencing tokens the grant reserved, from
+    /// [`token`](Self::token) on.
+    pub fn tokens(&self) -> u32 {
+        self.tokens
+    }
+
+    /// Until when the lock is surely still held, if the backend knows
+    /// ([`LeaseHandle::valid_until`]).
+    pub fn valid_until(&self) -> Option<Instant> {
+        self.handle.as_ref()?.valid_until()
+    }
+
+    pub(crate) fn into_parts(mut self) -> (FencingToken, LostSignal, Arc<dyn LeaseHandle>) {
+        let handle = self.handle.take().expect("handle present until taken");
+        (self.token, std::mem::take(&mut self.lost), handle)
+    }
+}
+
+impl Drop for Acquired {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.release_on_drop();
+        }
+    }
+}
+
+impl fmt::Debug for Acquired {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Acquired")
+            .field("token", &self.token)
+            .field("lost", &self.lost)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A backend's hold on one granted lock.
+///
+/// The core calls [`release`](Self::release) when a guard is released and
+/// [`release_on_drop`](Self::release_on_drop) when it is dropped, one of
+/// them once.
+///
+/// # Examples
+///
+/// A handle whose release is asynchronous, as a remote backend's is:
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use tokio::sync::oneshot;
+/// use tower_lock::backend::{Acquired, BackendFuture, LeaseHandle};
+/// use tower_lock::{FencingToken, LockError};
+///
+/// /// Stands in for a lock on a server: releasing it sends a message.
+/// struct RemoteHold(Mutex<Option<oneshot::Sender<&'static str>>>);
+///
+/// impl LeaseHandle for RemoteHold {
+///     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
+///         BackendFuture::new(async move {
+///             // The round trip to the server goes here.
+///             if let Some(server) = self.0.lock().unwrap().take() {
+///                 let _ = server.send("released");
+///             }
+///             Ok(())
+///         })
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let (tx, server) = oneshot::channel();
+/// let acquired = Acquired::new(FencingToken::new(1), Arc::new(RemoteHold(Mutex::new(Some(tx)))));
+/// drop(acquired); // the default `release_on_drop` spawns the release
+/// assert_eq!(server.await.unwrap(), "released");
+/// # }
+/// ```
+pub trait LeaseHandle: Send + Sync + 'static {
+    /// Releases the lock (and stops any renewal). Called at most once.
+    ///
+    /// # Cancel safety
+    ///
+    /// The caller may drop the future before it completes, having given up
+    /// waiting for the answer; the lock must be released all the same, and
+    /// only once. Start the release in this method, before the future is
+    /// polled, or hand the same future to the background from its drop, as
+    /// the remote backends do: never send a second release after one was
+    /// sent, which could free a lock taken since (by name, on the same
+    /// session) by someone else.
+    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>>;
+
+    /// Until when the lock surely stays held if nothing more is heard from
+    /// the server: the send time of the last acquire or renewal the server
+    /// answered, plus the lease, less clock drift (for ZooKeeper, the
+    /// session's). `None` for a lock that cannot expire (the memory backend).
+    /// [`Cohort`] hands a lock to the next local holder only while this is
+    /// comfortably ahead.
+    fn valid_until(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Releases the lock from a destructor, where nothing can be awaited.
+    ///
+    /// The default runs [`release`](Self::release) and, if it did not finish at
+    /// once, spawns it on the current Tokio runtime. Outside a runtime the
+    /// release is abandoned and the lease expires on its own (logged). The
+    /// spawned task is not tracked: a backend whose releases can be left in
+    /// flight this way overrides this method and [`Backend::flush`] so that
+    /// `flush` waits for them.
+    fn release_on_drop(self: Arc<Self>) {
+        let mut fut = self.release();
+        if let Some(result) = fut.take_ready() {
+            if let Err(e) = result {
+                tracing::warn!(error = %e, "lock release failed");
+            }
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if let Err(e) = fut.await {
+                        tracing::warn!(error = %e, "lock release failed");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                "lock dropped outside a Tokio runtime; it is not released and will expire with its lease"
+            ),
+        }
+    }
+}
