@@ -423,6 +423,12 @@ cfg_remote! {
         pub(crate) fn passed(&self) -> bool {
             std::time::Instant::now() >= self.get()
         }
+
+        /// How long until the deadline (zero once it has passed).
+        pub(crate) fn left(&self) -> std::time::Duration {
+            self.get()
+                .saturating_duration_since(std::time::Instant::now())
+        }
     }
 }
 

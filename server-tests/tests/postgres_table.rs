@@ -260,6 +260,95 @@ async fn a_holder_whose_row_is_taken_is_told_lost() {
         .unwrap();
 }
 
+/// A grant whose answer the network held back is known valid only from
+/// when it was asked. Here the row is granted at once and its answer comes
+/// just before the lease ends on the server: the holder must renew it at
+/// once or be told lost before another process can take the row, not a
+/// third of a lease later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_answered_late_is_renewed_or_told_lost_before_another_takes_it() {
+    use common::fault_proxy::{Fault, FaultProxy};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    let k = key("late", "k");
+    let lease = Duration::from_millis(1500);
+    let url = pg_url();
+    let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+    let server = authority.rsplit('@').next().unwrap();
+    let proxy = FaultProxy::start(server.parse().expect("127.0.0.1:port"))
+        .await
+        .unwrap();
+    let late = Arc::new(
+        connect(
+            &url.replacen(server, &proxy.addr().to_string(), 1),
+            options(),
+        )
+        .await,
+    );
+    let other = direct().await;
+    // The key's statement connection open and its acquire prepared (once
+    // the listener has heard, statements are prepared) before the fault: a
+    // preparation held back would send the acquire only once healed.
+    common::eventually("the listener hears its test notification", || {
+        late.hears_releases()
+    })
+    .await;
+    late.lock(k.as_str())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    settle_free(&raw().await, &k).await;
+
+    // The server's answers to `late` held: its acquire is granted at once,
+    // and it hears so only when the fault heals, 100 ms before the lease
+    // ends on the server.
+    proxy.set(Fault::FreezeDown).await;
+    let acquiring = tokio::spawn({
+        let (late, k) = (late.clone(), k.clone());
+        async move {
+            late.lock(k.as_str())
+                .lease(lease)
+                .wait(Duration::from_secs(10))
+                .await
+        }
+    });
+    tokio::time::sleep(lease - Duration::from_millis(100)).await;
+    proxy.heal().await;
+    let held = acquiring.await.unwrap().expect("granted once healed");
+    // Should the answer come after the lease (a loaded machine), the grant
+    // is known expired as it arrives: the holder must be told all the same.
+    let signal = held.held().lost_signal().clone();
+    let told = tokio::spawn(async move {
+        signal.lost().await;
+        Instant::now()
+    });
+
+    // Another process asks; whenever it gets the row, `late` was told.
+    match other.lock(k.as_str()).lease(lease).wait(lease * 2).await {
+        Ok(taken) => {
+            let granted = Instant::now();
+            assert!(
+                told.is_finished(),
+                "granted to another while the late holder was not told"
+            );
+            assert!(told.await.unwrap() <= granted);
+            taken.release().await.unwrap();
+        }
+        Err(LockError::Timeout { .. }) => {
+            // Renewed in time: still held, and the other never got it.
+            assert!(!held.is_lost(), "neither renewed nor taken");
+            told.abort();
+        }
+        Err(e) => panic!("{e}"),
+    }
+    drop(held);
+    late.flush().await;
+    settle_free(&raw().await, &k).await;
+}
+
 #[tokio::test]
 async fn renewal_keeps_a_lock_past_its_lease() {
     let k = key("renewed", "k");

@@ -255,31 +255,46 @@ impl Drop for Finishing {
 /// Renews a lease every third of it until released or lost; a renewal that
 /// fails, times out (after a third of the lease) or finds the lock gone
 /// fires the lost signal, before the lease ends.
+///
+/// Both are counted from the lease's validity, not from when the loop
+/// started: a grant whose answer came late (held back by the network) is
+/// known valid for less than a lease, maybe for no time at all. Its first
+/// renewal is sent at once, and a renewal not answered by the end of the
+/// validity fires the signal then, before the server can grant the lock to
+/// anyone else.
 async fn renew<P: Protocol>(lease: Weak<Lease<P>>) {
     let Some(period) = lease.upgrade().map(|l| l.lease / 3) else {
         return;
     };
     loop {
-        let Some(now) = lease.upgrade().map(|l| l.protocol.renew_now()) else {
+        let Some((now, left)) = lease
+            .upgrade()
+            .map(|l| (l.protocol.renew_now(), l.valid.left()))
+        else {
             return;
         };
+        // Early enough that a renewal timing out still ends within the
+        // validity.
+        let wait = period.min(left.saturating_sub(period));
         match now {
             Some(now) => tokio::select! {
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = now.notified() => {}
             },
-            None => tokio::time::sleep(period).await,
+            None => tokio::time::sleep(wait).await,
         }
         let Some(l) = lease.upgrade() else {
             return;
         };
         let sent = Instant::now();
-        let reason = match tokio::time::timeout(period, l.protocol.renew(l.lease)).await {
+        let within = period.min(l.valid.left());
+        let reason = match tokio::time::timeout(within, l.protocol.renew(l.lease)).await {
             Ok(Ok(())) => {
                 l.valid.extend(known_until(sent, l.lease));
                 continue;
             }
             Ok(Err(reason)) => reason,
+            Err(_) if within < period => P::EXPIRED.to_owned(),
             Err(_) => "renewing the lease timed out".to_owned(),
         };
         tracing::warn!(
@@ -329,5 +344,102 @@ pub(crate) fn release_in_background(
     match first {
         Poll::Ready(result) => result.unwrap_or_else(failed),
         Poll::Pending => in_flight.spawn(&rt, async move { release.await.unwrap_or_else(failed) }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicU32;
+
+    use super::*;
+    use crate::lost::LostSignal;
+
+    /// A lock whose renewals never get an answer (the network holds them),
+    /// or are answered at once, counted.
+    struct Fake {
+        answers: bool,
+        renewals: Arc<AtomicU32>,
+    }
+
+    impl Protocol for Fake {
+        const BACKEND: &'static str = "fake";
+        const EXPIRED: &'static str = "no renewal answered within the lease";
+
+        fn describe(&self) -> &str {
+            "k"
+        }
+
+        async fn renew(&self, _lease: Duration) -> Result<(), String> {
+            self.renewals.fetch_add(1, Ordering::Relaxed);
+            if !self.answers {
+                std::future::pending::<()>().await;
+            }
+            Ok(())
+        }
+
+        async fn release(&self) -> Released {
+            Released {
+                result: Ok(()),
+                again: false,
+            }
+        }
+
+        async fn release_until(&self, _deadline: Instant) -> Result<(), LockError> {
+            Ok(())
+        }
+    }
+
+    fn held(
+        answers: bool,
+        lease: Duration,
+        valid_for: Duration,
+    ) -> (Arc<Lease<Fake>>, Arc<AtomicU32>) {
+        let renewals = Arc::new(AtomicU32::new(0));
+        let fake = Fake {
+            answers,
+            renewals: renewals.clone(),
+        };
+        let valid = Arc::new(Deadline::new(Instant::now() + valid_for));
+        let held = Lease::new(fake, lease, valid, Arc::default());
+        held.keep_renewed();
+        (held, renewals)
+    }
+
+    /// A grant whose answer came late is known valid for less than a lease:
+    /// a holder waiting on the lost signal hears of it by the end of that
+    /// validity, not a third of a lease later, when the server may long
+    /// have given the lock to someone else.
+    // Paused time: the renewal's sleeps and timeout run on Tokio's clock,
+    // which the test moves, so what is counted does not drift with load.
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_answered_late_is_told_lost_by_the_end_of_its_validity() {
+        let (lease, left) = (Duration::from_secs(3), Duration::from_millis(100));
+        let started = tokio::time::Instant::now();
+        let (held, renewals) = held(false, lease, left);
+        let signal = LostSignal::new(held.clone());
+        // When a holder waiting on the signal is woken (a poll after the
+        // validity would see it lost, but nothing may poll until then).
+        let told = tokio::spawn(async move {
+            signal.lost().await;
+            tokio::time::Instant::now()
+        });
+        tokio::time::sleep(lease / 3).await;
+        assert!(told.is_finished(), "not told by the end of the validity");
+        let told = told.await.unwrap() - started;
+        assert!(told >= left, "told before the validity ended");
+        // Sent at once: it might have kept the lock.
+        assert_eq!(renewals.load(Ordering::Relaxed), 1);
+    }
+
+    /// A grant answered in time is renewed every third of its lease, not
+    /// more often.
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_grant_is_renewed_every_third_of_its_lease() {
+        let lease = Duration::from_millis(300);
+        let (held, renewals) = held(true, lease, lease);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let sent = renewals.load(Ordering::Relaxed);
+        assert_eq!(sent, 3, "renewals in 350 ms of a 300 ms lease");
+        assert!(!LostSignal::new(held).is_lost());
     }
 }
