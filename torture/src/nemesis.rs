@@ -16,7 +16,7 @@ use crate::faults::{self, FaultKind};
 use crate::history::{now_ns, Event, History, ProcessFault};
 use crate::redis_groups::Failover;
 use crate::register::Register;
-use crate::servers::{signal_pid, step_clock, Kind, Server};
+use crate::servers::{signal_pid, step_clock, stop_pid, Kind, Server};
 use crate::worker::{self, ClientArgs, Rng, Sink, Worker};
 use crate::Args;
 
@@ -392,17 +392,29 @@ impl Nemesis {
                 FaultKind::Pause => {
                     let id = clients.any(&mut rng);
                     if let Some(pid) = clients.pid(&id) {
-                        // Stopped for sure once the signal is sent; not
-                        // running before the one that continues it.
-                        signal_pid(pid, "STOP");
-                        let stop = now_ns();
+                        // Dated once every thread is seen stopped, not when
+                        // the signal is sent (the process may run on a
+                        // while): a pause excuses only grants made after it
+                        // began. Not running before the signal that
+                        // continues it.
+                        let stopped = tokio::task::spawn_blocking(move || {
+                            stop_pid(pid, Duration::from_secs(1))
+                        })
+                        .await
+                        .ok()
+                        .flatten();
                         tokio::time::sleep(lease * 3 / 2).await;
                         let cont = now_ns();
                         signal_pid(pid, "CONT");
-                        history
-                            .lock()
-                            .unwrap()
-                            .process_fault(&id, ProcessFault::Paused(stop, cont));
+                        match stopped {
+                            Some(stop) => history
+                                .lock()
+                                .unwrap()
+                                .process_fault(&id, ProcessFault::Paused(stop, cont)),
+                            None => eprintln!(
+                                "torture: client {id} was not seen stopped; its pause excuses nothing"
+                            ),
+                        }
                     }
                 }
                 FaultKind::ServerKill if failover.is_some() => {

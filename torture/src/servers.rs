@@ -549,6 +549,50 @@ pub fn signal_pid(pid: u32, signal: &str) {
     }
 }
 
+/// Stops a client process and returns when every thread of it is seen
+/// stopped, with that moment on the monotonic clock; `None` if it is not
+/// seen so within `limit` (it exited). `SIGSTOP` is taken by one thread,
+/// woken to take it, which then stops the others: on a busy machine that
+/// thread may wait milliseconds for a CPU while the others go on running
+/// (granting, acting) after `kill(2)` has returned. Dated from here, a
+/// pause begins when the process surely runs no more.
+pub fn stop_pid(pid: u32, limit: Duration) -> Option<u64> {
+    signal_pid(pid, "STOP");
+    let deadline = Instant::now() + limit;
+    loop {
+        if all_stopped(pid) {
+            return Some(crate::history::now_ns());
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T`); false once
+/// it is gone.
+fn all_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks {
+        let Ok(stat) = task.and_then(|t| std::fs::read_to_string(t.path().join("stat"))) else {
+            return false;
+        };
+        // `tid (comm) state ...`; `comm` may hold spaces and `)`.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next());
+        if state != Some("T") {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
 /// What a forward step of a Redis server's wall clock by `step` does to
 /// locks: every key's time to live, which Redis counts on that clock, ends
 /// `step` sooner. Emulated by shortening the TTLs, because Debian's
@@ -581,4 +625,79 @@ pub async fn step_clock(server: SocketAddr, root: &str, step: Duration) -> Resul
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::now_ns;
+
+    /// Run as a child by the test below: one thread writes the time as
+    /// fast as it can while the main thread waits for it, as a client's
+    /// runtime thread waits while its workers run.
+    #[test]
+    #[ignore = "a child process of stop_pid_returns_once_no_thread_runs"]
+    fn stop_helper_child() {
+        let Some(path) = std::env::var_os("TORTURE_STOP_HELPER") else {
+            return;
+        };
+        let spin = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut out = std::fs::File::create(path).unwrap();
+            loop {
+                let _ = writeln!(out, "{}", now_ns());
+            }
+        });
+        let _ = spin.join();
+    }
+
+    /// Nothing the stopped process does is dated after the time `stop_pid`
+    /// returns, also with every CPU busy (a loaded machine delays the
+    /// thread that takes the signal, not the one that runs).
+    #[test]
+    fn stop_pid_returns_once_no_thread_runs() {
+        let busy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let hogs: Vec<_> = (0..std::thread::available_parallelism().map_or(2, |n| n.get()))
+            .map(|_| {
+                let busy = busy.clone();
+                std::thread::spawn(move || while busy.load(std::sync::atomic::Ordering::Relaxed) {})
+            })
+            .collect();
+        let dir = std::env::temp_dir().join(format!("torture-stop-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut late = Vec::new();
+        for i in 0..30 {
+            let path = dir.join(format!("{i}"));
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args(["servers::tests::stop_helper_child", "--exact", "--ignored"])
+                .env("TORTURE_STOP_HELPER", &path)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            while std::fs::metadata(&path).map_or(0, |m| m.len()) < 4096 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let stop = stop_pid(child.id(), Duration::from_secs(5)).expect("seen stopped");
+            std::thread::sleep(Duration::from_millis(5));
+            let _ = child.kill();
+            let _ = child.wait();
+            let text = std::fs::read_to_string(&path).unwrap();
+            // The last line may be cut short by the kill.
+            let last = text
+                .lines()
+                .rev()
+                .skip(1)
+                .find_map(|l| l.parse::<u64>().ok());
+            if let Some(t) = last.filter(|&t| t > stop) {
+                late.push((t - stop) as f64 / 1e6);
+            }
+        }
+        busy.store(false, std::sync::atomic::Ordering::Relaxed);
+        for h in hogs {
+            h.join().unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(late.is_empty(), "ran after the pause began (ms): {late:?}");
+    }
 }

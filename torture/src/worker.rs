@@ -253,9 +253,12 @@ impl Worker {
             // only thinks: its holders share the key). Its last act is
             // dated when it starts (the write sent, or the write skipped):
             // a holder stopped between sending its write and reading the
-            // answer acted before it was stopped.
-            let mut last_act = now_ns();
+            // answer acted before it was stopped. Dated after the check, as
+            // the one below: a holder stopped right after its grant and
+            // told as it runs again skips, and its skip must not be dated
+            // before it was told.
             let mut outcome = if told_now() { "skip" } else { "ok" };
+            let mut last_act = now_ns();
             let mut values = Vec::new();
             if outcome == "ok" && pick.mode.uses_register() {
                 for (hold, guard) in &holds {

@@ -263,7 +263,7 @@ impl Drop for Finishing {
 /// validity fires the signal then, before the server can grant the lock to
 /// anyone else.
 async fn renew<P: Protocol>(lease: Weak<Lease<P>>) {
-    let Some(period) = lease.upgrade().map(|l| l.lease / 3) else {
+    let Some((period, full)) = lease.upgrade().map(|l| (l.lease / 3, l.lease)) else {
         return;
     };
     loop {
@@ -273,9 +273,14 @@ async fn renew<P: Protocol>(lease: Weak<Lease<P>>) {
         else {
             return;
         };
-        // Early enough that a renewal timing out still ends within the
-        // validity.
-        let wait = period.min(left.saturating_sub(period));
+        // Due a third of a lease after the last grant or renewal was sent
+        // (valid from then for the lease less the drift), not after its
+        // answer: after a late answer the next renewal goes at once, and its
+        // timeout ends some third of a lease before the validity, not at
+        // its very end, where only the drift (a few ms) would be left for
+        // the signal to reach a holder on a busy machine. At once for a
+        // late grant.
+        let wait = left.saturating_sub((full - drift(full)).saturating_sub(period));
         match now {
             Some(now) => tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
@@ -354,10 +359,11 @@ mod tests {
     use super::*;
     use crate::lost::LostSignal;
 
-    /// A lock whose renewals never get an answer (the network holds them),
-    /// or are answered at once, counted.
+    /// A lock whose first `answered` renewals are answered after `answer`,
+    /// and no later one (the network holds them), counted.
     struct Fake {
-        answers: bool,
+        answered: u32,
+        answer: Duration,
         renewals: Arc<AtomicU32>,
     }
 
@@ -370,10 +376,10 @@ mod tests {
         }
 
         async fn renew(&self, _lease: Duration) -> Result<(), String> {
-            self.renewals.fetch_add(1, Ordering::Relaxed);
-            if !self.answers {
+            if self.renewals.fetch_add(1, Ordering::SeqCst) >= self.answered {
                 std::future::pending::<()>().await;
             }
+            tokio::time::sleep(self.answer).await;
             Ok(())
         }
 
@@ -396,7 +402,8 @@ mod tests {
     ) -> (Arc<Lease<Fake>>, Arc<AtomicU32>) {
         let renewals = Arc::new(AtomicU32::new(0));
         let fake = Fake {
-            answers,
+            answered: if answers { u32::MAX } else { 0 },
+            answer: Duration::ZERO,
             renewals: renewals.clone(),
         };
         let valid = Arc::new(Deadline::new(Instant::now() + valid_for));
@@ -441,5 +448,40 @@ mod tests {
         let sent = renewals.load(Ordering::Relaxed);
         assert_eq!(sent, 3, "renewals in 350 ms of a 300 ms lease");
         assert!(!LostSignal::new(held).is_lost());
+    }
+
+    const LEASE: Duration = Duration::from_millis(600);
+    const PERIOD: Duration = Duration::from_millis(200);
+
+    /// Granted by a request sent `since` ago, renewed from now on: when the
+    /// lost signal fires, and when the lease was known to end. Real time
+    /// (the lease reads the clock itself), and margins of half a period.
+    async fn lost_at(since: Duration, answered: u32, answer: Duration) -> (Instant, Instant) {
+        let sent = Instant::now() - since;
+        let valid = Arc::new(Deadline::new(known_until(sent, LEASE)));
+        let fake = Fake {
+            answer,
+            answered,
+            renewals: Default::default(),
+        };
+        let held = Lease::new(fake, LEASE, valid.clone(), Arc::new(InFlight::default()));
+        held.keep_renewed();
+        let signal = LostSignal::new(held.clone());
+        // Woken by the renewal task only: `is_lost` is not looked at.
+        signal.lost().await;
+        (Instant::now(), valid.get())
+    }
+
+    /// A renewal answered just within its time (199 ms of 200), then none:
+    /// told well before the lease it won ends (the next renewal is due a
+    /// period after that one was sent, not after its answer).
+    #[tokio::test]
+    async fn a_renewal_answered_late_then_none_is_told_lost_before_the_lease_ends() {
+        let (lost, valid) = lost_at(Duration::ZERO, 1, Duration::from_millis(199)).await;
+        assert!(
+            lost + PERIOD / 2 <= valid,
+            "told {:?} before the lease ended",
+            valid.saturating_duration_since(lost)
+        );
     }
 }

@@ -407,53 +407,69 @@ impl History {
             let mut active: Vec<(&str, u64, Option<u64>, Mode)> = Vec::new();
             for (i, (id, h)) in holds.iter().enumerate() {
                 active.retain(|&(_, end, _, _)| end > h.granted);
-                // The hold it may not overlap that reaches furthest: any of
-                // those it excludes, or, a semaphore's permits all taken,
-                // any of its holders.
-                let conflict = match h.mode.permits() {
-                    Some(permits) if active.len() < permits as usize => None,
-                    Some(_) => active.iter().max_by_key(|a| a.1),
-                    None => active
-                        .iter()
-                        .filter(|a| a.3.excludes(h.mode))
-                        .max_by_key(|a| a.1),
+                // The holds it may not overlap, and how many of them it
+                // may overlap all the same: none of those its mode
+                // excludes; of a semaphore's holders, one fewer than its
+                // permits. Each is excused by a pause, by a fault outside
+                // the guarantees, or by neither: an excused holder frees
+                // its place, and the overlap is unwarned when those
+                // excused by neither are still too many. (The holder
+                // reaching furthest is not the one to judge by: a paused
+                // semaphore holder beside one that still holds makes one
+                // holder too many, and a paused reader hides nothing of
+                // a reader that ran.)
+                let (conflicting, room): (Vec<_>, usize) = match h.mode.permits() {
+                    Some(permits) => (active.iter().collect(), permits.saturating_sub(1) as usize),
+                    None => (active.iter().filter(|a| a.3.excludes(h.mode)).collect(), 0),
                 };
-                if let Some(&(before, _, excused_from, _)) = conflict {
-                    {
+                if conflicting.len() > room {
+                    let mut unexcused: Vec<(&str, u64)> = Vec::new();
+                    let mut outside_only = 0;
+                    for &&(before, end, excused_from, _) in &conflicting {
                         let b = &self.holds[before];
-                        let during_outside =
-                            self.outside_between(outside, b.granted, h.granted, Some(&b.process));
                         if excused_from.is_some_and(|stop| h.granted >= stop) {
-                            verdict.overlaps_paused += 1;
-                        } else if during_outside {
-                            verdict.overlaps_outside += 1;
+                            continue;
+                        }
+                        if self.outside_between(outside, b.granted, h.granted, Some(&b.process)) {
+                            outside_only += 1;
                         } else {
-                            verdict.overlaps_unwarned += 1;
-                            if verdict.examples.len() < 5 {
-                                let b = &self.holds[before];
-                                let ms = |t: Option<u64>| {
-                                    t.map_or("never".into(), |t| {
-                                        format!("{:+.1} ms", (t as f64 - h.granted as f64) / 1e6)
+                            unexcused.push((before, end));
+                        }
+                    }
+                    if unexcused.len() + outside_only <= room {
+                        verdict.overlaps_paused += 1;
+                    } else if unexcused.len() <= room {
+                        verdict.overlaps_outside += 1;
+                    } else {
+                        verdict.overlaps_unwarned += 1;
+                        if verdict.examples.len() < 5 {
+                            let (before, _) = *unexcused
+                                .iter()
+                                .max_by_key(|u| u.1)
+                                .expect("more unexcused holds than room");
+                            let b = &self.holds[before];
+                            let ms = |t: Option<u64>| {
+                                t.map_or("never".into(), |t| {
+                                    format!("{:+.1} ms", (t as f64 - h.granted as f64) / 1e6)
+                                })
+                            };
+                            verdict.examples.push(format!(
+                                "key {}: {id} (token {}) granted while {before} (token {}, granted {}) \
+                                 still acted; {before} told {}, released {}; its process's faults: {:?}",
+                                h.key,
+                                h.token,
+                                b.token,
+                                ms(Some(b.granted)),
+                                ms(b.told),
+                                ms(b.released),
+                                self.faults.get(&b.process).map(|f| f
+                                    .iter()
+                                    .map(|f| match *f {
+                                        ProcessFault::Paused(s, c) => format!("paused {} to {}", ms(Some(s)), ms(Some(c))),
+                                        ProcessFault::Killed(k) => format!("killed {}", ms(Some(k))),
                                     })
-                                };
-                                verdict.examples.push(format!(
-                                    "key {}: {id} (token {}) granted while {before} (token {}, granted {}) \
-                                     still acted; {before} told {}, released {}; its process's faults: {:?}",
-                                    h.key,
-                                    h.token,
-                                    b.token,
-                                    ms(Some(b.granted)),
-                                    ms(b.told),
-                                    ms(b.released),
-                                    self.faults.get(&b.process).map(|f| f
-                                        .iter()
-                                        .map(|f| match *f {
-                                            ProcessFault::Paused(s, c) => format!("paused {} to {}", ms(Some(s)), ms(Some(c))),
-                                            ProcessFault::Killed(k) => format!("killed {}", ms(Some(k))),
-                                        })
-                                        .collect::<Vec<_>>()),
-                                ));
-                            }
+                                    .collect::<Vec<_>>()),
+                            ));
                         }
                     }
                 }
