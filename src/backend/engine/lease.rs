@@ -134,21 +134,6 @@ impl<P: Protocol> Lease<P> {
             .with_tokens(tokens)
     }
 
-    /// Fires from outside the lease (a ZooKeeper session or PostgreSQL
-    /// connection that ended).
-    #[cfg_attr(
-        not(any(
-            feature = "zookeeper",
-            feature = "postgres",
-            feature = "mysql",
-            feature = "etcd"
-        )),
-        allow(dead_code)
-    )]
-    pub(crate) fn lost(&self) -> &LostState {
-        &self.lost
-    }
-
     fn stop_renewal(&self) {
         if let Some(renewal) = lock(&self.renewal).take() {
             renewal.abort();

@@ -108,7 +108,7 @@
 mod session;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -430,10 +430,8 @@ impl Store for MysqlStore {
             session.alive.until.clone(),
             self.releases.clone(),
         );
+        // Told at once if the connection ended meanwhile.
         session.hold.insert((), &lease, ());
-        if session.ended.load(Ordering::Acquire) {
-            lease.lost().fire("the MariaDB connection ended".to_owned());
-        }
         Ok(lease.acquired(token, request.tokens.clamp(1, MysqlBackend::TOKEN_SPACING)))
     }
 
