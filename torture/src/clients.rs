@@ -112,17 +112,15 @@ impl Clients {
         self.running.get(id)?.0.id()
     }
 
-    /// `kill -9` of a client process; returns when the signal was sent. A
-    /// killed process runs no further code once SIGKILL is sent (within
-    /// microseconds), whereas it is reaped only later: counting it alive
-    /// until then would flag as overlaps the grants that backends freeing a
-    /// dead client's locks at once (PostgreSQL, MariaDB) make in between.
-    pub async fn kill(&mut self, id: &str) -> Option<u64> {
+    /// `kill -9` of a client process; returns when the signal was sent and
+    /// when the process was reaped. It died somewhere in between, after
+    /// the last line it wrote: the checker ends its holds there.
+    pub async fn kill(&mut self, id: &str) -> Option<(u64, u64)> {
         let (mut child, _proxies) = self.running.remove(id)?;
-        let at = now_ns();
+        let sent = now_ns();
         let _ = child.start_kill();
         let _ = child.wait().await;
-        Some(at)
+        Some((sent, now_ns()))
     }
 
     /// Waits for every client to exit; kills the ones still running after

@@ -178,12 +178,14 @@ impl Nemesis {
             let i = rng.below(tasks.len() as u64) as usize;
             match fault {
                 FaultKind::Cancel => {
+                    let sent = now_ns();
                     tasks[i].1.abort();
                     let _ = (&mut tasks[i].1).await;
+                    let reaped = now_ns();
                     history
                         .lock()
                         .unwrap()
-                        .process_fault(&tasks[i].0, ProcessFault::Killed(now_ns()));
+                        .process_fault(&tasks[i].0, ProcessFault::Killed { sent, reaped });
                     tasks[i] = spawn(&mut rng);
                 }
                 FaultKind::Panic => tasks[i].2.store(true, std::sync::atomic::Ordering::SeqCst),
@@ -380,11 +382,11 @@ impl Nemesis {
                 }
                 FaultKind::Kill => {
                     let id = clients.any(&mut rng);
-                    if let Some(at) = clients.kill(&id).await {
+                    if let Some((sent, reaped)) = clients.kill(&id).await {
                         history
                             .lock()
                             .unwrap()
-                            .process_fault(&id, ProcessFault::Killed(at));
+                            .process_fault(&id, ProcessFault::Killed { sent, reaped });
                     }
                     let (id, proxies) = clients.prepare(&addrs).await?;
                     clients.spawn(client_args(id, rng.next(), &proxies), proxies)?;

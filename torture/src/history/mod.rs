@@ -117,8 +117,9 @@ impl Event {
 pub enum ProcessFault {
     /// SIGSTOP at the first time, SIGCONT at the second.
     Paused(u64, u64),
-    /// SIGKILL.
-    Killed(u64),
+    /// SIGKILL sent at the first time; the process was reaped (dead) by
+    /// the second.
+    Killed { sent: u64, reaped: u64 },
 }
 
 #[derive(Debug, Default)]
@@ -338,14 +339,10 @@ impl History {
         for t in [h.told, h.released].into_iter().flatten() {
             end = end.min(t);
         }
-        let faults = self.faults.get(&h.process).into_iter().flatten();
-        for fault in faults.clone() {
-            if let ProcessFault::Killed(at) = *fault {
-                if at >= h.granted {
-                    end = end.min(at);
-                }
-            }
+        if let Some(died) = self.killed_holding(h) {
+            end = end.min(died);
         }
+        let faults = self.faults.get(&h.process).into_iter().flatten();
         let mut excused_from: Option<u64> = None;
         for fault in faults {
             // Stopped while holding: it could not act until continued.
@@ -374,11 +371,18 @@ impl History {
         (end, excused_from)
     }
 
-    /// When `h`'s process was killed while it held `h`, if it was.
+    /// When `h`'s process died holding `h`, if it did: it ran no code once
+    /// SIGKILL was sent, except as far as its own lines show (a grant or a
+    /// write dated after the signal went out), and was dead when reaped.
+    /// Dating the death at the reaping would count as overlaps the grants
+    /// that backends freeing a dead client's locks at once (PostgreSQL,
+    /// MariaDB) make in between.
     fn killed_holding(&self, h: &Hold) -> Option<u64> {
         self.faults.get(&h.process)?.iter().find_map(|f| match *f {
-            ProcessFault::Killed(at) if at >= h.granted && h.released.is_none_or(|r| r > at) => {
-                Some(at)
+            ProcessFault::Killed { sent, reaped }
+                if h.granted <= reaped && h.released.is_none_or(|r| r > sent) =>
+            {
+                Some(sent.max(h.granted).max(h.wrote.unwrap_or(0)))
             }
             _ => None,
         })
@@ -466,7 +470,7 @@ impl History {
                                     .iter()
                                     .map(|f| match *f {
                                         ProcessFault::Paused(s, c) => format!("paused {} to {}", ms(Some(s)), ms(Some(c))),
-                                        ProcessFault::Killed(k) => format!("killed {}", ms(Some(k))),
+                                        ProcessFault::Killed { sent, .. } => format!("killed {}", ms(Some(sent))),
                                     })
                                     .collect::<Vec<_>>()),
                             ));

@@ -73,8 +73,18 @@ impl Make {
             .process_fault(process, ProcessFault::Paused(stop * MS, cont * MS));
         self
     }
-    fn killed(mut self, process: &str, at: u64) -> Self {
-        self.0.process_fault(process, ProcessFault::Killed(at * MS));
+    fn killed(self, process: &str, at: u64) -> Self {
+        self.killed_reaped(process, at, at)
+    }
+    /// SIGKILL sent at `sent`, the process reaped at `reaped`.
+    fn killed_reaped(mut self, process: &str, sent: u64, reaped: u64) -> Self {
+        self.0.process_fault(
+            process,
+            ProcessFault::Killed {
+                sent: sent * MS,
+                reaped: reaped * MS,
+            },
+        );
         self
     }
     fn window(mut self, name: &'static str, start: u64, end: u64) -> Self {
@@ -156,6 +166,36 @@ fn a_killed_holder_ends_when_it_is_killed() {
         .check(&[]);
     assert_eq!(v.overlaps_unwarned, 0, "{v:?}");
     assert_eq!(v.kill_recovery_ms, Some(3.0));
+}
+
+#[test]
+fn a_grant_between_the_kill_signal_and_the_reaping_ends_with_the_process() {
+    // Granted after SIGKILL was sent but before the process died: it never
+    // acted on it, and the lock is freed by its death, so the next grant
+    // is no overlap.
+    let v = Make::new()
+        .grant("p", "a", "k", 1, 0, 1)
+        .released("p", "a", 2)
+        .grant("p", "b", "k", 2, 2, 4)
+        .killed_reaped("p", 3, 8)
+        .grant("q", "c", "k", 3, 3, 6)
+        .released("q", "c", 12)
+        .check(&[]);
+    assert_eq!(v.overlaps_unwarned, 0, "{v:?}");
+    assert_eq!(v.kill_recovery_ms, Some(2.0));
+}
+
+#[test]
+fn a_holder_that_acted_after_the_kill_signal_ends_no_sooner() {
+    // It wrote at 7, so it was alive then: a grant at 6 overlaps it.
+    let v = Make::new()
+        .grant("p", "b", "k", 2, 2, 4)
+        .wrote("p", "b", 7)
+        .killed_reaped("p", 3, 8)
+        .grant("q", "c", "k", 3, 3, 6)
+        .released("q", "c", 12)
+        .check(&[]);
+    assert_eq!(v.overlaps_unwarned, 1, "{v:?}");
 }
 
 #[test]
