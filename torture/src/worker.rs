@@ -509,7 +509,10 @@ pub async fn open(
         ),
         "mysql" => Arc::new(
             MysqlBackend::connect_with(
-                &format!("mysql://root@{servers}/test"),
+                // TCP through the fault proxy: by default the driver moves
+                // a connection to a server on this host onto its Unix
+                // socket, round every fault the harness injects.
+                &format!("mysql://root@{servers}/test?prefer_socket=false"),
                 MysqlOptions::default().session_lease(lease),
             )
             .await?,

@@ -92,6 +92,12 @@
 //! [`MysqlOptions::max_connections`]; past that an acquisition fails at
 //! once with an error saying so.
 //!
+//! The driver moves a TCP connection to a server on the same host onto
+//! that server's Unix socket once connected (`prefer_socket`, on by
+//! default): locks behave the same, but a proxy on the TCP path (one that
+//! injects faults, say) is then bypassed. Add `?prefer_socket=false` to
+//! the URL to keep TCP.
+//!
 //! # Examples
 //!
 //! ```no_run

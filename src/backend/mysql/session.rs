@@ -153,20 +153,27 @@ impl MysqlStore {
                 self.target
             )));
         }
+        // Read before creating: `CREATE SEQUENCE IF NOT EXISTS` takes an
+        // exclusive metadata lock even on a sequence that exists, and so
+        // queues behind every `GET_LOCK` waiting in the server (its
+        // statement draws from the sequence): a process starting while
+        // another waits for a lock could not connect until that wait ended.
         if !self.sequence_ready.load(Ordering::Acquire) {
-            conn.query_drop(format!("CREATE SEQUENCE IF NOT EXISTS {}", self.sequence))
-                .await
-                .map_err(|e| {
-                    my_error(
-                        &format!(
-                            "creating the token sequence {0} (a user that may not create it \
-                             needs it made once: CREATE SEQUENCE {0})",
-                            self.sequence
-                        ),
-                        e,
-                    )
-                })?;
-            check_sequence(&mut conn, &self.sequence).await?;
+            if !check_sequence(&mut conn, &self.sequence).await? {
+                conn.query_drop(format!("CREATE SEQUENCE IF NOT EXISTS {}", self.sequence))
+                    .await
+                    .map_err(|e| {
+                        my_error(
+                            &format!(
+                                "creating the token sequence {0} (a user that may not create \
+                                 it needs it made once: CREATE SEQUENCE {0})",
+                                self.sequence
+                            ),
+                            e,
+                        )
+                    })?;
+                check_sequence(&mut conn, &self.sequence).await?;
+            }
             self.sequence_ready.store(true, Ordering::Release);
         }
         // A sequence's state survives a crash of the server only as far as
@@ -209,17 +216,23 @@ const MIN_SEQUENCE_MAX: i64 = 1 << 52;
 /// Refuses a sequence (one a user made) that the clock floor cannot keep
 /// rising: a step other than 1 could outrun the clock, `CYCLE` would wrap
 /// below the tokens handed out, and a small `MAXVALUE` would run out once
-/// lifted to the clock.
-async fn check_sequence(conn: &mut Conn, sequence: &str) -> Result<(), LockError> {
+/// lifted to the clock. `false` when there is no such sequence yet.
+async fn check_sequence(conn: &mut Conn, sequence: &str) -> Result<bool, LockError> {
+    /// MariaDB's `ER_NO_SUCH_TABLE`.
+    const NO_SUCH_TABLE: u16 = 1146;
     let doing = || format!("reading the token sequence {sequence}");
-    let row: Option<(i64, i64, i64)> = conn
+    let row: Option<(i64, i64, i64)> = match conn
         .query_first(format!(
             "SELECT increment, cycle_option, maximum_value FROM {sequence}"
         ))
         .await
-        .map_err(|e| my_error(&doing(), e))?;
+    {
+        Ok(row) => row,
+        Err(mysql_async::Error::Server(e)) if e.code == NO_SUCH_TABLE => return Ok(false),
+        Err(e) => return Err(my_error(&doing(), e)),
+    };
     match row {
-        Some((1, 0, max)) if max >= MIN_SEQUENCE_MAX => Ok(()),
+        Some((1, 0, max)) if max >= MIN_SEQUENCE_MAX => Ok(true),
         Some((increment, cycle, max)) => Err(LockError::Config(format!(
             "the token sequence {sequence} has INCREMENT {increment}, {}CYCLE and MAXVALUE              {max}: tokens need INCREMENT 1, NOCYCLE and MAXVALUE of at least {MIN_SEQUENCE_MAX}              (CREATE SEQUENCE {sequence} makes one)",
             if cycle == 0 { "NO" } else { "" }
