@@ -117,37 +117,51 @@ async fn settle_empty(test: &str) {
     panic!("keys left behind: {left:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn excludes_under_contention_with_increasing_tokens() {
-    let (a, b) = (backend("contention").await, backend("contention").await);
-    common::excludes_with_increasing_tokens(&[a, b], "hot", 8, 10).await;
-    settle_empty("contention").await;
+/// The etcd backend in one mode, for the conformance suite.
+struct Etcd {
+    mode: &'static str,
+    cohort: bool,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_backends_with_queues_of_their_own_take_turns() {
-    let (a, b) = (backend("turns").await, backend("turns").await);
-    let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
-    common::assert_neither_starved(counts);
-    settle_empty("turns").await;
+impl common::contract::Subject for Etcd {
+    type Backend = EtcdBackend;
+
+    async fn connect(&self, test: &str) -> EtcdBackend {
+        let options =
+            options(&format!("{test}-{}", self.mode)).cohort(common::contract::cohort(self.cohort));
+        backend_with(&etcd_url(), options).await
+    }
+
+    async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, EtcdBackend)> {
+        let options = options(&format!("{test}-{}", self.mode)).lease_ttl(Duration::from_secs(2));
+        Some(proxied(options).await)
+    }
+
+    /// Without a cohort each waiter puts a key of its own, and etcd orders
+    /// them by revision: concurrent puts of one process may land in any
+    /// order.
+    fn serves_one_process_in_order(&self) -> bool {
+        self.cohort
+    }
+
+    async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
+        settle_empty(&format!("{test}-{}", self.mode)).await;
+    }
 }
 
-#[tokio::test]
-async fn a_request_reenters_its_own_lock() {
-    common::reenters_under_the_layer(backend("reentry").await).await;
-    settle_empty("reentry").await;
-}
-
-#[tokio::test]
-async fn every_end_of_a_request_releases_its_lock_at_once() {
-    common::released_under_the_layer(backend("released").await, backend("released").await).await;
-    settle_empty("released").await;
-}
-
-#[tokio::test]
-async fn waiters_in_one_process_are_served_in_arrival_order() {
-    common::waiters_in_one_process_in_arrival_order(backend("fifo").await, "k").await;
-    settle_empty("fifo").await;
+mod conformance {
+    mod cohort {
+        crate::common::contract::conformance!(crate::Etcd {
+            mode: "cohort",
+            cohort: true
+        });
+    }
+    mod one_key_per_lock {
+        crate::common::contract::conformance!(crate::Etcd {
+            mode: "plain",
+            cohort: false
+        });
+    }
 }
 
 #[tokio::test]
@@ -381,21 +395,6 @@ async fn tokens_are_create_revisions_and_rise_across_backends() {
     settle_empty("tokens").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_silent_server_tells_the_holder_before_anyone_else_is_granted() {
-    // The holder reaches etcd through a proxy whose requests stop getting
-    // through (a one-way partition: answers would still come back).
-    let ttl = Duration::from_secs(2);
-    let (proxy, holder) = proxied(options("silent").lease_ttl(ttl)).await;
-    let other = plain_backend("silent").await;
-    let held = holder.lock("k").await.unwrap();
-    let (told, granted) = common::cut_off_holder_is_told_first(&held, &proxy, &other, "k").await;
-    eprintln!("requests frozen: holder told after {told} ms, the other granted after {granted} ms");
-    drop(held);
-    drop(holder);
-    settle_empty("silent").await;
-}
-
 #[tokio::test]
 async fn a_revoked_lease_tells_the_holder_at_once() {
     let etcd = plain_backend("revoked").await;
@@ -529,10 +528,4 @@ async fn child_entry() {
         }
         other => panic!("unknown child role {other}"),
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
-    let (a, other) = (backend("cut").await, backend("cut").await);
-    common::cancel::every_cut("etcd", &a, &other, "k").await;
 }

@@ -25,6 +25,78 @@ async fn backend(hosts: &str) -> EtcdBackend {
         .unwrap_or_else(|e| panic!("cannot reach etcd at {url}: {e}"))
 }
 
+/// The backend on a cluster of its test's own, with or without cohorting.
+struct OnTheCluster<'a> {
+    cluster: &'a Cluster,
+    cohort: bool,
+}
+
+impl OnTheCluster<'_> {
+    fn root(&self, test: &str) -> String {
+        format!("/conformance-{test}-{}", self.cohort)
+    }
+
+    async fn at(&self, hosts: &str, test: &str) -> EtcdBackend {
+        let url = format!("etcd://{hosts}");
+        let options = EtcdOptions::default()
+            .root(self.root(test))
+            .lease_ttl(Duration::from_secs(4))
+            .cohort(common::contract::cohort(self.cohort));
+        EtcdBackend::connect_with(&url, options)
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach etcd at {url}: {e}"))
+    }
+}
+
+impl common::contract::Subject for OnTheCluster<'_> {
+    type Backend = EtcdBackend;
+
+    async fn connect(&self, test: &str) -> EtcdBackend {
+        self.at(&self.cluster.hosts(), test).await
+    }
+
+    /// Through a follower alone, as `the_holders_member_cut_off_*` does.
+    async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, EtcdBackend)> {
+        let follower = self.cluster.host(self.cluster.follower().await);
+        let proxy = FaultProxy::start(follower.parse().unwrap()).await.unwrap();
+        let backend = self.at(&proxy.addr().to_string(), test).await;
+        Some((proxy, backend))
+    }
+
+    fn serves_one_process_in_order(&self) -> bool {
+        self.cohort
+    }
+
+    async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
+        let hosts: Vec<String> = self.cluster.hosts().split(',').map(str::to_owned).collect();
+        let raw = etcd_client::Client::connect(hosts, None).await.unwrap();
+        let keys = etcd_client::GetOptions::new()
+            .with_prefix()
+            .with_keys_only();
+        common::contract::until_nothing_left("keys", || {
+            let (mut raw, keys) = (raw.clone(), keys.clone());
+            async move {
+                let got = raw.get(self.root(test), Some(keys)).await.unwrap();
+                got.kvs()
+                    .iter()
+                    .map(|kv| kv.key_str().unwrap_or("?").to_owned())
+                    .collect()
+            }
+        })
+        .await;
+    }
+}
+
+/// The conformance suite on a three-member cluster, with cohorting and
+/// without.
+#[test]
+fn conformance_with_cohorting_on_and_off() {
+    common::contract::on_servers_of_its_own(
+        Cluster::start(Engine::Etcd, "conformance"),
+        |cluster, cohort| common::contract::every_contract_test(&OnTheCluster { cluster, cohort }),
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_killed_mid_hold_the_holder_keeps_its_lock() {
     let mut cluster = Cluster::start(Engine::Etcd, "leader").await;
@@ -56,7 +128,8 @@ async fn the_holders_member_cut_off_tells_it_before_anyone_else_is_granted() {
     let holder = backend(&proxy.addr().to_string()).await;
     let other = backend(&cluster.hosts()).await;
     let held = holder.lock("k").await.unwrap();
-    let (told, granted) = common::cut_off_holder_is_told_first(&held, &proxy, &other, "k").await;
+    let (told, granted) =
+        common::cut_off_holder_is_told_first(&held, &proxy, &other, "k", false).await;
     eprintln!(
         "holder's member cut off: told after {told} ms, the other granted after {granted} ms"
     );

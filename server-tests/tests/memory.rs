@@ -1,14 +1,35 @@
-//! The in-process backend under the same cancellation contract as the
-//! remote ones (`common::cancel`): it needs no server.
+//! The in-process backend under the conformance suite (`common::contract`):
+//! it needs no server.
 
 mod common;
 
 use tower_lock::MemoryBackend;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
-    // One backend is one process's map: the other holder is a second
-    // handle on the same map.
-    let backend = MemoryBackend::new();
-    common::cancel::every_cut("memory", &backend, &backend.clone(), "k").await;
+use common::fault_proxy::FaultProxy;
+
+/// One process's map: every "process" of a test is a handle on it.
+struct Memory(MemoryBackend);
+
+impl common::contract::Subject for Memory {
+    type Backend = MemoryBackend;
+
+    async fn connect(&self, _test: &str) -> MemoryBackend {
+        self.0.clone()
+    }
+
+    async fn connect_through_proxy(&self, _test: &str) -> Option<(FaultProxy, MemoryBackend)> {
+        None
+    }
+
+    async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
+        let memory = self.0.clone();
+        common::eventually(&format!("{test}: every key forgotten"), move || {
+            memory.active_keys() == 0
+        })
+        .await;
+    }
+}
+
+mod conformance {
+    crate::common::contract::conformance!(super::Memory(super::MemoryBackend::new()));
 }

@@ -77,36 +77,127 @@ async fn settle_free(key: &str) {
     panic!("{key} is still held on the server");
 }
 
+/// The backend in one mode, for the conformance suite.
+struct Mariadb {
+    mode: &'static str,
+    cohort: bool,
+}
+
+impl Mariadb {
+    fn options(&self) -> MysqlOptions {
+        let options = MysqlOptions::default().session_lease(Duration::from_secs(4));
+        if self.cohort {
+            options
+        } else {
+            options.cohort(CohortOptions::off())
+        }
+    }
+}
+
+impl common::contract::Subject for Mariadb {
+    type Backend = MysqlBackend;
+
+    fn namespace(&self, test: &str) -> String {
+        key(test, self.mode)
+    }
+
+    async fn connect(&self, _test: &str) -> MysqlBackend {
+        backend_with(self.options()).await
+    }
+
+    async fn connect_through_proxy(
+        &self,
+        _test: &str,
+    ) -> Option<(common::fault_proxy::FaultProxy, MysqlBackend)> {
+        let url = my_url();
+        let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+        let server = authority.rsplit('@').next().unwrap();
+        let proxy = common::fault_proxy::FaultProxy::start(server.parse().expect("IP:port"))
+            .await
+            .unwrap();
+        // TCP through the proxy: by default the driver moves a connection
+        // to a server on this host onto its Unix socket, round the proxy.
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let through = format!(
+            "{}{sep}prefer_socket=false",
+            url.replacen(server, &proxy.addr().to_string(), 1)
+        );
+        let backend = MysqlBackend::connect_with(&through, self.options())
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach MariaDB through a proxy: {e}"));
+        Some((proxy, backend))
+    }
+
+    /// Without a cohort each waiter waits in `GET_LOCK` on a connection of
+    /// its own, and MariaDB wakes them in no set order.
+    fn serves_one_process_in_order(&self) -> bool {
+        self.cohort
+    }
+
+    /// `GET_LOCK` names are only seen one by one: each key the test took.
+    async fn assert_nothing_left(&self, _test: &str, keys: &[String]) {
+        for key in keys {
+            settle_free(key).await;
+        }
+    }
+}
+
+mod conformance {
+    mod cohort {
+        crate::common::contract::conformance!(crate::Mariadb {
+            mode: "cohort",
+            cohort: true
+        });
+    }
+    mod one_get_lock_per_lock {
+        crate::common::contract::conformance!(crate::Mariadb {
+            mode: "plain",
+            cohort: false
+        });
+    }
+}
+
+/// A new process connects while another waits for a lock: the wait's
+/// statement draws its token from the sequence, and a `CREATE SEQUENCE IF
+/// NOT EXISTS` at connect would queue behind it for the whole wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn excludes_under_contention_with_increasing_tokens() {
-    let k = key("contention", "hot");
-    let (a, b) = (backend().await, backend().await);
-    common::excludes_with_increasing_tokens(&[a, b], &k, 8, 10).await;
+async fn a_backend_connects_while_another_process_waits_for_a_lock() {
+    let k = key("connect-while-waiting", "k");
+    let (holder, waiter) = (plain_backend().await, plain_backend().await);
+    let held = holder.lock(k.as_str()).await.unwrap();
+    let waiting = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            let g = waiter.lock(k.as_str()).wait(Duration::from_secs(20)).await;
+            g.unwrap().release().await.unwrap();
+        })
+    };
+    // The waiter's GET_LOCK is in the server.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let newcomer = MysqlBackend::connect_with(
+        &my_url(),
+        MysqlOptions::default().connect_timeout(Duration::from_secs(5)),
+    )
+    .await;
+    assert!(
+        newcomer.is_ok(),
+        "a backend could not connect while another waited for a lock: {:?}",
+        newcomer.err()
+    );
+    // It can lock at once, too.
+    let other = newcomer.unwrap();
+    let mine = other
+        .lock(key("connect-while-waiting", "other").as_str())
+        .await;
+    mine.unwrap().release().await.unwrap();
+    println!(
+        "connected and locked in {:?} while a waiter waited",
+        started.elapsed()
+    );
+    held.release().await.unwrap();
+    waiting.await.unwrap();
     settle_free(&k).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_backends_with_queues_of_their_own_take_turns() {
-    let k = key("turns", "k");
-    let (a, b) = (backend().await, backend().await);
-    let counts = common::take_turns(&a, &b, &k, Duration::from_millis(1500)).await;
-    common::assert_neither_starved(counts);
-    settle_free(&k).await;
-}
-
-#[tokio::test]
-async fn a_request_reenters_its_own_lock() {
-    common::reenters_under_the_layer(backend().await).await;
-}
-
-#[tokio::test]
-async fn every_end_of_a_request_releases_its_lock_at_once() {
-    common::released_under_the_layer(backend().await, backend().await).await;
-}
-
-#[tokio::test]
-async fn waiters_in_one_process_are_served_in_arrival_order() {
-    common::waiters_in_one_process_in_arrival_order(backend().await, &key("fifo", "k")).await;
 }
 
 #[tokio::test]
@@ -394,42 +485,4 @@ async fn child_entry() {
         }
         other => panic!("unknown child role {other}"),
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
-    let k = key("cut", "k");
-    common::cancel::every_cut("mysql", &backend().await, &backend().await, &k).await;
-    common::cancel::every_cut(
-        "mysql without cohorts",
-        &plain_backend().await,
-        &plain_backend().await,
-        &format!("{k}-plain"),
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_long_key_never_shares_a_lock_with_a_short_one() {
-    // Before, a key over 64 characters was locked as its SHA2 hex, which is
-    // itself a valid 64-character key.
-    let db = plain_backend().await;
-    let mut conn = raw().await;
-    let long = key("long", &"y".repeat(100));
-    let hex: Option<String> = conn
-        .exec_first("SELECT SHA2(?, 256)", (&long,))
-        .await
-        .unwrap();
-    let hex = hex.unwrap();
-    assert_eq!(hex.len(), 64);
-    let held = db.lock(long.as_str()).await.unwrap();
-    let other = db
-        .lock(hex.as_str())
-        .fail_fast()
-        .await
-        .expect("the key that is the long key's SHA2 is a lock of its own");
-    drop((held, other));
-    db.flush().await;
-    settle_free(&long).await;
-    settle_free(&hex).await;
 }

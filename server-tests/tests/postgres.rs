@@ -92,32 +92,109 @@ async fn settle(client: &tokio_postgres::Client, key: &str, expected: (i64, i64)
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn excludes_under_contention_with_increasing_tokens() {
-    let k = key("contention", "hot");
-    // Two backends: two sets of connections, as two replicas would have.
-    let (a, b) = (backend().await, backend().await);
-    common::excludes_with_increasing_tokens(&[a, b], &k, 8, 10).await;
-    settle(&raw().await, &k, (0, 0)).await;
+/// The advisory-lock backend in one mode. Its sessions carry the test's
+/// namespace as their `application_name`, so that what they hold or await
+/// in `pg_locks` can be told apart from every other client's.
+struct Advisory {
+    mode: &'static str,
+    cohort: bool,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_backends_with_queues_of_their_own_take_turns() {
-    let k = key("turns", "k");
-    let (a, b) = (backend().await, backend().await);
-    let counts = common::take_turns(&a, &b, &k, Duration::from_millis(1500)).await;
-    common::assert_neither_starved(counts);
-    settle(&raw().await, &k, (0, 0)).await;
+impl Advisory {
+    async fn at(&self, url: &str, test: &str) -> PostgresBackend {
+        use common::contract::Subject;
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let url = format!("{url}{sep}application_name={}", self.namespace(test));
+        let options = PostgresOptions::default().session_lease(Duration::from_secs(4));
+        let options = if self.cohort {
+            options
+        } else {
+            options.cohort(CohortOptions::off())
+        };
+        PostgresBackend::connect_with(&url, options)
+            .await
+            .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url}: {e}"))
+    }
 }
 
-#[tokio::test]
-async fn a_request_reenters_its_own_lock() {
-    common::reenters_under_the_layer(backend().await).await;
+impl common::contract::Subject for Advisory {
+    type Backend = PostgresBackend;
+
+    fn namespace(&self, test: &str) -> String {
+        key(test, self.mode)
+    }
+
+    async fn connect(&self, test: &str) -> PostgresBackend {
+        self.at(&pg_url(), test).await
+    }
+
+    async fn connect_through_proxy(
+        &self,
+        test: &str,
+    ) -> Option<(common::fault_proxy::FaultProxy, PostgresBackend)> {
+        let url = pg_url();
+        let server = server_of(&url);
+        let proxy = common::fault_proxy::FaultProxy::start(server.parse().expect("IP:port"))
+            .await
+            .unwrap();
+        let backend = self
+            .at(&url.replacen(server, &proxy.addr().to_string(), 1), test)
+            .await;
+        Some((proxy, backend))
+    }
+
+    fn server_frees_a_silent_holder(&self) -> bool {
+        false
+    }
+
+    /// Without a cohort each waiter waits in `pg_advisory_lock` on a
+    /// session of its own: the server serves them in the order their
+    /// requests reach it, which for one process's concurrent waiters is
+    /// not the order they asked in.
+    fn serves_one_process_in_order(&self) -> bool {
+        self.cohort
+    }
+
+    async fn assert_nothing_left(&self, test: &str, keys: &[String]) {
+        let client = raw().await;
+        for key in keys {
+            settle(&client, key, (0, 0)).await;
+        }
+        let mine: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+                 WHERE l.locktype = 'advisory' AND a.application_name = $1",
+                &[&self.namespace(test)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            mine, 0,
+            "advisory locks held or awaited by {test}'s sessions"
+        );
+    }
 }
 
-#[tokio::test]
-async fn every_end_of_a_request_releases_its_lock_at_once() {
-    common::released_under_the_layer(backend().await, backend().await).await;
+/// The `host:port` of a `postgres://` URL.
+fn server_of(url: &str) -> &str {
+    let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+    authority.rsplit('@').next().unwrap()
+}
+
+mod conformance {
+    mod cohort {
+        crate::common::contract::conformance!(crate::Advisory {
+            mode: "cohort",
+            cohort: true
+        });
+    }
+    mod one_session_lock_per_lock {
+        crate::common::contract::conformance!(crate::Advisory {
+            mode: "plain",
+            cohort: false
+        });
+    }
 }
 
 #[tokio::test]
@@ -653,67 +730,4 @@ async fn child_entry() {
         }
         other => panic!("unknown child role {other}"),
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
-    let k = key("cut", "k");
-    common::cancel::every_cut("postgres", &backend().await, &backend().await, &k).await;
-    common::cancel::every_cut(
-        "postgres without cohorts",
-        &plain_backend().await,
-        &plain_backend().await,
-        &format!("{k}-plain"),
-    )
-    .await;
-}
-
-#[tokio::test]
-async fn a_sequence_that_hands_out_tokens_out_of_order_is_refused() {
-    let client = raw().await;
-    for (name, options) in [
-        ("tl_cached", "CACHE 10"),
-        ("tl_cycling", "CYCLE"),
-        ("tl_falling", "INCREMENT -1"),
-    ] {
-        let sequence = format!("{name}_{}", std::process::id());
-        client
-            .batch_execute(&format!(
-                "DROP SEQUENCE IF EXISTS {sequence}; CREATE SEQUENCE {sequence} {options}"
-            ))
-            .await
-            .unwrap();
-        for table in [false, true] {
-            let mut opts = PostgresOptions::default().sequence(&sequence);
-            if table {
-                opts = opts.lease_table(format!("tl_seq_check_{}", std::process::id()));
-            }
-            let result = match PostgresBackend::connect_with(&pg_url(), opts).await {
-                Ok(backend) => backend.lock(key("sequence", name).as_str()).await.map(drop),
-                Err(e) => Err(e),
-            };
-            match result {
-                Err(LockError::Config(m)) => assert!(
-                    m.contains(&format!(
-                        "ALTER SEQUENCE {sequence} INCREMENT 1 CACHE 1 NO CYCLE"
-                    )),
-                    "{options}: {m}"
-                ),
-                other => {
-                    panic!("a sequence with {options} (table mode {table}) was taken: {other:?}")
-                }
-            }
-        }
-        client
-            .batch_execute(&format!("DROP SEQUENCE {sequence}"))
-            .await
-            .unwrap();
-    }
-    client
-        .batch_execute(&format!(
-            "DROP TABLE IF EXISTS tl_seq_check_{}",
-            std::process::id()
-        ))
-        .await
-        .unwrap();
 }

@@ -12,6 +12,7 @@ mod common;
 use std::time::Duration;
 
 use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
+use tower_lock::backend::CohortOptions;
 use tower_lock::{Backend, BackendExt, LockError, LockMode};
 
 const TABLE: &str = "tower_lock_leases";
@@ -114,9 +115,101 @@ async fn excludes_through_pgbouncer_in_transaction_pooling() {
     settle_free(&raw().await, &k).await;
 }
 
-#[tokio::test]
-async fn every_end_of_a_request_releases_its_lock_at_once() {
-    common::released_under_the_layer(direct().await, direct().await).await;
+/// The lease-table backend in one mode: straight to the server, or
+/// through PgBouncer in transaction pooling (notifications straight from
+/// the server).
+struct LeaseTable {
+    mode: &'static str,
+    cohort: bool,
+    bounced: bool,
+}
+
+impl LeaseTable {
+    fn options(&self) -> PostgresOptions {
+        let options = if self.cohort {
+            options()
+        } else {
+            options().cohort(CohortOptions::off())
+        };
+        if self.bounced {
+            options.listen_url(pg_url())
+        } else {
+            options
+        }
+    }
+}
+
+impl common::contract::Subject for LeaseTable {
+    type Backend = PostgresBackend;
+
+    fn namespace(&self, test: &str) -> String {
+        key(test, self.mode)
+    }
+
+    async fn connect(&self, _test: &str) -> PostgresBackend {
+        let url = if self.bounced {
+            bouncer_url()
+        } else {
+            pg_url()
+        };
+        connect(&url, self.options()).await
+    }
+
+    async fn connect_through_proxy(
+        &self,
+        _test: &str,
+    ) -> Option<(common::fault_proxy::FaultProxy, PostgresBackend)> {
+        let url = pg_url();
+        let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+        let server = authority.rsplit('@').next().unwrap();
+        let proxy = common::fault_proxy::FaultProxy::start(server.parse().expect("IP:port"))
+            .await
+            .unwrap();
+        let through = url.replacen(server, &proxy.addr().to_string(), 1);
+        // Statements and notifications both through the proxy: cut off
+        // means cut off. The lease is the request's.
+        Some((proxy, connect(&through, self.options()).await))
+    }
+
+    async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
+        let client = raw().await;
+        let pattern = format!("{}:%", self.namespace(test));
+        let query = format!("SELECT key FROM {TABLE} WHERE key LIKE $1 ORDER BY key");
+        for _ in 0..300 {
+            let rows = client.query(&query, &[&pattern]).await.unwrap();
+            if rows.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let rows = client.query(&query, &[&pattern]).await.unwrap();
+        let left: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        panic!("lease rows left behind: {left:?}");
+    }
+}
+
+mod conformance {
+    mod cohort {
+        crate::common::contract::conformance!(crate::LeaseTable {
+            mode: "cohort",
+            cohort: true,
+            bounced: false
+        });
+    }
+    mod one_row_write_per_lock {
+        crate::common::contract::conformance!(crate::LeaseTable {
+            mode: "plain",
+            cohort: false,
+            bounced: false
+        });
+    }
+    mod through_pgbouncer {
+        crate::common::contract::conformance!(crate::LeaseTable {
+            mode: "bounced",
+            cohort: true,
+            bounced: true
+        });
+    }
 }
 
 #[tokio::test]
@@ -492,15 +585,4 @@ async fn child_entry() {
         }
         other => panic!("unknown child role {other}"),
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
-    common::cancel::every_cut(
-        "postgres lease table",
-        &direct().await,
-        &direct().await,
-        &key("cut", "k"),
-    )
-    .await;
 }

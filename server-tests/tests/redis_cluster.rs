@@ -394,17 +394,44 @@ async fn a_dropped_backend_leaves_no_task_behind() {
     common::no_task_left_after(before).await;
 }
 
-/// Every operation dropped at every poll (`tests/common/cancel.rs`) on a
-/// cluster, with cohorting on and off; `lock_all`'s keys fall on several
-/// masters.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_at_any_await_point_leaves_nothing_held_or_freed() {
-    let cluster = RedisCluster::start("cancel").await;
-    let url = cluster.url("");
-    let off = || RedisOptions::default().cohort(CohortOptions::off());
-    let other = backend(&url, off()).await;
-    let cohort = backend(&url, RedisOptions::default()).await;
-    common::cancel::every_cut("cluster", &cohort, &other, "k").await;
-    let plain = backend(&url, off()).await;
-    common::cancel::every_cut("cluster, cohorting off", &plain, &other, "p").await;
+/// The backend on a cluster of its test's own, with or without cohorting.
+struct OnTheCluster<'a> {
+    cluster: &'a RedisCluster,
+    cohort: bool,
+}
+
+impl common::contract::Subject for OnTheCluster<'_> {
+    type Backend = RedisBackend;
+
+    async fn connect(&self, _test: &str) -> RedisBackend {
+        let options = RedisOptions::default().cohort(common::contract::cohort(self.cohort));
+        backend(&self.cluster.url(""), options).await
+    }
+
+    /// Each key's master comes from the cluster's slot map: there is no
+    /// one link to cut (the failover tests stop masters instead).
+    async fn connect_through_proxy(
+        &self,
+        _test: &str,
+    ) -> Option<(common::fault_proxy::FaultProxy, RedisBackend)> {
+        None
+    }
+
+    fn serves_one_process_in_order(&self) -> bool {
+        self.cohort
+    }
+
+    async fn assert_nothing_left(&self, _test: &str, _keys: &[String]) {
+        common::contract::until_nothing_left("lock keys", || self.cluster.all_lock_keys()).await;
+    }
+}
+
+/// The conformance suite on a cluster (`lock_all`'s keys fall on several
+/// masters), with cohorting and without.
+#[test]
+fn conformance_with_cohorting_on_and_off() {
+    common::contract::on_servers_of_its_own(
+        RedisCluster::start("conformance"),
+        |cluster, cohort| common::contract::every_contract_test(&OnTheCluster { cluster, cohort }),
+    );
 }

@@ -308,15 +308,52 @@ async fn a_dropped_backend_leaves_no_task_behind() {
     common::no_task_left_after(before).await;
 }
 
-/// Every operation dropped at every poll (`tests/common/cancel.rs`), through
-/// the Sentinels, with cohorting on and off.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_at_any_await_point_leaves_nothing_held_or_freed() {
-    let group = SentinelGroup::start("cancel").await;
-    let url = group.url("");
-    let other = backend(&url, options()).await;
-    let cohort = backend(&url, RedisOptions::default()).await;
-    common::cancel::every_cut("sentinel", &cohort, &other, "k").await;
-    let plain = backend(&url, options()).await;
-    common::cancel::every_cut("sentinel, cohorting off", &plain, &other, "p").await;
+/// The backend through the Sentinels of a group of its test's own, with or
+/// without cohorting.
+struct ThroughSentinels<'a> {
+    group: &'a SentinelGroup,
+    cohort: bool,
+}
+
+impl common::contract::Subject for ThroughSentinels<'_> {
+    type Backend = RedisBackend;
+
+    async fn connect(&self, _test: &str) -> RedisBackend {
+        let options = RedisOptions::default().cohort(common::contract::cohort(self.cohort));
+        backend(&self.group.url(""), options).await
+    }
+
+    /// The master's address comes from the Sentinels: there is no one link
+    /// to cut (the failover tests stop the master instead).
+    async fn connect_through_proxy(
+        &self,
+        _test: &str,
+    ) -> Option<(common::fault_proxy::FaultProxy, RedisBackend)> {
+        None
+    }
+
+    fn serves_one_process_in_order(&self) -> bool {
+        self.cohort
+    }
+
+    async fn assert_nothing_left(&self, _test: &str, _keys: &[String]) {
+        common::contract::until_nothing_left("lock keys", || async {
+            let mut left = Vec::new();
+            for &port in &self.group.redis {
+                left.extend(lock_keys(self.group, port).await);
+            }
+            left
+        })
+        .await;
+    }
+}
+
+/// The conformance suite through the Sentinels, with cohorting and
+/// without.
+#[test]
+fn conformance_with_cohorting_on_and_off() {
+    common::contract::on_servers_of_its_own(
+        SentinelGroup::start("conformance"),
+        |group, cohort| common::contract::every_contract_test(&ThroughSentinels { group, cohort }),
+    );
 }

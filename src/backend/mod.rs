@@ -70,6 +70,43 @@
 //! - [`Capabilities::supports`]: the modes the backend has.
 //!
 //! The core and the layer do not change.
+//!
+//! # Writing a backend
+//!
+//! A store of your own is a type implementing [`Backend`], in your own
+//! crate; everything it needs is in this module. The steps, as the worked
+//! example takes them (`examples/toy-backend` in the repository: exclusive
+//! locks on Tokio mutexes, a hundred lines, read it whole):
+//!
+//! 1. **Acquire.** Turn a [`LockRequest`] into an [`Acquired`]: a
+//!    [`FencingToken`] above every earlier grant of the key, and a
+//!    [`LeaseHandle`] that gives the lock back. Answer at once where you
+//!    can ([`BackendFuture::ready`]: no allocation), with
+//!    [`BackendFuture::new`] where you must wait.
+//! 2. **Cancel.** The core drops your future when the wait runs out or the
+//!    client goes away: whatever the future started (a place in a queue, a
+//!    node, a grant that raced the drop) must go with it, from `Drop` or a
+//!    task [`Backend::flush`] waits for.
+//! 3. **Release.** [`LeaseHandle::release`] is called at most once, and
+//!    its future may be dropped before it ends: the lock must be released
+//!    all the same, and only once. Release only what this grant owns (its
+//!    token, node, revision or row owner), never the key by name, and
+//!    never send a second release after one was sent.
+//! 4. **Lost.** If the store can take a lock away (a lease, a session),
+//!    give the grant a lost signal ([`Acquired::with_lost`]) and fire its
+//!    [`LostTrigger`] before anyone else can be granted the key.
+//! 5. **Say what you can do.** [`Backend::capabilities`]: the modes you
+//!    have (the core refuses the others), and what [`Cohort`] may rely on
+//!    if you wrap yourself in one. [`Backend::instance_id`] if clones
+//!    share their locks, so that a request re-locking its key re-enters.
+//! 6. **Check it.** The repository's conformance suite
+//!    (`server-tests/tests/common/contract.rs`) is what every backend here
+//!    passes: exclusion across processes with rising tokens, taking turns,
+//!    re-entrancy, release on every end of a request, arrival order,
+//!    cancellation after every poll of every operation, a cut-off holder
+//!    told first, nothing left behind. A backend is one `Subject` (how to
+//!    open it, how to see what it left on its server) and one line,
+//!    `conformance!(subject)`; `server-tests/tests/toy.rs` is the toy's.
 
 #[cfg(doc)]
 use crate::{Backend, FencingToken, LockError, LockMode, Wait};

@@ -15,6 +15,9 @@ pub mod fault_proxy;
 /// Every operation dropped at every poll point.
 pub mod cancel;
 
+/// The conformance suite every backend and mode runs.
+pub mod contract;
+
 /// Three-server clusters on loopback, and what is checked on them.
 pub mod cluster;
 
@@ -353,13 +356,14 @@ pub fn check_two_process_log(log: &[String], sections_each: usize) {
 /// own request's key, through the layer's locker and through a clone of the
 /// backend, gets the request's token at once (fail-fast: waiting for itself
 /// would be `Busy`); a key the handler took itself is re-entered too; and
-/// once the response is ready the key is free again.
-pub async fn reenters_under_the_layer<B: tower_lock::Backend + Clone>(backend: B) {
+/// once the response is ready the key is free again. The layer's
+/// namespace is `namespace`.
+pub async fn reenters_under_the_layer<B: tower_lock::Backend + Clone>(backend: B, namespace: &str) {
     use axum::{body::Body, extract::Path, routing::post, Extension, Router};
     use tower::ServiceExt;
     use tower_lock::{BackendExt, HeldLock, LockError, LockLayer, Locker, PathParam};
 
-    let layer = LockLayer::new(backend.clone(), PathParam("sku")).namespace("reentry");
+    let layer = LockLayer::new(backend.clone(), PathParam("sku")).namespace(namespace);
     let locker = layer.locker().clone();
     let clone = backend.clone();
     let app = Router::new()
@@ -443,8 +447,12 @@ pub async fn waiters_in_one_process_in_arrival_order<B: tower_lock::Backend + Cl
 /// the same servers (another process, as far as they can tell): it must get
 /// each key within 5 s, and so must `backend` itself. The layer's lease is
 /// 60 s, so a lock left to expire (on the backends whose locks end with
-/// their lease) fails this too.
-pub async fn released_under_the_layer<B: tower_lock::Backend + Clone>(backend: B, other: B) {
+/// their lease) fails this too. The layer's namespace is `namespace`.
+pub async fn released_under_the_layer<B: tower_lock::Backend + Clone>(
+    backend: B,
+    other: B,
+    namespace: &str,
+) {
     use std::sync::Arc;
 
     use axum::{body::Body, routing::post, Router};
@@ -473,7 +481,7 @@ pub async fn released_under_the_layer<B: tower_lock::Backend + Clone>(backend: B
         )
         .route_layer(
             LockLayer::new(backend.clone(), PathParam("sku"))
-                .namespace("released")
+                .namespace(namespace)
                 .lease(std::time::Duration::from_secs(60)),
         );
     let call = |path: &str| {
@@ -509,23 +517,29 @@ pub async fn released_under_the_layer<B: tower_lock::Backend + Clone>(backend: B
     // dropped at the end of each statement.
     let status = call("/ok/A-ok").await.unwrap().unwrap().status();
     assert_eq!(status, 200);
-    free(both, "released:A-ok", "a response").await;
+    free(both, &format!("{namespace}:A-ok"), "a response").await;
 
     let status = call("/error/A-error").await.unwrap().unwrap().status();
     assert_eq!(status, 500);
-    free(both, "released:A-error", "an error response").await;
+    free(both, &format!("{namespace}:A-error"), "an error response").await;
 
     let panicked = call("/panic/A-panic").await.unwrap_err();
     assert!(panicked.is_panic(), "{panicked}");
-    free(both, "released:A-panic", "a panic in the handler").await;
+    free(
+        both,
+        &format!("{namespace}:A-panic"),
+        "a panic in the handler",
+    )
+    .await;
 
     let stuck = call("/stuck/A-gone");
     started.notified().await;
     stuck.abort();
     assert!(stuck.await.unwrap_err().is_cancelled());
-    free(both, "released:A-gone", "the client went away").await;
+    free(both, &format!("{namespace}:A-gone"), "the client went away").await;
 
-    let held = other.lock("released:A-wait").await.unwrap();
+    let wait_key = format!("{namespace}:A-wait");
+    let held = other.lock(wait_key.as_str()).await.unwrap();
     let waiting = call("/ok/A-wait");
     // Time to queue behind `held` (had it not yet, the abort still cancels
     // an acquisition under way, which must leave nothing either).
@@ -533,7 +547,7 @@ pub async fn released_under_the_layer<B: tower_lock::Backend + Clone>(backend: B
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
     held.release().await.unwrap();
-    free(both, "released:A-wait", "a cancelled wait").await;
+    free(both, &wait_key, "a cancelled wait").await;
 
     backend.flush().await;
     other.flush().await;
@@ -605,12 +619,16 @@ pub fn assert_neither_starved((a, b): (u64, u64)) {
 /// stops passing its requests; answers would still come) while `other`
 /// waits for `key`: the holder must be told its lock is lost before
 /// `other` is granted it, with a higher token. Returns how long after the
-/// cut each happened, in milliseconds; heals the proxy.
+/// cut each happened, in milliseconds; heals the proxy. With
+/// `heal_when_told`, the proxy heals as soon as the holder is told: for
+/// stores whose server keeps a silent connection's locks until it closes
+/// (PostgreSQL, MariaDB), where the holder's close reaches it only then.
 pub async fn cut_off_holder_is_told_first<B: tower_lock::Backend + Clone + 'static>(
     held: &tower_lock::LockGuard,
     proxy: &fault_proxy::FaultProxy,
     other: &B,
     key: &str,
+    heal_when_told: bool,
 ) -> (u128, u128) {
     use std::time::{Duration, Instant};
     use tower_lock::BackendExt;
@@ -631,6 +649,9 @@ pub async fn cut_off_holder_is_told_first<B: tower_lock::Backend + Clone + 'stat
         .await
         .expect("the holder was not told");
     let told_at = Instant::now();
+    if heal_when_told {
+        proxy.heal().await;
+    }
     let (g, granted_at) = waiting.await.unwrap();
     let g = g.unwrap();
     assert!(told_at < granted_at, "granted before the holder was told");
@@ -641,4 +662,25 @@ pub async fn cut_off_holder_is_told_first<B: tower_lock::Backend + Clone + 'stat
         told_at.duration_since(cut_at).as_millis(),
         granted_at.duration_since(cut_at).as_millis(),
     )
+}
+
+/// The ZooKeeper lock nodes (ephemeral) anywhere under `path`; none if
+/// `path` does not exist. Any other error fails the test.
+pub async fn zk_lock_nodes(client: &zookeeper_client::Client, path: String) -> Vec<String> {
+    use zookeeper_client as zk;
+    let mut found = Vec::new();
+    let mut todo = vec![path];
+    while let Some(p) = todo.pop() {
+        let (children, stat) = match client.get_children(&p).await {
+            Ok(listing) => listing,
+            // Gone meanwhile (a released node, a reaped parent).
+            Err(zk::Error::NoNode) => continue,
+            Err(e) => panic!("listing {p}: {e}"),
+        };
+        if stat.ephemeral_owner != 0 {
+            found.push(p.clone());
+        }
+        todo.extend(children.into_iter().map(|c| format!("{p}/{c}")));
+    }
+    found
 }

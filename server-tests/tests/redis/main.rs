@@ -11,6 +11,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod conformance;
 mod one_server;
 mod processes;
 mod redlock;

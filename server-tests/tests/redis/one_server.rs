@@ -4,18 +4,6 @@
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn excludes_under_contention_with_increasing_tokens() {
-    let b = backend("contention").await;
-    common::excludes_with_increasing_tokens(&[b], "hot", 16, 15).await;
-    // Only the fencing counter stays behind.
-    let url = redis_url();
-    assert_eq!(
-        keys_under(&url, &prefix("contention")).await,
-        [format!("{}{{hot}}:fence", prefix("contention"))]
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_left_for_a_waiter_that_never_takes_it_goes_back_within_the_bound() {
     // A waiter whose future is never polled again after the lock is passed
     // to it: the lock left for it must not stay with this process (renewed
@@ -100,17 +88,6 @@ async fn a_held_lock_passes_to_local_waiters_with_one_redis_acquire_per_bound() 
     assert_eq!(keys_under(&url, &prefix("baton")).await, [fence]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_connections_with_queues_of_their_own_take_turns() {
-    let (a, b) = (backend("turns").await, backend("turns").await);
-    let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
-    common::assert_neither_starved(counts);
-    a.flush().await;
-    b.flush().await;
-    let fence = format!("{}{{k}}:fence", prefix("turns"));
-    assert_eq!(keys_under(&redis_url(), &prefix("turns")).await, [fence]);
-}
-
 #[tokio::test]
 async fn a_release_wakes_the_waiter_long_before_the_lease_ends() {
     let b = backend("wake").await;
@@ -168,13 +145,11 @@ async fn renewal_keeps_a_lock_past_its_lease() {
     assert!(other.lock("k").fail_fast().await.is_ok());
 }
 
+/// In every mode: a reader that arrives after a queued writer waits for
+/// it, though it could share with the reader holding the key.
 #[tokio::test]
-async fn waiters_in_one_process_are_served_in_arrival_order() {
+async fn a_reader_arriving_after_a_queued_writer_waits_for_it() {
     let b = backend("fifo").await;
-    common::waiters_in_one_process_in_arrival_order(b.clone(), "k").await;
-
-    // In every mode: a reader that arrives after a queued writer waits for
-    // it, though it could share with the reader holding the key.
     let reader = b.lock("doc").read().await.unwrap();
     let writer = {
         let b = b.clone();

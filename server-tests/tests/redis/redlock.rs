@@ -149,59 +149,6 @@ async fn redlock_undoes_a_failed_round_on_every_instance() {
     assert!(undone, "the silent instance kept the failed round");
 }
 
-#[tokio::test]
-async fn a_request_reenters_its_own_lock() {
-    common::reenters_under_the_layer(backend("reentry").await).await;
-}
-
-#[tokio::test]
-async fn every_end_of_a_request_releases_its_lock_at_once() {
-    common::released_under_the_layer(backend("released").await, backend("released").await).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_a_request_reenters_its_own_lock() {
-    use tower_lock::backend::redis::redlock::RedlockBackend;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let backend = RedlockBackend::connect(&redlock_url(&servers))
-        .await
-        .unwrap();
-    common::reenters_under_the_layer(backend).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_every_end_of_a_request_releases_its_lock_at_once() {
-    use tower_lock::backend::redis::redlock::RedlockBackend;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let url = redlock_url(&servers);
-    let (one, other) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
-    common::released_under_the_layer(one.await.unwrap(), other.await.unwrap()).await;
-}
-
-#[tokio::test]
-async fn redlock_waiters_in_one_process_are_served_in_arrival_order() {
-    use tower_lock::backend::redis::redlock::RedlockBackend;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let backend = RedlockBackend::connect(&redlock_url(&servers))
-        .await
-        .unwrap();
-    common::waiters_in_one_process_in_arrival_order(backend, "k").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_two_backends_with_queues_of_their_own_take_turns() {
-    use tower_lock::backend::redis::redlock::RedlockBackend;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let url = redlock_url(&servers);
-    let (a, b) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
-    let (a, b) = (a.await.unwrap(), b.await.unwrap());
-    let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
-    eprintln!("held by each side: {counts:?}");
-    common::assert_neither_starved(counts);
-    a.flush().await;
-    b.flush().await;
-}
-
 /// An acquisition whose wait runs out while its round is still in flight
 /// (two instances silent) must not leave the round behind: the silent
 /// instances grant it once they run again, and without an undo the key
@@ -294,19 +241,4 @@ async fn redlock_holder_cut_off_from_a_majority_is_told_before_anyone_else_is_gr
     assert!(reason.contains("majority"), "{reason}");
     g2.release().await.unwrap();
     drop(g);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
-    let (a, other) = (backend("cut").await, backend("cut").await);
-    common::cancel::every_cut("redis", &a, &other, "k").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_every_operation_cut_at_every_poll_frees_no_other_holder() {
-    use tower_lock::backend::redis::redlock::RedlockBackend;
-    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let url = redlock_url(&servers);
-    let (a, other) = (RedlockBackend::connect(&url), RedlockBackend::connect(&url));
-    common::cancel::every_cut("redlock", &a.await.unwrap(), &other.await.unwrap(), "k").await;
 }

@@ -8,6 +8,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod conformance;
 mod faults;
 mod interop;
 mod one_server;
@@ -82,24 +83,9 @@ async fn raw(addr: &str) -> zk::Client {
         .unwrap_or_else(|e| panic!("cannot reach ZooKeeper at {addr}: {e}"))
 }
 
-/// The lock nodes (ephemeral) anywhere under `path`; none if `path` does
-/// not exist. Any other error fails the test.
+/// The lock nodes (ephemeral) anywhere under `path`.
 async fn lock_nodes(client: &zk::Client, path: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let mut todo = vec![path.to_owned()];
-    while let Some(p) = todo.pop() {
-        let (children, stat) = match client.get_children(&p).await {
-            Ok(listing) => listing,
-            // Gone meanwhile (a released node, a reaped parent).
-            Err(zk::Error::NoNode) => continue,
-            Err(e) => panic!("listing {p}: {e}"),
-        };
-        if stat.ephemeral_owner != 0 {
-            found.push(p.clone());
-        }
-        todo.extend(children.into_iter().map(|c| format!("{p}/{c}")));
-    }
-    found
+    common::zk_lock_nodes(client, path.to_owned()).await
 }
 
 /// Waits until `path` has exactly `n` lock nodes under it (nodes are created

@@ -4,18 +4,6 @@
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn excludes_under_contention_with_increasing_tokens() {
-    // Two backends: two sessions, as two replicas would have.
-    let (a, b) = (backend("contention").await, backend("contention").await);
-    common::excludes_with_increasing_tokens(&[a, b], "hot", 8, 10).await;
-    let client = raw(&zk_addr()).await;
-    assert_eq!(
-        lock_nodes(&client, &root("contention")).await,
-        Vec::<String>::new()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_lock_passes_to_local_waiters_with_one_node_per_bound() {
     let addr = zk_addr();
     let b = ZookeeperBackend::connect_with(
@@ -70,24 +58,6 @@ async fn a_held_lock_passes_to_local_waiters_with_one_node_per_bound() {
         );
     }
     settle(&client, &root("cohort"), 0).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_sessions_with_queues_of_their_own_take_turns() {
-    let (a, b) = (backend("turns").await, backend("turns").await);
-    let counts = common::take_turns(&a, &b, "k", Duration::from_millis(1500)).await;
-    common::assert_neither_starved(counts);
-    settle(&raw(&zk_addr()).await, &root("turns"), 0).await;
-}
-
-#[tokio::test]
-async fn a_request_reenters_its_own_lock() {
-    common::reenters_under_the_layer(backend("reentry").await).await;
-}
-
-#[tokio::test]
-async fn every_end_of_a_request_releases_its_lock_at_once() {
-    common::released_under_the_layer(backend("released").await, backend("released").await).await;
 }
 
 #[tokio::test]
@@ -350,10 +320,4 @@ async fn an_unreachable_server_is_a_clear_error_within_the_timeout() {
         ZookeeperBackend::connect("zk://127.0.0.1:2181/zookeeper").await,
         Err(LockError::Config(_))
     ));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_cut_at_every_poll_frees_no_other_holder() {
-    let (a, other) = (backend("cut").await, backend("cut").await);
-    common::cancel::every_cut("zookeeper", &a, &other, "k").await;
 }
