@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
-use crate::fault_proxy::FaultProxy;
 use crate::history::{now_ns, Event};
 use crate::worker::{ClientArgs, Rng};
+use tower_lock_servers::fault_proxy::FaultProxy;
 
 /// The client processes of a run.
 pub struct Clients {

@@ -1,5 +1,8 @@
 //! The faults the nemesis can inject, and which apply to a backend.
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 /// A fault the nemesis can inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FaultKind {
@@ -102,4 +105,38 @@ pub fn choose(kind: &str, given: bool, list: &str) -> Result<Vec<FaultKind>, Str
             })
             .collect::<Result<_, String>>()?,
     })
+}
+
+/// What a forward step of a Redis server's wall clock by `step` does to
+/// locks: every key's time to live, which Redis counts on that clock, ends
+/// `step` sooner. Emulated by shortening the TTLs, because Debian's
+/// redis-server is linked with jemalloc, which libfaketime cannot run under
+/// (libfaketime issue 130).
+pub async fn step_clock(server: SocketAddr, root: &str, step: Duration) -> Result<(), String> {
+    let client = redis::Client::open(format!("redis://{server}")).map_err(|e| e.to_string())?;
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return Ok(()); // down or restarting: nothing to step
+    };
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{{{root}-k*"))
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    let step = step.as_millis() as i64;
+    for key in keys.iter().filter(|k| !k.ends_with(":fence")) {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if ttl > 0 {
+            let _: i64 = redis::cmd("PEXPIRE")
+                .arg(key)
+                .arg((ttl - step).max(1))
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
 }

@@ -34,15 +34,12 @@
 
 mod checks;
 mod clients;
-mod fault_proxy;
 mod faults;
 mod history;
 mod mode;
 mod nemesis;
-mod redis_groups;
 mod register;
 mod sabotage;
-mod servers;
 mod worker;
 
 use std::process::ExitCode;

@@ -11,14 +11,15 @@ use tower_lock::{Backend, MemoryBackend};
 
 use crate::checks::{leaks, liveness};
 use crate::clients::Clients;
-use crate::fault_proxy::{Fault, FaultProxy};
+use crate::faults::step_clock;
 use crate::faults::{self, FaultKind};
 use crate::history::{now_ns, Event, History, ProcessFault};
-use crate::redis_groups::Failover;
 use crate::register::Register;
-use crate::servers::{signal_pid, step_clock, stop_pid, Kind, Server};
 use crate::worker::{self, ClientArgs, Rng, Sink, Worker};
 use crate::Args;
+use tower_lock_servers::fault_proxy::{Fault, FaultProxy};
+use tower_lock_servers::redis_groups::Failover;
+use tower_lock_servers::{signal_pid, stop_pid, Kind, Server};
 
 /// The planned run.
 pub struct Nemesis {

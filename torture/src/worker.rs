@@ -474,7 +474,7 @@ pub async fn open(
             }
             let url = format!(
                 "redis+sentinel://{servers}/{}",
-                crate::servers::SENTINEL_MASTER
+                tower_lock_servers::SENTINEL_MASTER
             );
             Arc::new(RedisBackend::connect_with(&url, options).await?)
         }

@@ -1,16 +1,21 @@
 //! Helpers shared by the server tests (`mod common;` in each).
 #![allow(dead_code)]
 
-/// The in-process tests' helpers (serving an app, waiting for a condition).
-#[path = "../../../tests/common/mod.rs"]
-mod in_process;
-#[allow(unused_imports)] // not every suite uses both
-pub use in_process::{eventually, serve};
+/// The fault proxy of the project's harnesses: a holder's connections go
+/// through it, and only that path fails while the server stays up for
+/// everyone else.
+pub use tower_lock_servers::fault_proxy;
 
-/// The torture harness's fault proxy: a holder's connections go through it,
-/// and only that path fails while the server stays up for everyone else.
-#[path = "../../../torture/src/fault_proxy.rs"]
-pub mod fault_proxy;
+/// Waits until `cond` holds, checking every millisecond for ten seconds.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
 
 /// Every operation dropped at every poll point.
 pub mod cancel;

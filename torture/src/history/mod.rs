@@ -9,18 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use crate::mode::Mode;
 
-/// Now, on the system-wide monotonic clock, in nanoseconds.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec to write to; CLOCK_MONOTONIC exists
-    // on every Linux.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC)");
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use tower_lock_servers::now_ns;
 
 /// What a client reports, one line each: `G hold key token t asked mode`, `T hold t`,
 /// `X hold t`, `W hold ok|stale|skip t`, `F t` (a failed acquisition),

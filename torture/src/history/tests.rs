@@ -551,7 +551,7 @@ fn a_paused_reader_hides_no_reader_that_ran() {
 /// A grant dated after a pause's start is not excused by that pause: the
 /// process ran then, so the pause began later, when no one can tell. The
 /// nemesis dates a pause once the process is seen stopped, so that this
-/// does not happen (`servers::stop_pid`).
+/// does not happen (`tower_lock_servers::stop_pid`).
 #[test]
 fn a_pause_dated_before_the_grant_excuses_nothing() {
     let v = Make::new()

@@ -68,7 +68,7 @@ async fn sentinel_master(sentinels: &[SocketAddr], data: &[SocketAddr]) -> Optio
         };
         let addr: Result<Vec<String>, _> = redis::cmd("SENTINEL")
             .arg("get-master-addr-by-name")
-            .arg(crate::servers::SENTINEL_MASTER)
+            .arg(crate::SENTINEL_MASTER)
             .query_async(&mut conn)
             .await;
         let port = addr.ok().and_then(|a| a.get(1)?.parse::<u16>().ok());

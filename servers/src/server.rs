@@ -1,6 +1,5 @@
-//! The lock servers a run uses: started by the harness (so that it can kill,
-//! restart and pause them) or given by URL (then it cannot).
-#![allow(dead_code)]
+//! A lock server of the harness's own: started on free loopback ports in
+//! a directory of its own, so that it can be killed, restarted and paused.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -561,7 +560,7 @@ pub fn stop_pid(pid: u32, limit: Duration) -> Option<u64> {
     let deadline = Instant::now() + limit;
     loop {
         if all_stopped(pid) {
-            return Some(crate::history::now_ns());
+            return Some(crate::now_ns());
         }
         if Instant::now() > deadline {
             return None;
@@ -593,44 +592,10 @@ fn all_stopped(pid: u32) -> bool {
     any
 }
 
-/// What a forward step of a Redis server's wall clock by `step` does to
-/// locks: every key's time to live, which Redis counts on that clock, ends
-/// `step` sooner. Emulated by shortening the TTLs, because Debian's
-/// redis-server is linked with jemalloc, which libfaketime cannot run under
-/// (libfaketime issue 130).
-pub async fn step_clock(server: SocketAddr, root: &str, step: Duration) -> Result<(), String> {
-    let client = redis::Client::open(format!("redis://{server}")).map_err(|e| e.to_string())?;
-    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-        return Ok(()); // down or restarting: nothing to step
-    };
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{{{root}-k*"))
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| e.to_string())?;
-    let step = step.as_millis() as i64;
-    for key in keys.iter().filter(|k| !k.ends_with(":fence")) {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(key)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        if ttl > 0 {
-            let _: i64 = redis::cmd("PEXPIRE")
-                .arg(key)
-                .arg((ttl - step).max(1))
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::now_ns;
+    use crate::now_ns;
 
     /// Run as a child by the test below: one thread writes the time as
     /// fast as it can while the main thread waits for it, as a client's
@@ -669,7 +634,7 @@ mod tests {
         for i in 0..30 {
             let path = dir.join(format!("{i}"));
             let mut child = Command::new(std::env::current_exe().unwrap())
-                .args(["servers::tests::stop_helper_child", "--exact", "--ignored"])
+                .args(["server::tests::stop_helper_child", "--exact", "--ignored"])
                 .env("TORTURE_STOP_HELPER", &path)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

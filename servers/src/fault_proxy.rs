@@ -15,7 +15,6 @@
 //! holds back, and it returns when a chunk last went towards the server.
 //! Every request the server has answered was sent before then, so that
 //! moment plus a lease bounds when a lease can have ended.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
