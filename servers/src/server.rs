@@ -90,6 +90,22 @@ pub struct Server {
     master: Option<u16>,
 }
 
+/// Why a server did not come up.
+enum NotUp {
+    /// Its process ended.
+    Exited(String),
+    TimedOut(String),
+}
+
+impl NotUp {
+    fn message(self) -> String {
+        match self {
+            NotUp::Exited(why) => why,
+            NotUp::TimedOut(why) => why,
+        }
+    }
+}
+
 fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -141,17 +157,23 @@ impl Server {
             }
             m.launch()?;
         }
-        for m in &members {
-            m.wait_up(Duration::from_secs(120))?;
+        for m in &mut members {
+            m.wait_up(Duration::from_secs(120))
+                .map_err(NotUp::message)?;
         }
         Ok(members)
     }
 
     /// A Redis master, two replicas and three Sentinels: the first three
     /// servers are the Redis ones (the first starts as the master), the
-    /// last three the Sentinels. The master fails over after a second
-    /// without an answer.
-    pub fn start_sentinel_group(work: &std::path::Path) -> Result<Vec<Server>, String> {
+    /// last three the Sentinels. The master fails over after `down_after`
+    /// without an answer (`SENTINEL SET` changes it later: a long one
+    /// while the group comes up keeps a loaded machine from failing it
+    /// over before it is used).
+    pub fn start_sentinel_group(
+        work: &std::path::Path,
+        down_after: Duration,
+    ) -> Result<Vec<Server>, String> {
         let mut servers = Vec::new();
         for i in 0..6 {
             let kind = if i < 3 { Kind::Redis } else { Kind::Sentinel };
@@ -163,11 +185,12 @@ impl Server {
                 let conf = format!(
                     "port {}\nbind 127.0.0.1\ndir {}\n\
                      sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
-                     sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} {}\n\
                      sentinel failover-timeout {SENTINEL_MASTER} 3000\n",
                     server.addr.port(),
                     server.dir.display(),
-                    server.master.unwrap_or(0)
+                    server.master.unwrap_or(0),
+                    down_after.as_millis()
                 );
                 std::fs::write(server.dir.join("sentinel.conf"), conf)
                     .map_err(|e| e.to_string())?;
@@ -281,8 +304,27 @@ impl Server {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        self.launch()?;
-        self.wait_up(Duration::from_secs(120))
+        // PostgreSQL restarted after a kill refuses to start while a
+        // killed process of the old server still holds its shared memory
+        // ("pre-existing shared memory block is still in use"), which a
+        // loaded machine can take a moment to tear down: started again
+        // until it stays up, for a while.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.launch()?;
+            match self.wait_up(Duration::from_secs(120)) {
+                Err(NotUp::Exited(why))
+                    if self.kind == Kind::Postgres && Instant::now() < deadline =>
+                {
+                    eprintln!(
+                        "harness: {:?} on {} {why}; starting it again",
+                        self.kind, self.addr
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                result => return result.map_err(NotUp::message),
+            }
+        }
     }
 
     /// Starts the process, without waiting for it to serve.
@@ -401,7 +443,7 @@ impl Server {
     }
 
     /// Waits until the server answers on its port.
-    fn wait_up(&self, limit: Duration) -> Result<(), String> {
+    fn wait_up(&mut self, limit: Duration) -> Result<(), NotUp> {
         let deadline = Instant::now() + limit;
         let (probe, expect): (&[u8], &str) = match self.kind {
             Kind::Redis | Kind::Sentinel | Kind::ClusterNode => (b"PING\r\n", "+PONG"),
@@ -412,6 +454,19 @@ impl Server {
             Kind::Mariadb => (b"", "MariaDB"),
         };
         loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Err(NotUp::Exited(format!(
+                    "{:?} on {} exited ({status}; log: {})",
+                    self.kind,
+                    self.addr,
+                    self.dir.join("server.log").display()
+                )));
+            }
             if self.kind == Kind::Postgres {
                 let ready = Command::new("pg_isready")
                     .args(["-q", "-h", "127.0.0.1", "-p", &self.addr.port().to_string()])
@@ -438,12 +493,12 @@ impl Server {
                 }
             }
             if Instant::now() > deadline {
-                return Err(format!(
+                return Err(NotUp::TimedOut(format!(
                     "{:?} on {} did not come up (log: {})",
                     self.kind,
                     self.addr,
                     self.dir.join("server.log").display()
-                ));
+                )));
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -451,6 +506,11 @@ impl Server {
 
     fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether it runs: started, and not killed since.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Starts a killed server again on the same port (ZooKeeper keeps its
@@ -501,7 +561,7 @@ fn group_gone(pgid: u32, limit: Duration) {
     let deadline = Instant::now() + limit;
     while group_running(pgid) {
         if Instant::now() > deadline {
-            eprintln!("torture: processes of group {pgid} still running {limit:?} after a kill");
+            eprintln!("harness: processes of group {pgid} still running {limit:?} after a kill");
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -664,5 +724,55 @@ mod tests {
         }
         let _ = std::fs::remove_dir_all(&dir);
         assert!(late.is_empty(), "ran after the pause began (ms): {late:?}");
+    }
+
+    /// The processes whose parent is `pid`.
+    fn children_of(pid: u32) -> Vec<u32> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let ppid = rest.split_whitespace().nth(1);
+            if ppid == Some(pid.to_string().as_str()) {
+                found.push(entry.file_name().to_string_lossy().parse().unwrap());
+            }
+        }
+        found
+    }
+
+    /// A PostgreSQL server killed while processes of the old one still
+    /// hold its shared memory (stopped here, as a loaded machine can leave
+    /// them for a moment) starts once they are gone, instead of failing
+    /// "pre-existing shared memory block is still in use".
+    #[test]
+    fn postgres_restarts_once_the_old_processes_let_go() {
+        let work = std::env::temp_dir().join(format!("servers-pg-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&work);
+        let mut server = Server::start(Kind::Postgres, &work, "pg").unwrap();
+        let postmaster = server.pid().unwrap();
+        let lingering = children_of(postmaster);
+        assert!(!lingering.is_empty(), "the postmaster has children");
+        for &pid in &lingering {
+            signal_pid(pid, "STOP");
+        }
+        // The postmaster alone, its children stopped and still attached.
+        let mut child = server.child.take().unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let reaper = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(1));
+            for pid in lingering {
+                signal_pid(pid, "KILL");
+            }
+        });
+        let restarted = server.restart();
+        reaper.join().unwrap();
+        assert!(restarted.is_ok(), "{restarted:?}");
+        drop(server);
+        let _ = std::fs::remove_dir_all(&work);
     }
 }

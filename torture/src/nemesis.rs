@@ -249,9 +249,11 @@ impl Nemesis {
             }
             None if sentinel => {
                 let work = work.to_owned();
-                servers = tokio::task::spawn_blocking(move || Server::start_sentinel_group(&work))
-                    .await
-                    .map_err(|e| e.to_string())??;
+                servers = tokio::task::spawn_blocking(move || {
+                    Server::start_sentinel_group(&work, Duration::from_secs(1))
+                })
+                .await
+                .map_err(|e| e.to_string())??;
                 servers.iter().map(|s| s.addr).collect()
             }
             None => {

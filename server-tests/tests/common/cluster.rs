@@ -4,12 +4,12 @@
 //! backend is checked for.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tower_lock::{Backend, BackendExt, LockError};
+use tower_lock_servers::{Kind, Server};
 
 /// Which server a cluster runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -18,20 +18,12 @@ pub enum Engine {
     ZooKeeper,
 }
 
-use super::free_ports;
-
-struct Member {
-    client: u16,
-    peer: u16,
-    election: u16,
-    child: Option<Child>,
-}
-
-/// A three-server cluster in a directory of its own, stopped on drop.
+/// A three-server cluster (`tower_lock_servers`) in a directory of its
+/// own, stopped on drop.
 pub struct Cluster {
     engine: Engine,
     dir: PathBuf,
-    members: Vec<Member>,
+    members: Vec<Server>,
 }
 
 impl Cluster {
@@ -41,97 +33,35 @@ impl Cluster {
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
-        // Nine ports taken together, so that none comes twice.
-        let ports = free_ports(9);
-        let members = ports
-            .chunks(3)
-            .map(|p| Member {
-                client: p[0],
-                peer: p[1],
-                election: p[2],
-                child: None,
-            })
-            .collect();
-        let mut cluster = Cluster {
+        let kind = match engine {
+            Engine::Etcd => Kind::Etcd,
+            Engine::ZooKeeper => Kind::ZooKeeper,
+        };
+        let members = Server::start_cluster(kind, &dir, 3).unwrap_or_else(|e| {
+            panic!(
+                "cannot start a {engine:?} cluster ({e}); scripts/test-all.sh installs \
+                 Debian's etcd-server and zookeeper"
+            )
+        });
+        let cluster = Cluster {
             engine,
             dir,
             members,
         };
-        for i in 0..3 {
-            cluster.spawn(i);
-        }
         cluster.wait_healthy().await;
         cluster
     }
 
-    /// Starts member `i` (again: it keeps its data directory).
+    /// Starts member `i` again, on its ports and data.
     pub fn spawn(&mut self, i: usize) {
-        let data = self.dir.join(format!("m{i}"));
-        std::fs::create_dir_all(data.join("data")).unwrap();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(data.join("server.log"))
-            .unwrap();
-        let mut cmd = match self.engine {
-            Engine::Etcd => {
-                let initial = (0..3)
-                    .map(|j| format!("m{j}=http://127.0.0.1:{}", self.members[j].peer))
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let client = format!("http://127.0.0.1:{}", self.members[i].client);
-                let peer = format!("http://127.0.0.1:{}", self.members[i].peer);
-                let mut cmd = Command::new("etcd");
-                cmd.args(["--name", &format!("m{i}"), "--data-dir"])
-                    .arg(data.join("data"))
-                    .args(["--listen-client-urls", &client])
-                    .args(["--advertise-client-urls", &client])
-                    .args(["--listen-peer-urls", &peer])
-                    .args(["--initial-advertise-peer-urls", &peer])
-                    .args(["--initial-cluster", &initial])
-                    .args(["--heartbeat-interval", "50", "--election-timeout", "500"]);
-                cmd
-            }
-            Engine::ZooKeeper => {
-                let mut cfg = format!(
-                    "tickTime=200\ninitLimit=10\nsyncLimit=5\nminSessionTimeout=400\n\
-                     maxSessionTimeout=60000\ndataDir={}\nclientPort={}\n\
-                     clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                     4lw.commands.whitelist=*\nmaxClientCnxns=0\n",
-                    data.join("data").display(),
-                    self.members[i].client
-                );
-                for (j, m) in self.members.iter().enumerate() {
-                    cfg += &format!("server.{}=127.0.0.1:{}:{}\n", j + 1, m.peer, m.election);
-                }
-                std::fs::write(data.join("zoo.cfg"), cfg).unwrap();
-                std::fs::write(data.join("data/myid"), format!("{}\n", i + 1)).unwrap();
-                let mut cmd = Command::new("java");
-                cmd.arg(format!("-Dzookeeper.log.dir={}", data.display()))
-                    .args(["-cp", "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"])
-                    .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-                    .arg(data.join("zoo.cfg"));
-                cmd
-            }
-        };
-        let child = cmd
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start {:?} ({e}); scripts/test-all.sh installs Debian's \
-                     etcd-server and zookeeper",
-                    self.engine
-                )
-            });
-        self.members[i].child = Some(child);
+        self.members[i]
+            .restart()
+            .unwrap_or_else(|e| panic!("restarting {:?} member {i}: {e}", self.engine));
     }
 
     /// `host:port` of member `i`'s client port.
     pub fn host(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.members[i].client)
+        self.members[i].addr.to_string()
     }
 
     /// Every member's `host:port`, comma-separated.
@@ -168,9 +98,7 @@ impl Cluster {
     }
 
     fn running(&self) -> Vec<usize> {
-        (0..3)
-            .filter(|&i| self.members[i].child.is_some())
-            .collect()
+        (0..3).filter(|&i| self.members[i].is_running()).collect()
     }
 
     /// The leader, once every running member is serving and they agree.
@@ -218,23 +146,18 @@ impl Cluster {
     }
 
     pub fn kill(&mut self, i: usize) {
-        super::kill(self.members[i].child.take());
+        self.members[i].kill();
     }
 
     pub fn signal(&self, i: usize, signal: &str) {
-        if let Some(c) = &self.members[i].child {
-            super::signal(c, signal);
-        }
+        self.members[i].signal(signal);
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for member in &mut self.members {
-            if let Some(child) = &mut member.child {
-                super::stop(child);
-            }
-        }
+        // Stopped first, then their files removed.
+        self.members.clear();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

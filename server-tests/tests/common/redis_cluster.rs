@@ -3,10 +3,9 @@
 //! a test starts so that it can kill and pause nodes and move slots.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_ports;
+use tower_lock_servers::Server;
 
 /// A node as `CLUSTER NODES` describes it.
 #[derive(Clone, Debug)]
@@ -20,11 +19,11 @@ pub struct Node {
     pub slots: Vec<(u16, u16)>,
 }
 
+/// The cluster (`tower_lock_servers`), in a directory of its own.
 pub struct RedisCluster {
     dir: PathBuf,
     pub ports: Vec<u16>,
-    buses: Vec<u16>,
-    children: Vec<Option<Child>>,
+    nodes: Vec<Server>,
 }
 
 impl RedisCluster {
@@ -36,43 +35,17 @@ impl RedisCluster {
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        // Client and cluster-bus ports taken together: by default a node's
-        // bus is its port + 10000, which may be another node's port.
-        let mut ports = free_ports(12);
-        let buses = ports.split_off(6);
-        let mut cluster = RedisCluster {
+        let nodes = Server::start_redis_cluster(&dir).unwrap_or_else(|e| {
+            panic!(
+                "cannot start a Redis Cluster ({e}); scripts/test-all.sh installs Debian's \
+                 redis-server and redis-tools"
+            )
+        });
+        let cluster = RedisCluster {
             dir,
-            children: (0..6).map(|_| None).collect(),
-            ports,
-            buses,
+            ports: nodes.iter().map(|n| n.addr.port()).collect(),
+            nodes,
         };
-        for i in 0..6 {
-            cluster.spawn(i);
-        }
-        for &port in &cluster.ports {
-            cluster
-                .wait_until(&format!("node {port} answers"), || async move {
-                    ping(port).await
-                })
-                .await;
-        }
-        let nodes: Vec<String> = cluster
-            .ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&nodes)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .expect("redis-cli runs (scripts/test-all.sh installs Debian's redis-tools)");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
         cluster.wait_settled().await;
         // Each master's replica known to every node, and streaming.
         for &port in &cluster.ports {
@@ -98,32 +71,6 @@ impl RedisCluster {
                 .await;
         }
         cluster
-    }
-
-    fn spawn(&mut self, i: usize) {
-        let port = self.ports[i].to_string();
-        let child = Command::new("redis-server")
-            .args(["--port", &port, "--bind", "127.0.0.1"])
-            .args(["--cluster-port", &self.buses[i].to_string()])
-            .args(["--save", "", "--appendonly", "no"])
-            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-            .args(["--repl-diskless-sync-delay", "0", "--dir"])
-            .arg(&self.dir)
-            .stdout(self.log(&format!("redis-{port}")))
-            .stderr(Stdio::null())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("redis-server runs (scripts/test-all.sh installs Debian's redis-server)");
-        self.children[i] = Some(child);
-    }
-
-    fn log(&self, name: &str) -> std::fs::File {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{name}.log")))
-            .unwrap()
     }
 
     /// `redis+cluster://` for the cluster (every node), with `query`.
@@ -284,18 +231,14 @@ impl RedisCluster {
     /// `kill -9` of the node on `port`.
     pub fn kill(&mut self, port: u16) {
         let i = self.ports.iter().position(|p| *p == port).unwrap();
-        super::kill(self.children[i].take());
+        self.nodes[i].kill();
     }
 
     /// Stops (`SIGSTOP`) or continues (`SIGCONT`) the node on `port`.
     pub fn signal(&self, port: u16, signal: &str) {
         let i = self.ports.iter().position(|p| *p == port).unwrap();
-        let child = self.children[i].as_ref().expect("the node runs");
-        assert!(
-            super::signal(child, signal),
-            "kill -{signal} {}",
-            child.id()
-        );
+        assert!(self.nodes[i].is_running(), "the node on {port} runs");
+        self.nodes[i].signal(signal);
     }
 
     /// Waits until `port` is a master serving `slot`, as every live node
@@ -371,20 +314,18 @@ impl RedisCluster {
 
     /// A node that runs and answers.
     fn live_port(&self) -> u16 {
-        self.ports
+        self.nodes
             .iter()
-            .zip(&self.children)
-            .find(|(_, c)| c.is_some())
-            .map(|(p, _)| *p)
+            .find(|n| n.is_running())
+            .map(|n| n.addr.port())
             .expect("a node runs")
     }
 }
 
 impl Drop for RedisCluster {
     fn drop(&mut self) {
-        for child in self.children.iter_mut().flatten() {
-            super::stop(child);
-        }
+        // Stopped first; their files kept for a failing test's messages.
+        self.nodes.clear();
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }

@@ -7,31 +7,31 @@
 //! seconds in.)
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_ports;
+use tower_lock_servers::Server;
 
 /// The name the Sentinels monitor the master under.
-pub const MASTER: &str = "locks";
+pub const MASTER: &str = tower_lock_servers::SENTINEL_MASTER;
 
 /// How long the master may be silent before the Sentinels fail it over
 /// while the group comes up: long, so that a loaded machine (a full
 /// resynchronisation's fork, other suites' servers) cannot fail it over
 /// before a test begins. Once ready, the group sets [`DOWN_AFTER_MS`].
-const STARTING_DOWN_AFTER_MS: u64 = 60_000;
+const STARTING_DOWN_AFTER: Duration = Duration::from_secs(60);
 
 /// How long the master may be silent before the Sentinels fail it over,
 /// once the group is up: the tests wait for failovers.
 const DOWN_AFTER_MS: u64 = 1_000;
 
+/// The group (`tower_lock_servers`), in a directory of its own.
 pub struct SentinelGroup {
     dir: PathBuf,
     /// The Redis servers' ports; server 0 starts as the master.
     pub redis: Vec<u16>,
-    redis_children: Vec<Option<Child>>,
     sentinels: Vec<u16>,
-    sentinel_children: Vec<Child>,
+    /// The three Redis servers, then the three Sentinels.
+    servers: Vec<Server>,
 }
 
 impl SentinelGroup {
@@ -39,81 +39,27 @@ impl SentinelGroup {
         let dir =
             std::env::temp_dir().join(format!("tower-lock-sentinel-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        // Six servers: ports taken together, so that none comes twice.
-        let mut ports = free_ports(6);
-        let redis: Vec<u16> = ports.drain(..3).collect();
-        let mut group = SentinelGroup {
+        let servers = Server::start_sentinel_group(&dir, STARTING_DOWN_AFTER)
+            .unwrap_or_else(|e| {
+                panic!("cannot start a Sentinel group ({e}); scripts/test-all.sh installs Debian's redis-server")
+            });
+        let ports: Vec<u16> = servers.iter().map(|s| s.addr.port()).collect();
+        let group = SentinelGroup {
             dir,
-            redis_children: (0..3).map(|_| None).collect(),
-            redis,
-            sentinels: ports,
-            sentinel_children: Vec::new(),
+            redis: ports[..3].to_vec(),
+            sentinels: ports[3..].to_vec(),
+            servers,
         };
-        for i in 0..3 {
-            group.spawn_redis(i);
-        }
-        for i in 0..3 {
-            group.spawn_sentinel(i);
-        }
         group.wait_ready().await;
         group
     }
 
-    fn log(&self, name: &str) -> std::fs::File {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("{name}.log")))
-            .unwrap()
-    }
-
-    /// Starts Redis server `i` (again: empty, no persistence). Server 0
-    /// starts as the master, the others as its replicas.
+    /// Starts Redis server `i` again (empty, no persistence): server 0 as
+    /// the master it started as, the others as its replicas.
     pub fn spawn_redis(&mut self, i: usize) {
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.redis[i].to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            // A full resynchronisation at once, not after 5 s; a replica's
-            // files in the group's directory.
-            .args(["--repl-diskless-sync-delay", "0", "--dir"])
-            .arg(&self.dir);
-        if i > 0 {
-            cmd.args(["--replicaof", "127.0.0.1", &self.redis[0].to_string()]);
-        }
-        let child = cmd
-            .stdout(self.log(&format!("redis{i}")))
-            .stderr(Stdio::null())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("redis-server runs (scripts/test-all.sh installs Debian's redis-server)");
-        self.redis_children[i] = Some(child);
-    }
-
-    fn spawn_sentinel(&mut self, i: usize) {
-        let conf = self.dir.join(format!("sentinel{i}.conf"));
-        std::fs::write(
-            &conf,
-            format!(
-                "port {}\nbind 127.0.0.1\ndir {}\n\
-                 sentinel monitor {MASTER} 127.0.0.1 {} 2\n\
-                 sentinel down-after-milliseconds {MASTER} {STARTING_DOWN_AFTER_MS}\n\
-                 sentinel failover-timeout {MASTER} 3000\n",
-                self.sentinels[i],
-                self.dir.display(),
-                self.redis[0]
-            ),
-        )
-        .unwrap();
-        let child = Command::new("redis-server")
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdout(self.log(&format!("sentinel{i}")))
-            .stderr(Stdio::null())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("redis-server runs as a Sentinel");
-        self.sentinel_children.push(child);
+        self.servers[i]
+            .restart()
+            .unwrap_or_else(|e| panic!("restarting Redis server {i}: {e}"));
     }
 
     /// `redis+sentinel://...` for the group, with `query` after it.
@@ -187,12 +133,7 @@ impl SentinelGroup {
     /// Stops (`SIGSTOP`) or continues (`SIGCONT`) Sentinel `i`: stopped, it
     /// accepts connections (the kernel does) and answers nothing.
     pub fn signal_sentinel(&self, i: usize, signal: &str) {
-        let child = &self.sentinel_children[i];
-        assert!(
-            super::signal(child, signal),
-            "kill -{signal} {}",
-            child.id()
-        );
+        self.servers[3 + i].signal(signal);
     }
 
     /// A connection to Redis server `port`.
@@ -253,18 +194,14 @@ impl SentinelGroup {
     /// Stops (`SIGSTOP`) or continues (`SIGCONT`) both first replicas: while
     /// stopped they receive nothing and acknowledge nothing.
     pub fn signal_replicas(&self, signal: &str) {
-        for child in self.redis_children[1..].iter().flatten() {
-            assert!(
-                super::signal(child, signal),
-                "kill -{signal} {}",
-                child.id()
-            );
+        for replica in &self.servers[1..3] {
+            replica.signal(signal);
         }
     }
 
     /// `kill -9` of Redis server `i`.
     pub fn kill_redis(&mut self, i: usize) {
-        super::kill(self.redis_children[i].take());
+        self.servers[i].kill();
     }
 
     /// Waits until every Sentinel names a master other than `old`; returns
@@ -293,10 +230,8 @@ impl SentinelGroup {
 
 impl Drop for SentinelGroup {
     fn drop(&mut self) {
-        let redis = self.redis_children.iter_mut().flatten();
-        for child in redis.chain(&mut self.sentinel_children) {
-            super::stop(child);
-        }
+        // Stopped first; their files kept for a failing test's messages.
+        self.servers.clear();
         if !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
