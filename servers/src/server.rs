@@ -88,6 +88,9 @@ pub struct Server {
     /// A Redis replica's master port (started with `--replicaof`); a
     /// Sentinel's master port (its `sentinel monitor`).
     master: Option<u16>,
+    /// A Redis server speaking TLS only: its certificate, key and the CA
+    /// that signed them.
+    tls: Option<[PathBuf; 3]>,
 }
 
 /// Why a server did not come up.
@@ -120,6 +123,20 @@ impl Server {
         if kind == Kind::Etcd {
             server.cluster = format!("{}=http://127.0.0.1:{}", server.member, server.peer);
         }
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// Starts a Redis server that speaks TLS only, on its port, with the
+    /// certificate `cert` and key `key` signed by `ca` (clients are not
+    /// asked for certificates).
+    pub fn start_redis_tls(
+        work: &std::path::Path,
+        name: &str,
+        [cert, key, ca]: [&std::path::Path; 3],
+    ) -> Result<Server, String> {
+        let mut server = Self::prepare(Kind::Redis, work, name)?;
+        server.tls = Some([cert.to_owned(), key.to_owned(), ca.to_owned()]);
         server.spawn()?;
         Ok(server)
     }
@@ -243,6 +260,7 @@ impl Server {
             member: name.to_owned(),
             cluster: String::new(),
             master: None,
+            tls: None,
         };
         if kind == Kind::ZooKeeper {
             // A short tick so that short sessions are allowed.
@@ -379,9 +397,20 @@ impl Server {
                     .args(["--max-connections=300", "--innodb-buffer-pool-size=64M"]);
             }
             Kind::Redis => {
-                cmd.arg("redis-server")
-                    .args(["--port", &self.addr.port().to_string()])
-                    .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                cmd.arg("redis-server");
+                match &self.tls {
+                    None => cmd.args(["--port", &self.addr.port().to_string()]),
+                    Some([cert, key, ca]) => cmd
+                        .args(["--port", "0", "--tls-port", &self.addr.port().to_string()])
+                        .arg("--tls-cert-file")
+                        .arg(cert)
+                        .arg("--tls-key-file")
+                        .arg(key)
+                        .arg("--tls-ca-cert-file")
+                        .arg(ca)
+                        .args(["--tls-auth-clients", "no"]),
+                };
+                cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                     .arg("--dir")
                     .arg(self.dir.join("data"));
                 // A replica restarted after a failover names the first
@@ -426,7 +455,9 @@ impl Server {
             Kind::ZooKeeper => {
                 cmd.arg("java")
                     .arg(format!("-Dzookeeper.log.dir={}", self.dir.display()))
-                    .arg("-Dznode.container.checkIntervalMs=1000")
+                    // Empty container parents reaped every half second,
+                    // not every minute.
+                    .arg("-Dznode.container.checkIntervalMs=500")
                     .args(["-cp", "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"])
                     .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
                     .arg(self.dir.join("zoo.cfg"));
@@ -474,6 +505,11 @@ impl Server {
                 if ready.is_ok_and(|s| s.success()) {
                     return Ok(());
                 }
+            } else if self.tls.is_some() {
+                // It answers only through TLS: taking connections will do.
+                if std::net::TcpStream::connect(self.addr).is_ok() {
+                    return Ok(());
+                }
             } else if let Ok(mut s) = std::net::TcpStream::connect(self.addr) {
                 use std::io::{Read, Write};
                 let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
@@ -504,7 +540,8 @@ impl Server {
         }
     }
 
-    fn pid(&self) -> Option<u32> {
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 

@@ -72,18 +72,6 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// `n` distinct free loopback ports, for servers a test starts together:
-/// each taken while the others are held, so that none is handed out twice
-/// before the servers bind them.
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
 /// Waits (up to 15 s: a backend's release-subscription sweeper looks
 /// every 10 s) until no more tasks are alive than `before`.
 pub async fn no_task_left_after(before: usize) {
@@ -99,33 +87,15 @@ pub async fn no_task_left_after(before: usize) {
     }
 }
 
-/// `kill -SIGNAL` (`STOP`, `CONT`) of a server a test started; whether it
-/// was sent.
+/// `kill -SIGNAL` (`STOP`, `CONT`, `INT`) of a child process a test
+/// started; whether it was sent.
 pub fn signal(child: &std::process::Child, signal: &str) -> bool {
-    send(child, signal).expect("kill runs").success()
-}
-
-fn send(child: &std::process::Child, signal: &str) -> std::io::Result<std::process::ExitStatus> {
     std::process::Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(child.id().to_string())
         .status()
-}
-
-/// Stops a server a test started, from a `Drop`: resumed in case a test
-/// left it paused, killed, its exit awaited. Never panics.
-pub fn stop(child: &mut std::process::Child) {
-    let _ = send(child, "CONT");
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// `kill -9` of a server a test started, if it runs, and its exit awaited.
-pub fn kill(child: Option<std::process::Child>) {
-    if let Some(mut child) = child {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+        .expect("kill runs")
+        .success()
 }
 
 /// A child process that does not outlive a failed test.

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::check_two_process_log;
 use common::fault_proxy::{Fault as ProxyFault, FaultProxy};
-use common::{check_two_process_log, free_port};
 
 use redis::AsyncCommands;
 use tower_lock::backend::redis::{RedisBackend, RedisOptions};
@@ -320,47 +320,50 @@ fn told_in_time(
     reason
 }
 
-/// A redis-server of the test's own, on a free port, stopped when dropped.
+/// A redis-server of the test's own (`tower_lock_servers`), on a free
+/// port, stopped when dropped.
 struct Server {
     port: u16,
-    child: Child,
+    inner: tower_lock_servers::Server,
+    dir: std::path::PathBuf,
 }
 
 impl Server {
     fn start() -> Server {
-        Self::start_on(free_port())
+        Self::wrap(|work, name| {
+            tower_lock_servers::Server::start(tower_lock_servers::Kind::Redis, work, name)
+        })
     }
 
-    /// On `port`, as after a restart.
-    fn start_on(port: u16) -> Server {
-        Self::spawn(port, &["--port", &port.to_string()])
-    }
-
-    /// A redis-server with `args`, once `port` takes connections.
-    fn spawn(port: u16, args: &[&str]) -> Server {
-        let mut child = Command::new("redis-server")
-            .args(args)
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run redis-server ({e}): install it with `apt-get install \
-                     redis-server` (scripts/test-all.sh does, as root)"
-                )
-            });
-        for _ in 0..100 {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("redis-server {args:?} exited at once ({status}); its error is above");
-            }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Server { port, child };
-            }
-            std::thread::sleep(Duration::from_millis(20));
+    /// A directory of its own, and the server `start` makes in it.
+    fn wrap(
+        start: impl FnOnce(&std::path::Path, &str) -> Result<tower_lock_servers::Server, String>,
+    ) -> Server {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let work =
+            std::env::temp_dir().join(format!("tower-lock-redis-tests-{}", std::process::id()));
+        let name = format!("redis{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let inner = start(&work, &name).unwrap_or_else(|e| {
+            panic!(
+                "cannot start redis-server ({e}): install it with `apt-get install \
+                 redis-server` (scripts/test-all.sh does, as root)"
+            )
+        });
+        Server {
+            port: inner.addr.port(),
+            inner,
+            dir: work.join(name),
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("redis-server on port {port} did not start");
+    }
+
+    /// `kill -9`.
+    fn kill(&mut self) {
+        self.inner.kill();
+    }
+
+    /// Starts a killed server again, on the same port, empty.
+    fn restart(&mut self) {
+        self.inner.restart().unwrap();
     }
 
     fn url(&self) -> String {
@@ -374,18 +377,20 @@ impl Server {
     }
 
     fn addr(&self) -> std::net::SocketAddr {
-        ([127, 0, 0, 1], self.port).into()
+        self.inner.addr
     }
 
     /// Sends `sig` (`STOP`, `CONT`) to the server.
     fn signal(&self, sig: &str) {
-        assert!(common::signal(&self.child, sig), "kill -{sig} failed");
+        assert!(self.inner.is_running(), "the server runs");
+        self.inner.signal(sig);
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        common::stop(&mut self.child);
+        // Its process is stopped as `inner` drops, after this.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -120,17 +120,17 @@ async fn a_paused_holder_loses_the_lock_and_its_stale_token_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_makes_the_holder_lost_and_tokens_keep_rising() {
     // Its own server, since the test restarts it.
-    let server = Server::start();
-    let (port, url) = (server.port, server.url());
+    let mut server = Server::start();
+    let url = server.url();
     let b = backend_at(&url, "restart:").await;
     let lease = Duration::from_secs(3);
     let asked = Instant::now();
     let g = b.lock("k").lease(lease).await.unwrap();
     let lost = when_lost(g.held().lost_signal());
 
-    drop(server);
+    server.kill();
     let killed = Instant::now();
-    let server = Server::start_on(port);
+    server.restart();
 
     let lost = lost_at(lost, 2 * lease, "restart").await;
     // The renewal that finds the failure starts at once, on the dropped
@@ -148,8 +148,8 @@ async fn a_restarted_server_makes_the_holder_lost_and_tokens_keep_rising() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_restart_quarantine_no_one_takes_a_key_an_old_holder_may_still_hold() {
-    let server = Server::start();
-    let (port, url) = (server.port, server.url());
+    let mut server = Server::start();
+    let url = server.url();
     let quarantined = |url: String| async move {
         RedisBackend::connect_with(
             &url,
@@ -179,8 +179,8 @@ async fn with_a_restart_quarantine_no_one_takes_a_key_an_old_holder_may_still_ho
         .unwrap();
 
     // Restarted mid-hold: the holder may be inside its lease for 1.5 s more.
-    drop(server);
-    let server = Server::start_on(port);
+    server.kill();
+    server.restart();
     let other = quarantined(url.clone()).await;
     let restarted = std::time::Instant::now();
     assert!(matches!(

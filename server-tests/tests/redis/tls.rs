@@ -114,25 +114,14 @@ impl Server {
     /// Serving TLS only, on a free port, with the certificate `ca` made for
     /// 127.0.0.1; clients are not asked for certificates.
     fn start_tls(ca: &TestCa) -> Server {
-        let port = free_port();
-        let path = |name: &str| ca.path(name).to_str().unwrap().to_owned();
-        Self::spawn(
-            port,
-            &[
-                "--port",
-                "0",
-                "--tls-port",
-                &port.to_string(),
-                "--tls-cert-file",
-                &path("server.crt"),
-                "--tls-key-file",
-                &path("server.key"),
-                "--tls-ca-cert-file",
-                &path("ca.crt"),
-                "--tls-auth-clients",
-                "no",
-            ],
-        )
+        let files = ["server.crt", "server.key", "ca.crt"].map(|name| ca.path(name));
+        Self::wrap(|work, name| {
+            tower_lock_servers::Server::start_redis_tls(
+                work,
+                name,
+                files.each_ref().map(|p| p.as_path()),
+            )
+        })
     }
 }
 

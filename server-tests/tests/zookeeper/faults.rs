@@ -3,85 +3,49 @@
 
 use super::*;
 
-/// A ZooKeeper server of the test's own, on a free port, stopped when
-/// dropped: the fault tests pause and restart it.
+/// A ZooKeeper server of the test's own (`tower_lock_servers`), on a free
+/// port, stopped when dropped: the fault tests pause and restart it.
 struct ZkServer {
     addr: String,
-    child: Child,
+    inner: tower_lock_servers::Server,
     dir: PathBuf,
 }
 
 impl ZkServer {
     fn start(name: &str) -> ZkServer {
-        let port = common::free_port();
-        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("zk-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("data")).unwrap();
-        std::fs::write(
-            dir.join("zoo.cfg"),
-            format!(
-                "tickTime=200\nminSessionTimeout=400\nmaxSessionTimeout=60000\ndataDir={}\n\
-                 clientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
-                 4lw.commands.whitelist=*\n",
-                dir.join("data").display()
-            ),
-        )
-        .unwrap();
-        let addr = format!("127.0.0.1:{port}");
-        let child = Self::launch(&dir);
-        let server = ZkServer { addr, child, dir };
-        server.wait_ready();
-        server
-    }
-
-    /// Runs the server on the configuration in `dir`. Empty container
-    /// parents are reaped every half second rather than every minute.
-    fn launch(dir: &std::path::Path) -> Child {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join("zookeeper.log"))
-            .unwrap();
-        Command::new("java")
-            .arg(format!("-Dzookeeper.log.dir={}", dir.display()))
-            .arg("-Dznode.container.checkIntervalMs=500")
-            .args(["-cp", "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar"])
-            .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
-            .arg(dir.join("zoo.cfg"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("cannot start java: install Debian's zookeeper (scripts/test-all.sh does)")
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < deadline {
-            if try_four_letter(&self.addr, "isro").is_ok_and(|a| a == "rw") {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let _ = std::fs::remove_dir_all(&work);
+        let inner = tower_lock_servers::Server::start(tower_lock_servers::Kind::ZooKeeper, &work, name)
+            .unwrap_or_else(|e| {
+                panic!("cannot start ZooKeeper ({e}): install Debian's zookeeper (scripts/test-all.sh does)")
+            });
+        ZkServer {
+            addr: inner.addr.to_string(),
+            inner,
+            dir: work,
         }
-        panic!("ZooKeeper did not start\n{}", common::log_tails(&self.dir));
     }
 
     /// Kills the server and starts it again on the same port and data.
     fn restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.child = Self::launch(&self.dir);
-        self.wait_ready();
+        self.inner.kill();
+        self.inner.restart().unwrap_or_else(|e| {
+            panic!(
+                "ZooKeeper did not start again: {e}\n{}",
+                common::log_tails(&self.dir)
+            )
+        });
     }
 
     fn signal(&self, sig: &str) {
-        assert!(common::signal(&self.child, sig), "kill -{sig} failed");
+        self.inner.signal(sig);
     }
 }
 
 impl Drop for ZkServer {
     fn drop(&mut self) {
-        common::stop(&mut self.child);
+        // Its process is stopped as `inner` drops, after this.
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -255,9 +219,9 @@ async fn tokens_keep_rising_across_reaped_parents_and_server_restarts() {
     last = t;
 
     // A restart: a new server process on the same data.
-    let before = server.child.id();
+    let before = server.inner.pid();
     server.restart();
-    assert_ne!(server.child.id(), before);
+    assert_ne!(server.inner.pid(), before);
     let zk = backend_rooted(&server.addr, "/tokens", Duration::from_secs(4)).await;
     let (t, _) = take(zk, server.addr.clone(), last).await;
     assert!(t > last);
