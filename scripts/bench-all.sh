@@ -59,7 +59,7 @@ run "$bench" --backend "$redis" --workload http --secs "$secs" --conns 32
 
 # Redis through three Sentinels (a master and two replicas): the floor is
 # the master's, and the cost of waiting for both replicas (WAIT) beside it.
-start_sentinel bench-sentinel >&2
+start_sentinel >&2
 sentinel="redis+sentinel://$sentinel_urls/locks"
 acked="$sentinel?wait_replicas=2&wait_timeout_ms=100"
 for _ in 1 2 3; do
@@ -74,7 +74,7 @@ done
 
 # Redis Cluster (three masters, a replica of each): the floor is one
 # master's, and the cost of waiting for the key's replica beside it.
-start_redis_cluster bench-cluster >&2
+start_redis_cluster >&2
 rcluster="redis+cluster://$redis_cluster_urls"
 rcluster_acked="$rcluster?wait_replicas=1&wait_timeout_ms=100"
 for _ in 1 2 3; do
@@ -125,7 +125,7 @@ run "$bench" --backend "$zk" --workload http --secs "$secs" --conns 32
 
 # The same on a three-server ensemble (clients may connect to any server;
 # writes go through the leader): floor, ours and the peers.
-start_zk_ensemble bench-zk >&2
+start_zk_ensemble >&2
 zk3="zk://$zk_ensemble"
 for _ in 1 2 3; do
     run "$bench" --backend "$zk3" --workload floor --n 2000
@@ -223,7 +223,7 @@ run bench/peers/etcd_go/run --backend "$etcd" "${contended[@]}" --no-lock
 run "$bench" --backend "$etcd" --workload contended --secs "$secs" --workers 4 --processes 2
 run "$bench" --backend "$etcd" --workload keys --secs "$secs" --workers 8 --keys 100
 # The same on a three-member cluster, the client balanced over all three.
-start_etcd etcdc 3 >&2
+start_etcd_cluster >&2
 etcd3="etcd://$etcd_urls"
 run "$bench" --backend "$etcd3" --workload floor --n 2000
 run "$bench" --backend "$etcd3" --workload uncontended --n 2000

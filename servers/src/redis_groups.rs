@@ -130,7 +130,7 @@ async fn settled(sentinels: &[SocketAddr], data: &[SocketAddr], within: Duration
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eprintln!("torture: the Sentinel group did not settle within {within:?}");
+    eprintln!("harness: the Sentinel group did not settle within {within:?}");
 }
 
 /// What `ROLE` says on the Redis server `addr`; empty if it cannot be
@@ -244,5 +244,5 @@ async fn cluster_settled(nodes: &[SocketAddr], within: Duration) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eprintln!("torture: the Redis Cluster did not settle within {within:?}");
+    eprintln!("harness: the Redis Cluster did not settle within {within:?}");
 }

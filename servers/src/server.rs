@@ -29,6 +29,10 @@ pub enum Kind {
     /// runs as root), `root` without a password and a database `test`;
     /// its data (the token sequence) survives a kill.
     Mariadb,
+    /// PgBouncer in transaction pooling in front of a PostgreSQL server's
+    /// database `test` (see [`Server::start_pgbouncer`]), run as the
+    /// `postgres` user when the harness runs as root.
+    PgBouncer,
 }
 
 /// The name the Sentinels monitor the master under.
@@ -137,6 +141,42 @@ impl Server {
     ) -> Result<Server, String> {
         let mut server = Self::prepare(Kind::Redis, work, name)?;
         server.tls = Some([cert.to_owned(), key.to_owned(), ca.to_owned()]);
+        server.spawn()?;
+        Ok(server)
+    }
+
+    /// Starts PgBouncer in transaction pooling in front of the database
+    /// `test` of the PostgreSQL server on `postgres` (user `postgres`,
+    /// trust authentication).
+    pub fn start_pgbouncer(
+        work: &std::path::Path,
+        name: &str,
+        postgres: SocketAddr,
+    ) -> Result<Server, String> {
+        let mut server = Self::prepare(Kind::PgBouncer, work, name)?;
+        let dir = &server.dir;
+        let ini = format!(
+            "[databases]\ntest = host={} port={} dbname=test user=postgres\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {}\npool_mode = transaction\n\
+             max_client_conn = 1000\ndefault_pool_size = 20\n\
+             ignore_startup_parameters = extra_float_digits,options\n",
+            postgres.ip(),
+            postgres.port(),
+            server.addr.port(),
+            dir.join("users.txt").display()
+        );
+        let write = |file: &str, text: &str| {
+            std::fs::write(dir.join(file), text).map_err(|e| format!("{file}: {e}"))
+        };
+        write("pgbouncer.ini", &ini)?;
+        write("users.txt", "\"postgres\" \"\"\n")?;
+        if is_root() {
+            let _ = Command::new("chown")
+                .args(["-R", "postgres:"])
+                .arg(dir)
+                .status();
+        }
         server.spawn()?;
         Ok(server)
     }
@@ -250,6 +290,17 @@ impl Server {
         let port = free_port().map_err(|e| e.to_string())?;
         let dir = work.join(name);
         std::fs::create_dir_all(dir.join("data")).map_err(|e| e.to_string())?;
+        if is_root() && matches!(kind, Kind::Postgres | Kind::Mariadb | Kind::PgBouncer) {
+            // Run as another user, which must reach its directory through
+            // `work` (a `mktemp -d` one is closed to others).
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(work)
+                .map_err(|e| e.to_string())?
+                .permissions()
+                .mode();
+            std::fs::set_permissions(work, std::fs::Permissions::from_mode(mode | 0o001))
+                .map_err(|e| e.to_string())?;
+        }
         let server = Server {
             kind,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -365,8 +416,12 @@ impl Server {
                 .args(["-c", "max_connections=300"])
                 .process_group(0);
         }
+        if self.kind == Kind::PgBouncer {
+            cmd = as_postgres(PathBuf::from("pgbouncer"));
+            cmd.arg(self.dir.join("pgbouncer.ini"));
+        }
         match self.kind {
-            Kind::Postgres => {}
+            Kind::Postgres | Kind::PgBouncer => {}
             Kind::Mariadb => {
                 // Debian's is in /usr/sbin, often not on a user's PATH.
                 let sbin = std::path::Path::new("/usr/sbin/mariadbd");
@@ -480,7 +535,7 @@ impl Server {
             Kind::Redis | Kind::Sentinel | Kind::ClusterNode => (b"PING\r\n", "+PONG"),
             Kind::ZooKeeper => (b"isro", "rw"),
             Kind::Etcd => (b"GET /health HTTP/1.0\r\n\r\n", "\"health\":\"true\""),
-            Kind::Postgres => (b"", ""),
+            Kind::Postgres | Kind::PgBouncer => (b"", ""),
             // The server greets a client first, naming itself.
             Kind::Mariadb => (b"", "MariaDB"),
         };
@@ -498,9 +553,10 @@ impl Server {
                     self.dir.join("server.log").display()
                 )));
             }
-            if self.kind == Kind::Postgres {
+            if matches!(self.kind, Kind::Postgres | Kind::PgBouncer) {
                 let ready = Command::new("pg_isready")
                     .args(["-q", "-h", "127.0.0.1", "-p", &self.addr.port().to_string()])
+                    .args(["-U", "postgres", "-d", "test"])
                     .status();
                 if ready.is_ok_and(|s| s.success()) {
                     return Ok(());

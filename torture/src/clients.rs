@@ -16,6 +16,10 @@ use tower_lock_servers::fault_proxy::FaultProxy;
 /// The client processes of a run.
 pub struct Clients {
     work: PathBuf,
+    /// This program, copied into `work`: clients started late in a run are
+    /// the same program as the run's, even if it was rebuilt meanwhile (a
+    /// rebuilt file leaves `current_exe` naming a deleted one).
+    exe: Result<PathBuf, String>,
     /// Each client's process and its proxies, one per server.
     running: HashMap<String, (tokio::process::Child, Vec<FaultProxy>)>,
     next: u64,
@@ -28,8 +32,14 @@ pub struct Clients {
 impl Clients {
     /// No clients yet; each one's log goes to `work`, its events to `events`.
     pub fn new(work: &Path, events: mpsc::UnboundedSender<(String, Event)>) -> Self {
+        let exe = std::env::current_exe().and_then(|exe| {
+            let copy = work.join("torture-client");
+            std::fs::copy(exe, &copy)?;
+            Ok(copy)
+        });
         Clients {
             work: work.to_owned(),
+            exe: exe.map_err(|e| format!("copying this program for its clients: {e}")),
             running: HashMap::new(),
             next: 0,
             events,
@@ -76,7 +86,7 @@ impl Clients {
     }
 
     pub fn spawn(&mut self, args: ClientArgs, proxies: Vec<FaultProxy>) -> Result<(), String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = self.exe.clone()?;
         let log = std::fs::File::create(self.work.join(format!("{}.log", args.id)))
             .map_err(|e| e.to_string())?;
         let mut child = tokio::process::Command::new(exe)
