@@ -33,7 +33,7 @@
 //! with PostgreSQL or MariaDB in a table `order_service_last`, so that every instance
 //! reads and writes the same counter.
 
-mod common;
+use tower_lock_example_support as common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

@@ -2,8 +2,7 @@
 //! taken again within one request (re-entrancy), a `LockError` answered by
 //! the layer's policy, key functions, gRPC-style rejections. Over real HTTP.
 
-#[path = "../examples/common/mod.rs"]
-mod client;
+use tower_lock_example_support as client;
 mod common;
 
 use std::sync::Arc;

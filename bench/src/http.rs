@@ -6,7 +6,7 @@ use super::*;
 
 use axum::handler::Handler;
 
-use orders::{order, order_mutex_map, FloorLayer, MutexMap};
+use tower_lock_bench::orders::{order, order_mutex_map, FloorLayer, MutexMap};
 
 async fn serve(app: Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -19,7 +19,7 @@ async fn serve(app: Router) -> std::net::SocketAddr {
 
 /// Connections to one server, kept for the whole run.
 struct Clients {
-    clients: Vec<common::Client>,
+    clients: Vec<tower_lock_example_support::Client>,
     /// Distinguishes the SKUs of every request this set sends.
     sent: u64,
 }
@@ -28,7 +28,11 @@ impl Clients {
     async fn connect(addr: std::net::SocketAddr, conns: usize) -> Clients {
         let mut clients = Vec::with_capacity(conns);
         for _ in 0..conns {
-            clients.push(common::Client::connect(addr).await.expect("connect"));
+            clients.push(
+                tower_lock_example_support::Client::connect(addr)
+                    .await
+                    .expect("connect"),
+            );
         }
         Clients { clients, sent: 0 }
     }

@@ -54,12 +54,9 @@
 //! Each result is one line of `key=value` pairs separated by single spaces.
 //! Exit code 2 for bad arguments or a backend this build cannot open.
 
-#[path = "../../examples/common/mod.rs"]
-mod common;
 mod contended;
 mod floors;
 mod http;
-mod orders;
 
 use contended::{contended, contended_processes, keys, run_workers};
 use floors::floor;

@@ -4,8 +4,7 @@
 //! (client gone, panic, lock lost); in `modes`, read/write modes and a lock
 //! held until the body is sent.
 
-#[path = "../../examples/common/mod.rs"]
-mod client;
+use tower_lock_example_support as client;
 #[path = "../common/mod.rs"]
 mod common;
 mod modes;

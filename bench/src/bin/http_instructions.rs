@@ -18,8 +18,7 @@
 //! a lock layer keyed like `PathParam` does (`orders::FloorLayer`). `--routes` lists
 //! them, one a line.
 
-#[path = "../orders.rs"]
-mod orders;
+use tower_lock_bench::orders;
 
 use std::process::ExitCode;
 

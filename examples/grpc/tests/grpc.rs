@@ -1,11 +1,6 @@
-//! The gRPC example's server (`src/main.rs`: tonic with the `LockLayer`
+//! The gRPC example's server (`src/lib.rs`: tonic with the `LockLayer`
 //! and `.grpc_rejections()` in front) on loopback ports, called by its tonic
 //! client: the statuses a gRPC client sees, and no lock left behind.
-
-// The example, with its `main` (unused here).
-#[path = "../src/main.rs"]
-#[allow(dead_code)]
-mod grpc;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,7 +8,7 @@ use std::sync::Arc;
 use tonic::Code;
 use tower_lock::MemoryBackend;
 
-use grpc::{lock_layer, start, AccountsClient, Bank, OPENING_BALANCE};
+use example_grpc::{lock_layer, start, AccountsClient, Bank, OPENING_BALANCE};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_calls_are_locked_per_account_and_rejections_are_grpc_statuses() {

@@ -1,7 +1,7 @@
-//! A minimal HTTP/1.1 client over one kept-alive connection, shared by the
-//! examples and the tests (one connection per client, so concurrent
-//! requests really are concurrent at the server).
-#![allow(dead_code)]
+//! What tower-lock's examples, in-process tests and bench share: a minimal
+//! HTTP/1.1 client over one kept-alive connection (one connection per
+//! client, so concurrent requests really are concurrent at the server),
+//! and the examples' [`bank`].
 
 pub mod bank;
 
