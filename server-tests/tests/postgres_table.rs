@@ -171,6 +171,12 @@ impl common::contract::Subject for LeaseTable {
         Some((proxy, connect(&through, self.options()).await))
     }
 
+    /// Without a cohort each waiter tries again as it hears of a release:
+    /// the table keeps no queue.
+    fn serves_one_process_in_order(&self) -> bool {
+        self.cohort
+    }
+
     async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
         let client = raw().await;
         let pattern = format!("{}:%", self.namespace(test));
