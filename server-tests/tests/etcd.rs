@@ -133,7 +133,9 @@ impl common::contract::Subject for Etcd {
     }
 
     async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, EtcdBackend)> {
-        let options = options(&format!("{test}-{}", self.mode)).lease_ttl(Duration::from_secs(2));
+        let options = options(&format!("{test}-{}", self.mode))
+            .lease_ttl(Duration::from_secs(2))
+            .cohort(common::contract::cohort(self.cohort));
         Some(proxied(options).await)
     }
 

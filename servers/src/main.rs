@@ -180,6 +180,7 @@ fn start(
                 data: addrs(data),
             };
             settle(&failover)?;
+            block_on(replicated(addrs(data), addrs(sentinels)))?;
             env.push(format!("sentinel_urls={}", list(&addrs(sentinels))));
             servers.extend(group);
         }
@@ -256,10 +257,51 @@ fn create_test_database(addr: SocketAddr) -> Result<(), String> {
 
 /// Waits until the group agrees on its master.
 fn settle(group: &Failover) -> Result<(), String> {
+    block_on(group.settled(Duration::from_secs(60)));
+    Ok(())
+}
+
+fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?
-        .block_on(group.settled(Duration::from_secs(60)));
-    Ok(())
+        .expect("a runtime")
+        .block_on(future)
+}
+
+/// Waits (a minute at most) until the first of `data`, the master, streams
+/// to the two others and every Sentinel knows both: until then a failover
+/// could not happen, and `wait_for_replicas` would wait for nothing.
+async fn replicated(data: Vec<SocketAddr>, sentinels: Vec<SocketAddr>) -> Result<(), String> {
+    async fn ask<T: redis::FromRedisValue>(addr: SocketAddr, cmd: &redis::Cmd) -> Option<T> {
+        let client = redis::Client::open(format!("redis://{addr}")).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        cmd.query_async(&mut conn).await.ok()
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let info: Option<String> = ask(data[0], redis::cmd("INFO").arg("replication")).await;
+        let online = info.map_or(0, |i| i.matches("state=online").count());
+        let mut known = Vec::new();
+        for &sentinel in &sentinels {
+            let master: Option<std::collections::HashMap<String, String>> = ask(
+                sentinel,
+                redis::cmd("SENTINEL")
+                    .arg("MASTER")
+                    .arg(tower_lock_servers::SENTINEL_MASTER),
+            )
+            .await;
+            known.push(master.and_then(|m| m.get("num-slaves")?.parse::<usize>().ok()));
+        }
+        if online == data.len() - 1 && known.iter().all(|k| *k == Some(data.len() - 1)) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!(
+                "the Sentinel group did not replicate within a minute: {online} replicas \
+                 online, each Sentinel knows {known:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

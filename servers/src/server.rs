@@ -344,11 +344,13 @@ impl Server {
                     String::from_utf8_lossy(&out.stderr)
                 ));
             }
-            std::fs::write(
-                server.dir.join("init.sql"),
-                "CREATE DATABASE IF NOT EXISTS test;\n",
-            )
-            .map_err(|e| e.to_string())?;
+            let init = server.dir.join("init.sql");
+            std::fs::write(&init, "CREATE DATABASE IF NOT EXISTS test;\n")
+                .map_err(|e| e.to_string())?;
+            if is_root() {
+                // Read by the server, as `mysql`, whatever the umask.
+                let _ = Command::new("chown").arg("mysql:").arg(&init).status();
+            }
         }
         if kind == Kind::Postgres {
             let data = server.dir.join("data");
@@ -417,7 +419,13 @@ impl Server {
                 .process_group(0);
         }
         if self.kind == Kind::PgBouncer {
-            cmd = as_postgres(PathBuf::from("pgbouncer"));
+            // Debian's is in /usr/sbin, often not on a user's PATH.
+            let sbin = PathBuf::from("/usr/sbin/pgbouncer");
+            cmd = as_postgres(if sbin.exists() {
+                sbin
+            } else {
+                PathBuf::from("pgbouncer")
+            });
             cmd.arg(self.dir.join("pgbouncer.ini"));
         }
         match self.kind {

@@ -16,10 +16,6 @@ use tower_lock_servers::fault_proxy::FaultProxy;
 /// The client processes of a run.
 pub struct Clients {
     work: PathBuf,
-    /// This program, copied into `work`: clients started late in a run are
-    /// the same program as the run's, even if it was rebuilt meanwhile (a
-    /// rebuilt file leaves `current_exe` naming a deleted one).
-    exe: Result<PathBuf, String>,
     /// Each client's process and its proxies, one per server.
     running: HashMap<String, (tokio::process::Child, Vec<FaultProxy>)>,
     next: u64,
@@ -32,14 +28,8 @@ pub struct Clients {
 impl Clients {
     /// No clients yet; each one's log goes to `work`, its events to `events`.
     pub fn new(work: &Path, events: mpsc::UnboundedSender<(String, Event)>) -> Self {
-        let exe = std::env::current_exe().and_then(|exe| {
-            let copy = work.join("torture-client");
-            std::fs::copy(exe, &copy)?;
-            Ok(copy)
-        });
         Clients {
             work: work.to_owned(),
-            exe: exe.map_err(|e| format!("copying this program for its clients: {e}")),
             running: HashMap::new(),
             next: 0,
             events,
@@ -86,7 +76,10 @@ impl Clients {
     }
 
     pub fn spawn(&mut self, args: ClientArgs, proxies: Vec<FaultProxy>) -> Result<(), String> {
-        let exe = self.exe.clone()?;
+        // This very program, even if its file was rebuilt since the run
+        // began (`current_exe` would then name a deleted file): in the
+        // child, `/proc/self/exe` is still the parent's program.
+        let exe = "/proc/self/exe";
         let log = std::fs::File::create(self.work.join(format!("{}.log", args.id)))
             .map_err(|e| e.to_string())?;
         let mut child = tokio::process::Command::new(exe)
@@ -122,13 +115,15 @@ impl Clients {
         self.running.get(id)?.0.id()
     }
 
-    /// `kill -9` of a client process; returns when the signal was sent and
-    /// when the process was reaped. It died somewhere in between, after
-    /// the last line it wrote: the checker ends its holds there.
+    /// `kill -9` of a client process; returns when the signal had been
+    /// sent (dated once `kill(2)` returned: from then on the process runs
+    /// no more code, but for the moment the kernel takes to stop it on
+    /// another CPU) and when the process was reaped. The checker ends its
+    /// holds there, or at the last line it wrote.
     pub async fn kill(&mut self, id: &str) -> Option<(u64, u64)> {
         let (mut child, _proxies) = self.running.remove(id)?;
-        let sent = now_ns();
         let _ = child.start_kill();
+        let sent = now_ns();
         let _ = child.wait().await;
         Some((sent, now_ns()))
     }

@@ -211,11 +211,19 @@ pub fn every_operation_cut_at_every_await<S: Subject>(subject: &S) {
         super::cancel::every_cut(&name, &a, &other, &k).await;
         a.flush().await;
         other.flush().await;
-        let keys: Vec<String> = ["release", "wait", "failfast", "flush", "nested", "thread"]
-            .iter()
-            .map(|op| format!("{k}-{op}"))
-            .chain((0..3).map(|i| format!("{k}-all-{i}")))
-            .collect();
+        let keys: Vec<String> = [
+            "release",
+            "wait",
+            "failfast",
+            "flush",
+            "nested",
+            "nested-own",
+            "thread",
+        ]
+        .iter()
+        .map(|op| format!("{k}-{op}"))
+        .chain((0..3).map(|i| format!("{k}-all-{i}")))
+        .collect();
         assert_left_free(subject, TEST, &keys).await;
     })
 }

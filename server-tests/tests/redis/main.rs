@@ -389,7 +389,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        // Its process is stopped as `inner` drops, after this.
+        // Stopped before its files go.
+        self.inner.signal("CONT");
+        self.inner.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -172,7 +172,12 @@ impl MysqlStore {
                             e,
                         )
                     })?;
-                check_sequence(&mut conn, &self.sequence).await?;
+                if !check_sequence(&mut conn, &self.sequence).await? {
+                    return Err(LockError::Config(format!(
+                        "the token sequence {} cannot be read after CREATE SEQUENCE",
+                        self.sequence
+                    )));
+                }
             }
             self.sequence_ready.store(true, Ordering::Release);
         }
@@ -220,7 +225,12 @@ const MIN_SEQUENCE_MAX: i64 = 1 << 52;
 async fn check_sequence(conn: &mut Conn, sequence: &str) -> Result<bool, LockError> {
     /// MariaDB's `ER_NO_SUCH_TABLE`.
     const NO_SUCH_TABLE: u16 = 1146;
-    let doing = || format!("reading the token sequence {sequence}");
+    let doing = || {
+        format!(
+            "reading the token sequence {sequence} (a user that may not create it needs it \
+             made once, CREATE SEQUENCE {sequence}, and may read and update it)"
+        )
+    };
     let row: Option<(i64, i64, i64)> = match conn
         .query_first(format!(
             "SELECT increment, cycle_option, maximum_value FROM {sequence}"
