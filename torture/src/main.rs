@@ -40,6 +40,7 @@ mod mode;
 mod nemesis;
 mod register;
 mod sabotage;
+mod summary;
 mod worker;
 
 use std::process::ExitCode;
