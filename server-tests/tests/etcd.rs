@@ -132,11 +132,14 @@ impl common::contract::Subject for Etcd {
         backend_with(&etcd_url(), options).await
     }
 
-    async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, EtcdBackend)> {
+    async fn connect_through_proxy(&self, test: &str) -> Option<(Vec<FaultProxy>, EtcdBackend)> {
         let options = options(&format!("{test}-{}", self.mode))
             .lease_ttl(Duration::from_secs(2))
             .cohort(common::contract::cohort(self.cohort));
-        Some(proxied(options).await)
+        {
+            let (proxy, backend) = proxied(options).await;
+            Some((vec![proxy], backend))
+        }
     }
 
     /// Without a cohort each waiter puts a key of its own, and etcd orders

@@ -56,11 +56,11 @@ impl common::contract::Subject for OnTheCluster<'_> {
     }
 
     /// Through a follower alone, as `the_holders_member_cut_off_*` does.
-    async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, EtcdBackend)> {
+    async fn connect_through_proxy(&self, test: &str) -> Option<(Vec<FaultProxy>, EtcdBackend)> {
         let follower = self.cluster.host(self.cluster.follower().await);
         let proxy = FaultProxy::start(follower.parse().unwrap()).await.unwrap();
         let backend = self.at(&proxy.addr().to_string(), test).await;
-        Some((proxy, backend))
+        Some((vec![proxy], backend))
     }
 
     fn serves_one_process_in_order(&self) -> bool {
@@ -129,7 +129,7 @@ async fn the_holders_member_cut_off_tells_it_before_anyone_else_is_granted() {
     let other = backend(&cluster.hosts()).await;
     let held = holder.lock("k").await.unwrap();
     let (told, granted) =
-        common::cut_off_holder_is_told_first(&held, &proxy, &other, "k", false).await;
+        common::cut_off_holder_is_told_first(&held, &[proxy], &other, "k", false).await;
     eprintln!(
         "holder's member cut off: told after {told} ms, the other granted after {granted} ms"
     );

@@ -17,7 +17,7 @@ impl common::contract::Subject for Memory {
         self.0.clone()
     }
 
-    async fn connect_through_proxy(&self, _test: &str) -> Option<(FaultProxy, MemoryBackend)> {
+    async fn connect_through_proxy(&self, _test: &str) -> Option<(Vec<FaultProxy>, MemoryBackend)> {
         None
     }
 

@@ -108,7 +108,7 @@ impl common::contract::Subject for Mariadb {
     async fn connect_through_proxy(
         &self,
         _test: &str,
-    ) -> Option<(common::fault_proxy::FaultProxy, MysqlBackend)> {
+    ) -> Option<(Vec<common::fault_proxy::FaultProxy>, MysqlBackend)> {
         let url = my_url();
         let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
         let server = authority.rsplit('@').next().unwrap();
@@ -125,7 +125,7 @@ impl common::contract::Subject for Mariadb {
         let backend = MysqlBackend::connect_with(&through, self.options())
             .await
             .unwrap_or_else(|e| panic!("cannot reach MariaDB through a proxy: {e}"));
-        Some((proxy, backend))
+        Some((vec![proxy], backend))
     }
 
     /// Without a cohort each waiter waits in `GET_LOCK` on a connection of

@@ -158,7 +158,7 @@ impl common::contract::Subject for LeaseTable {
     async fn connect_through_proxy(
         &self,
         _test: &str,
-    ) -> Option<(common::fault_proxy::FaultProxy, PostgresBackend)> {
+    ) -> Option<(Vec<common::fault_proxy::FaultProxy>, PostgresBackend)> {
         let url = pg_url();
         let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
         let server = authority.rsplit('@').next().unwrap();
@@ -168,7 +168,7 @@ impl common::contract::Subject for LeaseTable {
         let through = url.replacen(server, &proxy.addr().to_string(), 1);
         // Statements and notifications both through the proxy: cut off
         // means cut off. The lease is the request's.
-        Some((proxy, connect(&through, self.options()).await))
+        Some((vec![proxy], connect(&through, self.options()).await))
     }
 
     /// Without a cohort each waiter tries again as it hears of a release:

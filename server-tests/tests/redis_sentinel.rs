@@ -328,7 +328,7 @@ impl common::contract::Subject for ThroughSentinels<'_> {
     async fn connect_through_proxy(
         &self,
         _test: &str,
-    ) -> Option<(common::fault_proxy::FaultProxy, RedisBackend)> {
+    ) -> Option<(Vec<common::fault_proxy::FaultProxy>, RedisBackend)> {
         None
     }
 

@@ -23,7 +23,7 @@ impl<B: Backend + Clone + Keys> common::contract::Subject for Toy<B> {
         self.0.clone()
     }
 
-    async fn connect_through_proxy(&self, _test: &str) -> Option<(FaultProxy, B)> {
+    async fn connect_through_proxy(&self, _test: &str) -> Option<(Vec<FaultProxy>, B)> {
         None
     }
 

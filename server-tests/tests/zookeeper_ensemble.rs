@@ -57,11 +57,14 @@ impl common::contract::Subject for OnTheEnsemble<'_> {
     }
 
     /// Through a follower alone, as `the_holders_server_cut_off_*` does.
-    async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, ZookeeperBackend)> {
+    async fn connect_through_proxy(
+        &self,
+        test: &str,
+    ) -> Option<(Vec<FaultProxy>, ZookeeperBackend)> {
         let follower = self.cluster.host(self.cluster.follower().await);
         let proxy = FaultProxy::start(follower.parse().unwrap()).await.unwrap();
         let backend = self.at(&proxy.addr().to_string(), test).await;
-        Some((proxy, backend))
+        Some((vec![proxy], backend))
     }
 
     async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
@@ -118,7 +121,7 @@ async fn the_holders_server_cut_off_tells_it_before_anyone_else_is_granted() {
     let other = backend(&cluster.hosts()).await;
     let held = holder.lock("k").await.unwrap();
     let (told, granted) =
-        common::cut_off_holder_is_told_first(&held, &proxy, &other, "k", false).await;
+        common::cut_off_holder_is_told_first(&held, &[proxy], &other, "k", false).await;
     eprintln!(
         "holder's server cut off: told after {told} ms, the other granted after {granted} ms"
     );

@@ -35,11 +35,11 @@ pub trait Subject: Sync {
     /// connections and its own cohort, sharing only the server.
     async fn connect(&self, test: &str) -> Self::Backend;
 
-    /// Opens a backend for `test` that reaches its (first) server through
-    /// a fault proxy, with a lease or session short enough that a holder
-    /// cut off is told within a few seconds; `None` where there is no
-    /// server to cut off.
-    async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, Self::Backend)>;
+    /// Opens a backend for `test` that reaches its server through a fault
+    /// proxy (through one each, where it needs a majority of several),
+    /// with a lease or session short enough that a holder cut off is told
+    /// within a few seconds; `None` where there is no one link to cut.
+    async fn connect_through_proxy(&self, test: &str) -> Option<(Vec<FaultProxy>, Self::Backend)>;
 
     /// Where `test`'s keys live: every key a contract test locks starts
     /// with it and a colon. Stores whose keys share one space on the
@@ -230,7 +230,7 @@ pub fn every_operation_cut_at_every_await<S: Subject>(subject: &S) {
 pub fn a_holder_cut_off_is_told_before_another_is_granted<S: Subject>(subject: &S) {
     const TEST: &str = "cut-off";
     runtime(true).block_on(async {
-        let Some((proxy, cut)) = subject.connect_through_proxy(TEST).await else {
+        let Some((proxies, cut)) = subject.connect_through_proxy(TEST).await else {
             println!("{}: no server to cut off", std::any::type_name::<S>());
             return;
         };
@@ -244,7 +244,7 @@ pub fn a_holder_cut_off_is_told_before_another_is_granted<S: Subject>(subject: &
             .unwrap();
         let (told, granted) = super::cut_off_holder_is_told_first(
             &held,
-            &proxy,
+            &proxies,
             &other,
             &k,
             !subject.server_frees_a_silent_holder(),

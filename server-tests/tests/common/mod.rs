@@ -598,17 +598,17 @@ pub fn assert_neither_starved((a, b): (u64, u64)) {
     );
 }
 
-/// Cuts a holder off one way (`proxy`, through which it reaches the server,
-/// stops passing its requests; answers would still come) while `other`
-/// waits for `key`: the holder must be told its lock is lost before
-/// `other` is granted it, with a higher token. Returns how long after the
-/// cut each happened, in milliseconds; heals the proxy. With
-/// `heal_when_told`, the proxy heals as soon as the holder is told: for
-/// stores whose server keeps a silent connection's locks until it closes
-/// (PostgreSQL, MariaDB), where the holder's close reaches it only then.
+/// Cuts a holder off one way (`proxies`, through which it reaches its
+/// servers, stop passing its requests; answers would still come) while
+/// `other` waits for `key`: the holder must be told its lock is lost
+/// before `other` is granted it, with a higher token. Returns how long
+/// after the cut each happened, in milliseconds; heals the proxies. With
+/// `heal_when_told`, they heal as soon as the holder is told: for stores
+/// whose server keeps a silent connection's locks until it closes
+/// (PostgreSQL), where the holder's close reaches it only then.
 pub async fn cut_off_holder_is_told_first<B: tower_lock::Backend + Clone + 'static>(
     held: &tower_lock::LockGuard,
-    proxy: &fault_proxy::FaultProxy,
+    proxies: &[fault_proxy::FaultProxy],
     other: &B,
     key: &str,
     heal_when_told: bool,
@@ -624,23 +624,31 @@ pub async fn cut_off_holder_is_told_first<B: tower_lock::Backend + Clone + 'stat
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let cut_at = proxy
-        .set(fault_proxy::Fault::FreezeUp)
-        .await
-        .unwrap_or_else(Instant::now);
+    // When the last request went through any of them.
+    let mut cut_at: Option<Instant> = None;
+    for proxy in proxies {
+        let at = proxy.set(fault_proxy::Fault::FreezeUp).await;
+        let at = at.unwrap_or_else(Instant::now);
+        cut_at = Some(cut_at.map_or(at, |c| c.max(at)));
+    }
+    let cut_at = cut_at.expect("a proxy to cut");
     tokio::time::timeout(Duration::from_secs(10), held.lost())
         .await
         .expect("the holder was not told");
     let told_at = Instant::now();
     if heal_when_told {
-        proxy.heal().await;
+        for proxy in proxies {
+            proxy.heal().await;
+        }
     }
     let (g, granted_at) = waiting.await.unwrap();
     let g = g.unwrap();
     assert!(told_at < granted_at, "granted before the holder was told");
     assert!(g.token() > held.token());
     g.release().await.unwrap();
-    proxy.heal().await;
+    for proxy in proxies {
+        proxy.heal().await;
+    }
     (
         told_at.duration_since(cut_at).as_millis(),
         granted_at.duration_since(cut_at).as_millis(),

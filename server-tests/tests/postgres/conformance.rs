@@ -42,7 +42,7 @@ impl common::contract::Subject for Advisory {
     async fn connect_through_proxy(
         &self,
         test: &str,
-    ) -> Option<(common::fault_proxy::FaultProxy, PostgresBackend)> {
+    ) -> Option<(Vec<common::fault_proxy::FaultProxy>, PostgresBackend)> {
         let url = pg_url();
         let server = server_of(&url);
         let proxy = common::fault_proxy::FaultProxy::start(server.parse().expect("IP:port"))
@@ -51,7 +51,7 @@ impl common::contract::Subject for Advisory {
         let backend = self
             .at(&url.replacen(server, &proxy.addr().to_string(), 1), test)
             .await;
-        Some((proxy, backend))
+        Some((vec![proxy], backend))
     }
 
     fn server_frees_a_silent_holder(&self) -> bool {

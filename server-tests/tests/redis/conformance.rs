@@ -33,10 +33,10 @@ impl common::contract::Subject for Redis {
         self.at(&redis_url(), test).await
     }
 
-    async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, RedisBackend)> {
+    async fn connect_through_proxy(&self, test: &str) -> Option<(Vec<FaultProxy>, RedisBackend)> {
         let proxy = FaultProxy::start(socket_addr(&redis_url())).await.unwrap();
         let backend = self.at(&format!("redis://{}/", proxy.addr()), test).await;
-        Some((proxy, backend))
+        Some((vec![proxy], backend))
     }
 
     /// Without a cohort each waiter retries on its own when it hears of a
@@ -85,21 +85,28 @@ impl common::contract::Subject for Redlock {
     type Backend = RedlockBackend;
 
     async fn connect(&self, _test: &str) -> RedlockBackend {
-        let backend = RedlockBackend::connect(&redlock_url(&self.servers))
+        RedlockBackend::connect(&redlock_url(&self.servers))
             .await
-            .unwrap();
-        if self.cohort {
-            backend
-        } else {
-            backend.with_cohort(CohortOptions::off())
-        }
+            .unwrap()
+            .with_cohort(common::contract::cohort(self.cohort))
     }
 
-    /// Cutting one instance off loses nothing (the others are a majority):
-    /// `redlock_holder_cut_off_from_a_majority_is_told_before_anyone_else_is_granted`
-    /// cuts two.
-    async fn connect_through_proxy(&self, _test: &str) -> Option<(FaultProxy, RedlockBackend)> {
-        None
+    /// Through a proxy to each instance, all cut: the holder can reach no
+    /// majority (`redlock_holder_cut_off_from_a_majority_*` cuts two).
+    async fn connect_through_proxy(
+        &self,
+        _test: &str,
+    ) -> Option<(Vec<FaultProxy>, RedlockBackend)> {
+        let mut proxies = Vec::new();
+        for server in &self.servers {
+            proxies.push(FaultProxy::start(server.addr()).await.unwrap());
+        }
+        let list: Vec<String> = proxies.iter().map(|p| p.addr().to_string()).collect();
+        let backend = RedlockBackend::connect(&format!("redlock://{}", list.join(",")))
+            .await
+            .unwrap()
+            .with_cohort(common::contract::cohort(self.cohort));
+        Some((proxies, backend))
     }
 
     /// Without a cohort each waiter retries rounds on its own: Redlock has

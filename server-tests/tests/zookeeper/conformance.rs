@@ -32,10 +32,13 @@ impl common::contract::Subject for Zookeeper {
         self.at(&zk_addr(), test).await
     }
 
-    async fn connect_through_proxy(&self, test: &str) -> Option<(FaultProxy, ZookeeperBackend)> {
+    async fn connect_through_proxy(
+        &self,
+        test: &str,
+    ) -> Option<(Vec<FaultProxy>, ZookeeperBackend)> {
         let proxy = FaultProxy::start(zk_addr().parse().unwrap()).await.unwrap();
         let backend = self.at(&proxy.addr().to_string(), test).await;
-        Some((proxy, backend))
+        Some((vec![proxy], backend))
     }
 
     async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
