@@ -109,19 +109,11 @@ impl common::contract::Subject for Mariadb {
         &self,
         _test: &str,
     ) -> Option<(Vec<common::fault_proxy::FaultProxy>, MysqlBackend)> {
-        let url = my_url();
-        let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
-        let server = authority.rsplit('@').next().unwrap();
-        let proxy = common::fault_proxy::FaultProxy::start(server.parse().expect("IP:port"))
-            .await
-            .unwrap();
+        let (proxy, through) = common::proxied_url(&my_url()).await;
         // TCP through the proxy: by default the driver moves a connection
         // to a server on this host onto its Unix socket, round the proxy.
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let through = format!(
-            "{}{sep}prefer_socket=false",
-            url.replacen(server, &proxy.addr().to_string(), 1)
-        );
+        let sep = if through.contains('?') { '&' } else { '?' };
+        let through = format!("{through}{sep}prefer_socket=false");
         let backend = MysqlBackend::connect_with(&through, self.options())
             .await
             .unwrap_or_else(|e| panic!("cannot reach MariaDB through a proxy: {e}"));

@@ -159,13 +159,7 @@ impl common::contract::Subject for LeaseTable {
         &self,
         _test: &str,
     ) -> Option<(Vec<common::fault_proxy::FaultProxy>, PostgresBackend)> {
-        let url = pg_url();
-        let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
-        let server = authority.rsplit('@').next().unwrap();
-        let proxy = common::fault_proxy::FaultProxy::start(server.parse().expect("IP:port"))
-            .await
-            .unwrap();
-        let through = url.replacen(server, &proxy.addr().to_string(), 1);
+        let (proxy, through) = common::proxied_url(&pg_url()).await;
         // Statements and notifications both through the proxy: cut off
         // means cut off. The lease is the request's.
         Some((vec![proxy], connect(&through, self.options()).await))
@@ -366,25 +360,14 @@ async fn a_holder_whose_row_is_taken_is_told_lost() {
 /// third of a lease later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_answered_late_is_renewed_or_told_lost_before_another_takes_it() {
-    use common::fault_proxy::{Fault, FaultProxy};
+    use common::fault_proxy::Fault;
     use std::sync::Arc;
     use std::time::Instant;
 
     let k = key("late", "k");
     let lease = Duration::from_millis(1500);
-    let url = pg_url();
-    let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
-    let server = authority.rsplit('@').next().unwrap();
-    let proxy = FaultProxy::start(server.parse().expect("127.0.0.1:port"))
-        .await
-        .unwrap();
-    let late = Arc::new(
-        connect(
-            &url.replacen(server, &proxy.addr().to_string(), 1),
-            options(),
-        )
-        .await,
-    );
+    let (proxy, through) = common::proxied_url(&pg_url()).await;
+    let late = Arc::new(connect(&through, options()).await);
     let other = direct().await;
     // The key's statement connection open and its acquire prepared (once
     // the listener has heard, statements are prepared) before the fault: a

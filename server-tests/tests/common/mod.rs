@@ -6,6 +6,18 @@
 /// everyone else.
 pub use tower_lock_servers::fault_proxy;
 
+/// A fault proxy in front of the server `url` names (`scheme://[user@]
+/// IP:port/...`), and the same URL through it.
+pub async fn proxied_url(url: &str) -> (fault_proxy::FaultProxy, String) {
+    let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+    let server = authority.rsplit('@').next().unwrap();
+    let proxy = fault_proxy::FaultProxy::start(server.parse().expect("a URL with IP:port"))
+        .await
+        .unwrap();
+    let through = url.replacen(server, &proxy.addr().to_string(), 1);
+    (proxy, through)
+}
+
 /// Waits until `cond` holds, checking every millisecond for ten seconds.
 pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..10_000 {

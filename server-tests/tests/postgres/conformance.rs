@@ -43,15 +43,8 @@ impl common::contract::Subject for Advisory {
         &self,
         test: &str,
     ) -> Option<(Vec<common::fault_proxy::FaultProxy>, PostgresBackend)> {
-        let url = pg_url();
-        let server = server_of(&url);
-        let proxy = common::fault_proxy::FaultProxy::start(server.parse().expect("IP:port"))
-            .await
-            .unwrap();
-        let backend = self
-            .at(&url.replacen(server, &proxy.addr().to_string(), 1), test)
-            .await;
-        Some((vec![proxy], backend))
+        let (proxy, through) = common::proxied_url(&pg_url()).await;
+        Some((vec![proxy], self.at(&through, test).await))
     }
 
     fn server_frees_a_silent_holder(&self) -> bool {
@@ -85,12 +78,6 @@ impl common::contract::Subject for Advisory {
             "advisory locks held or awaited by {test}'s sessions"
         );
     }
-}
-
-/// The `host:port` of a `postgres://` URL.
-fn server_of(url: &str) -> &str {
-    let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
-    authority.rsplit('@').next().unwrap()
 }
 
 mod cohort {
