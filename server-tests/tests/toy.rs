@@ -8,47 +8,20 @@ mod common;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use common::fault_proxy::FaultProxy;
+use common::contract::{InProcess, KeysKept};
 use tower_lock::backend::{Acquired, BackendFuture, Capabilities, LeaseHandle, LockRequest};
 use tower_lock::{Backend, FencingToken, LockError, LockKey};
 use toy_backend::ToyBackend;
 
-/// One process's toy backend: every "process" of a test is a clone.
-struct Toy<B>(B);
-
-impl<B: Backend + Clone + Keys> common::contract::Subject for Toy<B> {
-    type Backend = B;
-
-    async fn connect(&self, _test: &str) -> B {
-        self.0.clone()
-    }
-
-    async fn connect_through_proxy(&self, _test: &str) -> Option<(Vec<FaultProxy>, B)> {
-        None
-    }
-
-    async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
-        let toy = self.0.clone();
-        common::eventually(&format!("{test}: every key forgotten"), move || {
-            toy.keys() == 0
-        })
-        .await;
-    }
-}
-
-/// How many keys a backend still keeps.
-trait Keys {
-    fn keys(&self) -> usize;
-}
-
-impl Keys for ToyBackend {
-    fn keys(&self) -> usize {
-        ToyBackend::keys(self)
+impl KeysKept for ToyBackend {
+    fn keys_kept(&self) -> usize {
+        self.keys()
     }
 }
 
 mod conformance {
-    crate::common::contract::conformance!(super::Toy(toy_backend::ToyBackend::new()));
+    use crate::common::contract::InProcess;
+    crate::common::contract::conformance!(InProcess(toy_backend::ToyBackend::new()));
 }
 
 // ---- negative controls ------------------------------------------------
@@ -73,8 +46,8 @@ struct Sabotaged {
 }
 
 impl Sabotaged {
-    fn new(flaw: Flaw) -> Toy<Sabotaged> {
-        Toy(Sabotaged {
+    fn new(flaw: Flaw) -> InProcess<Sabotaged> {
+        InProcess(Sabotaged {
             toy: ToyBackend::new(),
             flaw,
             grants: Arc::default(),
@@ -82,8 +55,8 @@ impl Sabotaged {
     }
 }
 
-impl Keys for Sabotaged {
-    fn keys(&self) -> usize {
+impl KeysKept for Sabotaged {
+    fn keys_kept(&self) -> usize {
         self.toy.keys()
     }
 }

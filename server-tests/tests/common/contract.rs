@@ -80,6 +80,37 @@ pub trait Subject: Sync {
     async fn assert_nothing_left(&self, test: &str, keys: &[String]);
 }
 
+/// A backend whose locks live in this process, and what it still keeps.
+pub trait KeysKept {
+    /// The keys it still keeps an entry for (held, waited for, or leaked).
+    fn keys_kept(&self) -> usize;
+}
+
+/// An in-process backend as a subject: every "process" of a test is a
+/// handle on the one backend (clones share their locks), there is no
+/// server to cut off, and nothing is left once it keeps no key.
+pub struct InProcess<B>(pub B);
+
+impl<B: Backend + Clone + KeysKept> Subject for InProcess<B> {
+    type Backend = B;
+
+    async fn connect(&self, _test: &str) -> B {
+        self.0.clone()
+    }
+
+    async fn connect_through_proxy(&self, _test: &str) -> Option<(Vec<FaultProxy>, B)> {
+        None
+    }
+
+    async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
+        let backend = self.0.clone();
+        super::eventually(&format!("{test}: every key forgotten"), move || {
+            backend.keys_kept() == 0
+        })
+        .await;
+    }
+}
+
 /// A runtime of the kind a contract test needs.
 fn runtime(multi_thread: bool) -> tokio::runtime::Runtime {
     let mut builder = if multi_thread {
