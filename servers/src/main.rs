@@ -78,7 +78,7 @@ fn main() -> ExitCode {
     let mut servers = Vec::new();
     let mut env = Vec::new();
     for set in sets {
-        if let Err(e) = start(set, dir, &mut servers, &mut env) {
+        if let Err(e) = start(set, dir, &runtime, &mut servers, &mut env) {
             eprintln!("tower-lock-servers: {set}: {e}");
             return ExitCode::FAILURE;
         }
@@ -103,6 +103,7 @@ fn main() -> ExitCode {
 fn start(
     set: &str,
     dir: &Path,
+    runtime: &tokio::runtime::Runtime,
     servers: &mut Vec<Server>,
     env: &mut Vec<String>,
 ) -> Result<(), String> {
@@ -179,17 +180,18 @@ fn start(
                 sentinels: addrs(sentinels),
                 data: addrs(data),
             };
-            settle(&failover)?;
-            block_on(replicated(addrs(data), addrs(sentinels)))?;
+            runtime.block_on(failover.settled(SETTLE_WITHIN));
+            runtime.block_on(replicated(addrs(data), addrs(sentinels)))?;
             env.push(format!("sentinel_urls={}", list(&addrs(sentinels))));
             servers.extend(group);
         }
         "redis-cluster" => {
             let nodes = Server::start_redis_cluster(&dir.join("redis-cluster"))?;
             let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
-            settle(&Failover::Cluster {
+            let failover = Failover::Cluster {
                 nodes: addrs.clone(),
-            })?;
+            };
+            runtime.block_on(failover.settled(SETTLE_WITHIN));
             env.push(format!("redis_cluster_urls={}", list(&addrs)));
             servers.extend(nodes);
         }
@@ -255,19 +257,8 @@ fn create_test_database(addr: SocketAddr) -> Result<(), String> {
     }
 }
 
-/// Waits until the group agrees on its master.
-fn settle(group: &Failover) -> Result<(), String> {
-    block_on(group.settled(Duration::from_secs(60)));
-    Ok(())
-}
-
-fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
-        .block_on(future)
-}
+/// How long a Sentinel group or a Cluster has to agree on its masters.
+const SETTLE_WITHIN: Duration = Duration::from_secs(60);
 
 /// Waits (a minute at most) until the first of `data`, the master, streams
 /// to the two others and every Sentinel knows both: until then a failover
