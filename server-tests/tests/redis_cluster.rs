@@ -421,6 +421,11 @@ impl common::contract::Subject for OnTheCluster<'_> {
         self.cohort
     }
 
+    /// As on one server: no share without a cohort (redis/conformance.rs).
+    fn takes_turns_across_processes(&self) -> bool {
+        self.cohort
+    }
+
     async fn assert_nothing_left(&self, _test: &str, _keys: &[String]) {
         common::contract::until_nothing_left("lock keys", || self.cluster.all_lock_keys()).await;
     }
