@@ -47,6 +47,18 @@ pub enum LockError {
         /// How long the acquisition waited.
         waited: Duration,
     },
+    /// Refused without waiting, by admission control
+    /// ([`Locker::max_waiters`](crate::Locker::max_waiters),
+    /// [`Locker::predict_waits`](crate::Locker::predict_waits)): as many
+    /// requests of this process as allowed already wait for the key, or
+    /// the turns of those ahead are expected to outlast this one's wait.
+    Refused {
+        /// Requests of this process that were waiting for the key.
+        waiting: u32,
+        /// How long this one was expected to wait, when the key's turns
+        /// had been measured: when to try again.
+        expected_wait: Option<Duration>,
+    },
     /// The mode cannot be used: zero semaphore permits, or a mode the backend
     /// does not implement.
     InvalidMode(String),
@@ -100,6 +112,7 @@ impl LockError {
             self,
             LockError::Busy
                 | LockError::Timeout { .. }
+                | LockError::Refused { .. }
                 | LockError::Lost(_)
                 | LockError::Backend { .. }
         )
@@ -129,6 +142,10 @@ impl fmt::Debug for LockError {
             LockError::InvalidKey(e) => format!("InvalidKey({e:?})"),
             LockError::Busy => "Busy".to_owned(),
             LockError::Timeout { waited } => format!("Timeout {{ waited: {waited:?} }}"),
+            LockError::Refused {
+                waiting,
+                expected_wait,
+            } => format!("Refused {{ waiting: {waiting}, expected_wait: {expected_wait:?} }}"),
             LockError::InvalidMode(m) => format!("InvalidMode({m:?})"),
             LockError::Config(m) => format!("Config({m:?})"),
             LockError::Lost(m) => format!("Lost({m:?})"),
@@ -161,6 +178,20 @@ impl fmt::Display for Unredacted<'_> {
                     "timed out after {} ms waiting for the lock",
                     waited.as_millis()
                 )
+            }
+            LockError::Refused {
+                waiting,
+                expected_wait,
+            } => {
+                let requests = if *waiting == 1 { "request" } else { "requests" };
+                write!(
+                    f,
+                    "refused without waiting: {waiting} {requests} already waiting for the lock"
+                )?;
+                match expected_wait {
+                    Some(d) => write!(f, ", expected to be free in {} ms", d.as_millis()),
+                    None => Ok(()),
+                }
             }
             LockError::InvalidMode(m) => write!(f, "invalid lock mode: {m}"),
             LockError::Config(m) => write!(f, "lock backend misconfigured: {m}"),

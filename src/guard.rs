@@ -170,6 +170,7 @@ impl Drop for SharedLease {
 impl LockGuard {
     pub(crate) fn new(held: HeldLock, handle: Arc<dyn LeaseHandle>, span: tracing::Span) -> Self {
         let timed = !span.is_disabled() || cfg!(feature = "metrics");
+        crate::metrics::held(held.backend, 1.0);
         LockGuard {
             held,
             lease: Lease::Own(handle),
@@ -305,6 +306,7 @@ impl LockGuard {
             span.record("hold_us", hold.as_micros() as u64);
         }
         crate::metrics::released(self.held.backend(), || self.held.is_lost(), hold);
+        crate::metrics::held(self.held.backend(), -1.0);
         match result {
             Ok(()) => tracing::debug!(parent: span, "lock released"),
             Err(e) => tracing::warn!(parent: span, error = %e, "lock release failed"),

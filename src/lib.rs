@@ -75,6 +75,7 @@ macro_rules! cfg_remote {
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+mod admission;
 pub mod backend;
 mod error;
 #[cfg(feature = "axum")]
@@ -109,7 +110,7 @@ pub use lock_future::LockFuture;
 pub use locker::{BackendExt, IntoLockKey, LockAllBuilder, LockBuilder, Locker};
 pub use lost::{Lost, LostSignal};
 pub use middleware::{
-    LockBody, LockLayer, LockService, LockableBody, OnLost, OnMissingKey, ResponseFuture,
+    Deadline, LockBody, LockLayer, LockService, LockableBody, OnLost, OnMissingKey, ResponseFuture,
 };
 pub use mode::{LockMode, Wait};
 pub use rejection::LockRejection;

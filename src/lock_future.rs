@@ -4,12 +4,14 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 use tracing::field::Empty;
 
+use crate::admission::{Admission, Ticket};
 use crate::backend::{Acquired, BackendFuture, LockRequest};
 use crate::error::LockError;
 use crate::guard::{HeldLock, LockGuard};
@@ -72,6 +74,11 @@ struct Acquiring {
     /// taken from, a sub-request's would be the parent request's).
     record: bool,
     span: tracing::Span,
+    /// Counts the acquisition among its key's waiters, under admission
+    /// control.
+    ticket: Option<Ticket>,
+    /// Counts it in the `tower_lock_waiting` gauge.
+    _waiting: Option<crate::metrics::Waiting>,
 }
 
 impl LockFuture {
@@ -84,8 +91,9 @@ impl LockFuture {
         wait: Wait,
         deadline: Option<Instant>,
         lease: Duration,
+        admission: Option<&Arc<Admission>>,
     ) -> Self {
-        match acquiring(backend, key, mode, wait, deadline, lease) {
+        match acquiring(backend, key, mode, wait, deadline, lease, admission) {
             Started::Later(state) => Self::waiting(state),
             Started::Now(Ok(guard)) => Self::reentered(guard),
             Started::Now(Err(e)) => Self::failed(e),
@@ -104,8 +112,9 @@ impl LockFuture {
         mode: LockMode,
         wait: Wait,
         lease: Duration,
+        admission: Option<&Arc<Admission>>,
     ) -> Started<LockFuture> {
-        let mut state = match acquiring(backend, key, mode, wait, None, lease) {
+        let mut state = match acquiring(backend, key, mode, wait, None, lease, admission) {
             Started::Later(state) => state,
             Started::Now(now) => return Started::Now(now),
         };
@@ -138,6 +147,8 @@ impl LockFuture {
                 waiting_since: None,
                 record: false,
                 span: tracing::Span::none(),
+                ticket: None,
+                _waiting: None,
             }),
             sleep: None,
             reentered: None,
@@ -187,7 +198,9 @@ fn acquiring<B: Backend + ?Sized>(
     wait: Wait,
     deadline: Option<Instant>,
     lease: Duration,
+    admission: Option<&Arc<Admission>>,
 ) -> Started<Acquiring> {
+    let wait = admission.map_or(wait, |a| a.wait(wait));
     if let LockMode::Semaphore { permits: 0 } = mode {
         return Started::Now(Err(LockError::InvalidMode(
             "a semaphore needs at least one permit".into(),
@@ -210,6 +223,15 @@ fn acquiring<B: Backend + ?Sized>(
         _ => wait,
     };
     let name = backend.name();
+    // Counted among the key's waiters before the backend is asked: a
+    // refused request never touches it. One that cannot wait is no waiter.
+    let ticket = match admission {
+        Some(a) if backend_wait != Wait::FailFast => match a.admit(name, &key, backend_wait) {
+            Ok(ticket) => Some(ticket),
+            Err(e) => return Started::Now(Err(e)),
+        },
+        _ => None,
+    };
     let span = tracing::debug_span!(
         "lock",
         key = %key,
@@ -228,7 +250,8 @@ fn acquiring<B: Backend + ?Sized>(
     };
     let acquire = span.in_scope(|| backend.acquire(request));
     // Queued from now, whenever the future is first polled.
-    let waiting_since = (!acquire.is_ready()).then(Instant::now);
+    let waiting = !acquire.is_ready();
+    let waiting_since = waiting.then(Instant::now);
     Started::Later(Acquiring {
         acquire: Ok(acquire),
         key: Some(key),
@@ -240,11 +263,20 @@ fn acquiring<B: Backend + ?Sized>(
         waiting_since,
         record: true,
         span,
+        // Kept even when granted at once: that grant starts the next turn.
+        ticket,
+        _waiting: waiting.then(|| crate::metrics::Waiting::start(name)),
     })
 }
 
 /// Turns the backend's answer into a guard or an error, and traces it.
-fn finish(state: Acquiring, result: Result<Acquired, LockError>) -> Result<LockGuard, LockError> {
+fn finish(
+    mut state: Acquiring,
+    result: Result<Acquired, LockError>,
+) -> Result<LockGuard, LockError> {
+    if let (Ok(_), Some(ticket)) = (&result, state.ticket.take()) {
+        ticket.granted();
+    }
     let waited = state.waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
     state.span.record("wait_us", waited.as_micros() as u64);
     // A grant that was revoked before anyone saw it is no grant.

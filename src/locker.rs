@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::admission::Admission;
 use crate::backend::DEFAULT_LEASE;
 use crate::error::LockError;
 use crate::guard::{LockGuard, LockSet};
@@ -93,7 +94,13 @@ pub trait BackendExt: Backend {
     /// Starts building an acquisition of `key` (exclusive, default wait and
     /// lease); `.await` it.
     fn lock(&self, key: impl IntoLockKey) -> LockBuilder<'_, Self> {
-        LockBuilder::new(self, key.into_lock_key(""), DEFAULT_LEASE, Wait::DEFAULT)
+        LockBuilder::new(
+            self,
+            key.into_lock_key(""),
+            DEFAULT_LEASE,
+            Wait::DEFAULT,
+            None,
+        )
     }
 
     /// Starts building an all-or-nothing acquisition of several keys; `.await`
@@ -102,7 +109,7 @@ pub trait BackendExt: Backend {
         &self,
         keys: impl IntoIterator<Item = K>,
     ) -> LockAllBuilder<'_, Self> {
-        LockAllBuilder::new(self, keys, "", DEFAULT_LEASE, Wait::DEFAULT)
+        LockAllBuilder::new(self, keys, "", DEFAULT_LEASE, Wait::DEFAULT, None)
     }
 }
 
@@ -168,6 +175,54 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 ///     .layer(Extension(locker));
 /// ```
 ///
+/// # Admission control
+///
+/// A hot key (a flash sale on one SKU) queues every request behind it, and
+/// each one waits its whole wait only to fail: the service then does no
+/// useful work exactly when it matters. Two opt-in rules refuse such
+/// requests at once, with [`LockError::Refused`] (423 with `Retry-After`
+/// under the layer, gRPC `RESOURCE_EXHAUSTED`), before the backend is
+/// asked:
+///
+/// - [`max_waiters(n)`](Self::max_waiters): when `n` acquisitions of this
+///   process already wait for a key, the next is refused. `max_waiters(0)`
+///   waits for nothing: the same as [`fail_fast`](Self::fail_fast).
+/// - [`predict_waits(true)`](Self::predict_waits): the locker measures each
+///   key's *turn*, the time between two of its grants while a request
+///   waited through the whole of it (an exponentially weighted mean, used
+///   once it has 8 samples), and refuses a request whose expected wait
+///   (turns ahead of it, itself included, × the turn) is longer than its
+///   own wait.
+///
+/// Both count this process's requests, through this locker and its clones
+/// (and the [`LockLayer`](crate::LockLayer) it belongs to), so they work on
+/// every backend, cohort or not; other replicas' requests show only as
+/// longer turns. An acquisition counts as waiting from the moment it asks
+/// until it is granted or gives up; on a remote backend that includes the
+/// round trip of an uncontended lock. Memory stays bounded: a key has an
+/// entry while requests wait for it, and the turns of up to 1,024 recent
+/// keys are kept in a fixed table. The default is neither: requests wait as
+/// long as their wait.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+/// use tower_lock::{LockError, Locker, MemoryBackend};
+///
+/// let locker = Locker::new(MemoryBackend::new()).max_waiters(1).wait(Duration::from_secs(5));
+/// let held = locker.lock("sku-1").await.unwrap();
+/// let waiting = tokio::spawn({
+///     let locker = locker.clone();
+///     async move { locker.lock("sku-1").await.map(|g| g.token()) }
+/// });
+/// tokio::task::yield_now().await; // the spawned one now waits
+/// let refused = locker.lock("sku-1").await;
+/// assert!(matches!(refused, Err(LockError::Refused { waiting: 1, .. })));
+/// drop(held);
+/// assert!(waiting.await.unwrap().is_ok());
+/// # }
+/// ```
+///
 /// # Examples
 ///
 /// ```
@@ -194,6 +249,8 @@ struct LockerInner {
     namespace: Arc<str>,
     wait: Wait,
     lease: Duration,
+    /// Admission control; `None` when off (the default).
+    admission: Option<Arc<Admission>>,
 }
 
 impl Locker {
@@ -211,6 +268,7 @@ impl Locker {
                 namespace: Arc::from(""),
                 wait: Wait::DEFAULT,
                 lease: DEFAULT_LEASE,
+                admission: None,
             }),
         }
     }
@@ -247,6 +305,27 @@ impl Locker {
         self.edit(|l| l.lease = lease)
     }
 
+    /// Refuses an acquisition at once when `n` acquisitions of this
+    /// process already wait for its key; `0` waits for nothing (as
+    /// [`fail_fast`](Self::fail_fast)). See [admission
+    /// control](Self#admission-control). Default: no cap.
+    pub fn max_waiters(self, n: u32) -> Self {
+        let predict = self.inner.admission.as_ref().is_some_and(|a| a.predicts());
+        self.edit(|l| l.admission = Admission::new(Some(n), predict))
+    }
+
+    /// Refuses an acquisition at once when the turns of those waiting
+    /// ahead of it are expected to outlast its wait. See [admission
+    /// control](Self#admission-control). Default: off.
+    pub fn predict_waits(self, predict: bool) -> Self {
+        let max = self.inner.admission.as_ref().and_then(|a| a.max_waiters());
+        self.edit(|l| l.admission = Admission::new(max, predict))
+    }
+
+    pub(crate) fn admission(&self) -> Option<&Arc<Admission>> {
+        self.inner.admission.as_ref()
+    }
+
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.inner.backend
@@ -275,6 +354,7 @@ impl Locker {
             key.into_lock_key(&l.namespace),
             l.lease,
             l.wait,
+            l.admission.as_ref(),
         )
     }
 
@@ -285,7 +365,8 @@ impl Locker {
         keys: impl IntoIterator<Item = K>,
     ) -> LockAllBuilder<'_, dyn Backend> {
         let l = &*self.inner;
-        LockAllBuilder::new(&*l.backend, keys, &l.namespace, l.lease, l.wait)
+        let admission = l.admission.as_ref();
+        LockAllBuilder::new(&*l.backend, keys, &l.namespace, l.lease, l.wait, admission)
     }
 }
 
@@ -297,6 +378,14 @@ impl fmt::Debug for Locker {
             .field("namespace", &l.namespace)
             .field("wait", &l.wait)
             .field("lease", &l.lease)
+            .field(
+                "max_waiters",
+                &l.admission.as_ref().and_then(|a| a.max_waiters()),
+            )
+            .field(
+                "predict_waits",
+                &l.admission.as_ref().is_some_and(|a| a.predicts()),
+            )
             .finish()
     }
 }
@@ -327,16 +416,24 @@ pub struct LockBuilder<'a, B: ?Sized> {
     mode: LockMode,
     wait: Wait,
     lease: Duration,
+    admission: Option<&'a Arc<Admission>>,
 }
 
 impl<'a, B: Backend + ?Sized> LockBuilder<'a, B> {
-    fn new(backend: &'a B, key: Result<LockKey, KeyError>, lease: Duration, wait: Wait) -> Self {
+    fn new(
+        backend: &'a B,
+        key: Result<LockKey, KeyError>,
+        lease: Duration,
+        wait: Wait,
+        admission: Option<&'a Arc<Admission>>,
+    ) -> Self {
         LockBuilder {
             backend,
             key,
             mode: LockMode::Exclusive,
             wait,
             lease,
+            admission,
         }
     }
 
@@ -385,7 +482,15 @@ impl<B: Backend + ?Sized> IntoFuture for LockBuilder<'_, B> {
 
     fn into_future(self) -> LockFuture {
         match self.key {
-            Ok(key) => LockFuture::start(self.backend, key, self.mode, self.wait, None, self.lease),
+            Ok(key) => LockFuture::start(
+                self.backend,
+                key,
+                self.mode,
+                self.wait,
+                None,
+                self.lease,
+                self.admission,
+            ),
             Err(e) => LockFuture::failed(LockError::InvalidKey(e)),
         }
     }
@@ -424,6 +529,7 @@ pub struct LockAllBuilder<'a, B: ?Sized> {
     mode: LockMode,
     wait: Wait,
     lease: Duration,
+    admission: Option<&'a Arc<Admission>>,
 }
 
 impl<'a, B: Backend + ?Sized> LockAllBuilder<'a, B> {
@@ -433,6 +539,7 @@ impl<'a, B: Backend + ?Sized> LockAllBuilder<'a, B> {
         namespace: &str,
         lease: Duration,
         wait: Wait,
+        admission: Option<&'a Arc<Admission>>,
     ) -> Self {
         let keys = keys
             .into_iter()
@@ -449,6 +556,7 @@ impl<'a, B: Backend + ?Sized> LockAllBuilder<'a, B> {
             mode: LockMode::Exclusive,
             wait,
             lease,
+            admission,
         }
     }
 
@@ -499,6 +607,7 @@ impl<'a, B: Backend + ?Sized> IntoFuture for LockAllBuilder<'a, B> {
                     self.wait,
                     deadline,
                     self.lease,
+                    self.admission,
                 )
                 .await;
                 match guard {

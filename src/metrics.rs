@@ -41,3 +41,49 @@ pub(crate) fn released(backend: &'static str, lost: impl FnOnce() -> bool, hold:
         }
     }
 }
+
+/// An acquisition was refused before it waited, by admission control:
+/// `reason` is `max_waiters`, `predicted_wait` or `deadline`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline]
+pub(crate) fn refused(backend: &'static str, reason: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_lock_refused_total", "backend" => backend, "reason" => reason)
+        .increment(1);
+}
+
+/// A lock of `backend` is now held (`+1.0`) or no longer (`-1.0`).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+#[inline]
+pub(crate) fn held(backend: &'static str, delta: f64) {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("tower_lock_held", "backend" => backend).increment(delta);
+}
+
+/// An acquisition of `backend` waiting: counted in `tower_lock_waiting`
+/// from its making to its drop. Zero-sized without the feature.
+pub(crate) struct Waiting {
+    #[cfg(feature = "metrics")]
+    backend: &'static str,
+}
+
+impl Waiting {
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    #[inline]
+    pub(crate) fn start(backend: &'static str) -> Self {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!("tower_lock_waiting", "backend" => backend).increment(1.0);
+            Waiting { backend }
+        }
+        #[cfg(not(feature = "metrics"))]
+        Waiting {}
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        metrics::gauge!("tower_lock_waiting", "backend" => self.backend).decrement(1.0);
+    }
+}

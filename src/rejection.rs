@@ -18,6 +18,9 @@ use crate::key::KeyError;
 /// | key missing from the request | 400 Bad Request |
 /// | key present but invalid (see [`LockKey`](crate::LockKey): too long, `/`, control or invisible characters, blank, not UTF-8) or given twice with different values | 400 Bad Request |
 /// | key busy ([`Wait::FailFast`](crate::Wait::FailFast)) or still held when the wait ran out | 423 Locked, with `Retry-After` |
+/// | refused by admission control ([`LockError::Refused`]: too many waiters, or a predicted wait longer than the request's) | 423 Locked, with `Retry-After` from the expected wait |
+/// | the request's deadline ([`LockLayer::deadline`](crate::LockLayer::deadline)) left no time to wait, or passed while it waited | 504 Gateway Timeout |
+/// | the request's deadline header is malformed | 400 Bad Request |
 /// | backend unreachable or failing | 503 Service Unavailable |
 /// | lock lost while the request ran (lease or session gone) | 503 Service Unavailable |
 /// | invalid mode (a semaphore of zero permits), backend configuration, a key source that cannot work where it is installed (`PathParam` outside the router), or a handler re-entering its request's lock in a mode that cannot share ([`LockError::Reentry`]) | 500 Internal Server Error |
@@ -67,6 +70,20 @@ pub enum LockRejection {
     },
     /// Acquiring (or keeping) the lock failed.
     Lock(LockError),
+    /// The caller's deadline ([`LockLayer::deadline`](crate::LockLayer::deadline))
+    /// left no time to wait for the lock, or passed while it waited.
+    DeadlineExceeded {
+        /// How long the request waited: zero when it was refused without
+        /// asking the backend.
+        waited: Duration,
+    },
+    /// The request's deadline could not be read.
+    InvalidDeadline {
+        /// Where the deadline was looked for, e.g. `` header `grpc-timeout` ``.
+        source: Cow<'static, str>,
+        /// What is wrong with it.
+        reason: Cow<'static, str>,
+    },
 }
 
 impl LockRejection {
@@ -77,12 +94,15 @@ impl LockRejection {
                 error: KeyError::Misconfigured(_),
                 ..
             } => StatusCode::INTERNAL_SERVER_ERROR,
-            LockRejection::MissingKey { .. } | LockRejection::InvalidKey { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            LockRejection::MissingKey { .. }
+            | LockRejection::InvalidKey { .. }
+            | LockRejection::InvalidDeadline { .. } => StatusCode::BAD_REQUEST,
+            LockRejection::DeadlineExceeded { .. } => StatusCode::GATEWAY_TIMEOUT,
             LockRejection::Lock(e) => match e {
                 LockError::InvalidKey(_) => StatusCode::BAD_REQUEST,
-                LockError::Busy | LockError::Timeout { .. } => StatusCode::LOCKED,
+                LockError::Busy | LockError::Timeout { .. } | LockError::Refused { .. } => {
+                    StatusCode::LOCKED
+                }
                 LockError::Lost(_) | LockError::Backend { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 LockError::InvalidMode(_) | LockError::Config(_) | LockError::Reentry { .. } => {
                     StatusCode::INTERNAL_SERVER_ERROR
@@ -97,6 +117,18 @@ impl LockRejection {
         matches!(self, LockRejection::Lock(e) if e.is_retryable())
     }
 
+    /// When to try again: the wait admission control expected, or the
+    /// layer's `retry_after`.
+    fn retry_after(&self, configured: Duration) -> Duration {
+        match self {
+            LockRejection::Lock(LockError::Refused {
+                expected_wait: Some(expected),
+                ..
+            }) => *expected,
+            _ => configured,
+        }
+    }
+
     /// The gRPC status code that stands for this rejection, as
     /// [`LockLayer::grpc_rejections`](crate::LockLayer::grpc_rejections)
     /// answers it:
@@ -105,6 +137,8 @@ impl LockRejection {
     /// |---|---|
     /// | 400 (key missing or invalid) | 3 `INVALID_ARGUMENT` |
     /// | 423 (key busy, wait ran out) | 10 `ABORTED`: a concurrency conflict; retry the call |
+    /// | 423 (refused by admission control) | 8 `RESOURCE_EXHAUSTED` |
+    /// | 504 (the call's deadline left no time, or passed) | 4 `DEADLINE_EXCEEDED` |
     /// | 503 (backend down, lock lost) | 14 `UNAVAILABLE` |
     /// | 500 (server misconfigured) | 13 `INTERNAL` |
     ///
@@ -116,7 +150,11 @@ impl LockRejection {
     /// assert_eq!(LockRejection::Lock(LockError::Busy).grpc_code(), 10);
     /// ```
     pub fn grpc_code(&self) -> u8 {
+        if let LockRejection::Lock(LockError::Refused { .. }) = self {
+            return 8;
+        }
         match self.status() {
+            StatusCode::GATEWAY_TIMEOUT => 4,
             StatusCode::BAD_REQUEST => 3,
             StatusCode::LOCKED => 10,
             StatusCode::SERVICE_UNAVAILABLE => 14,
@@ -203,6 +241,7 @@ impl LockRejection {
             headers.insert("grpc-message", message);
         }
         if self.is_retryable() {
+            let retry_after = self.retry_after(retry_after);
             let ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
             headers.insert("grpc-retry-pushback-ms", HeaderValue::from(ms));
         }
@@ -224,7 +263,7 @@ impl LockRejection {
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         if self.is_retryable() {
-            let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            let secs = self.retry_after(retry_after).as_secs_f64().ceil().max(1.0) as u64;
             res.headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from(secs));
         }
@@ -254,6 +293,17 @@ impl fmt::Display for LockRejection {
                 value: None,
             } => write!(f, "invalid lock key in {source}: {error}"),
             LockRejection::Lock(e) => fmt::Display::fmt(e, f),
+            LockRejection::DeadlineExceeded { waited } if waited.is_zero() => {
+                f.write_str("the request's deadline left no time to wait for the lock")
+            }
+            LockRejection::DeadlineExceeded { waited } => write!(
+                f,
+                "the request's deadline passed after {} ms waiting for the lock",
+                waited.as_millis()
+            ),
+            LockRejection::InvalidDeadline { source, reason } => {
+                write!(f, "invalid request deadline in {source}: {reason}")
+            }
         }
     }
 }
@@ -261,7 +311,9 @@ impl fmt::Display for LockRejection {
 impl std::error::Error for LockRejection {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LockRejection::MissingKey { .. } => None,
+            LockRejection::MissingKey { .. }
+            | LockRejection::DeadlineExceeded { .. }
+            | LockRejection::InvalidDeadline { .. } => None,
             LockRejection::InvalidKey { error, .. } => Some(error),
             LockRejection::Lock(e) => Some(e),
         }

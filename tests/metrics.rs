@@ -102,4 +102,83 @@ async fn acquisitions_waits_holds_and_failures_are_counted() {
         holds.iter().any(|&h| h >= 0.25),
         "the first was held 250 ms: {holds:?}"
     );
+
+    // Admission control and deadlines: refusals by reason, none of them an
+    // acquisition (the backend is not asked); the gauges follow holds and
+    // waits.
+    let locker = tower_lock::Locker::new(backend.clone())
+        .max_waiters(1)
+        .predict_waits(true);
+    let held = locker.lock("k").await.unwrap();
+    let waiter = {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.lock("k").await.map(drop) })
+    };
+    tokio::task::yield_now().await;
+    assert!(matches!(
+        locker.lock("k").await,
+        Err(LockError::Refused { .. })
+    ));
+    let layer = tower_lock::LockLayer::new(backend.clone(), tower_lock::Header::new("x-k"))
+        .deadline(tower_lock::Deadline::header_millis("x-ms"));
+    let service = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_: http::Request<()>| async {
+            let body = tower_lock::LockBody::wrap(http_body_util::Empty::<bytes::Bytes>::new());
+            Ok::<_, std::convert::Infallible>(http::Response::new(body))
+        }),
+    );
+    let req = http::Request::post("/")
+        .header("x-k", "k")
+        .header("x-ms", "0");
+    let res = tower::ServiceExt::oneshot(service, req.body(()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 504);
+
+    let snapshot = take(&snapshotter);
+    assert_eq!(refused(&snapshot, "max_waiters"), 1);
+    assert_eq!(refused(&snapshot, "deadline"), 1);
+    assert_eq!(refused(&snapshot, "predicted_wait"), 0);
+    let asked = ["acquired", "busy", "timeouts", "errors"]
+        .map(|o| counter(&snapshot, &format!("tower_lock_{o}_total")));
+    // Since the last snapshot (which resets the counters): the holder.
+    assert_eq!(asked, [1, 0, 0, 0], "acquired, busy, timeouts, errors");
+    // A snapshot resets gauges too: add them up.
+    let mut held_now = gauge(&snapshot, "tower_lock_held");
+    let mut waiting_now = gauge(&snapshot, "tower_lock_waiting");
+    assert_eq!((held_now, waiting_now), (1.0, 1.0), "held, waiting");
+    drop(held);
+    waiter.await.unwrap().unwrap();
+    let snapshot = take(&snapshotter);
+    held_now += gauge(&snapshot, "tower_lock_held");
+    waiting_now += gauge(&snapshot, "tower_lock_waiting");
+    assert_eq!((held_now, waiting_now), (0.0, 0.0), "held, waiting");
+}
+
+fn refused(snapshot: &[(CompositeKey, DebugValue)], reason: &str) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(k, _)| k.key().name() == "tower_lock_refused_total")
+        .filter(|(k, _)| {
+            k.key()
+                .labels()
+                .any(|l| l.key() == "reason" && l.value() == reason)
+        })
+        .map(|(_, v)| match v {
+            DebugValue::Counter(n) => *n,
+            other => panic!("not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+fn gauge(snapshot: &[(CompositeKey, DebugValue)], name: &str) -> f64 {
+    snapshot
+        .iter()
+        .filter(|(k, _)| k.kind() == MetricKind::Gauge && k.key().name() == name)
+        .map(|(_, v)| match v {
+            DebugValue::Gauge(g) => g.into_inner(),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        })
+        .sum()
 }

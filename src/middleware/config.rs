@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{Method, Response};
 
+use super::Deadline;
 use crate::locker::Locker;
 use crate::mode::LockMode;
 use crate::rejection::LockRejection;
@@ -86,6 +87,8 @@ pub(crate) struct Config {
     /// Whether the request extensions get a copy of the `HeldLock`.
     pub(crate) held_lock_extension: bool,
     pub(crate) retry_after: Duration,
+    /// Where requests say how long their callers will still wait.
+    pub(crate) deadline: Option<Deadline>,
     pub(crate) grpc: bool,
     /// Whether default answers show the error's details.
     pub(crate) details: bool,

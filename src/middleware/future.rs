@@ -104,6 +104,8 @@ where
 
 struct Pending<S, ReqBody> {
     config: Arc<Config>,
+    /// Whether the caller's deadline set the wait.
+    by_deadline: bool,
     lock: LockFuture,
     service: Option<S>,
     request: Option<Request<ReqBody>>,
@@ -140,12 +142,14 @@ where
         service: S,
         request: Request<ReqBody>,
         config: Arc<Config>,
+        by_deadline: bool,
     ) -> Self {
         ResponseFuture {
             policy: config.policy(),
             state: State::Acquiring {
                 pending: Box::new(Pending {
                     config,
+                    by_deadline,
                     lock,
                     service: Some(service),
                     request: Some(request),
@@ -182,7 +186,8 @@ where
                             this.state.set(running);
                         }
                         Err(e) => {
-                            let response = pending.config.reject(&LockRejection::Lock(e));
+                            let rejection = super::service::rejection(e, pending.by_deadline);
+                            let response = pending.config.reject(&rejection);
                             this.state.set(State::Rejected {
                                 response: Some(response),
                             });

@@ -8,7 +8,7 @@ use http::Response;
 use tower_layer::Layer;
 
 use super::config::{Config, ModeSelector, OnLost, OnMissingKey};
-use super::LockService;
+use super::{Deadline, LockService};
 use crate::locker::Locker;
 use crate::mode::{LockMode, Wait};
 use crate::rejection::LockRejection;
@@ -107,6 +107,7 @@ impl LockLayer {
                 hold_body: false,
                 held_lock_extension: false,
                 retry_after: Duration::from_secs(1),
+                deadline: None,
                 grpc: false,
                 details: false,
                 reject: None,
@@ -162,6 +163,59 @@ impl LockLayer {
     /// [`grpc_rejections`](Self::grpc_rejections)).
     pub fn fail_fast(self) -> Self {
         self.wait(Wait::FailFast)
+    }
+
+    /// Refuses a request at once, with 423 (gRPC `RESOURCE_EXHAUSTED`),
+    /// when `n` requests of this process already wait for its key; `0`
+    /// waits for nothing (as [`fail_fast`](Self::fail_fast)). Shared with
+    /// the layer's [`locker`](Self::locker); see [admission
+    /// control](crate::Locker#admission-control). Default: no cap.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_lock::{LockLayer, MemoryBackend, PathParam};
+    ///
+    /// // A flash sale: at most 32 requests queue per SKU, and one that
+    /// // would not get its turn within its 2 s is answered at once.
+    /// let layer = LockLayer::new(MemoryBackend::new(), PathParam("sku"))
+    ///     .wait(Duration::from_secs(2))
+    ///     .max_waiters(32)
+    ///     .predict_waits(true);
+    /// ```
+    pub fn max_waiters(self, n: u32) -> Self {
+        self.edit(|c| c.locker = c.locker.clone().max_waiters(n))
+    }
+
+    /// Refuses a request at once, with 423 and a `Retry-After` of its
+    /// expected wait, when the turns of the requests waiting ahead of it
+    /// are expected to outlast its wait. See [admission
+    /// control](crate::Locker#admission-control). Default: off.
+    pub fn predict_waits(self, predict: bool) -> Self {
+        self.edit(|c| c.locker = c.locker.clone().predict_waits(predict))
+    }
+
+    /// Waits for a request's lock no longer than its caller will still
+    /// wait, as the request says ([`Deadline`]): the wait is the lesser of
+    /// the layer's and the time left. A request with no time left is
+    /// answered at once, without asking the backend, and one whose
+    /// deadline passes while it waits as soon as it does: 504 Gateway
+    /// Timeout (the status a proxy gives when the server behind it did not
+    /// answer in time), gRPC `DEADLINE_EXCEEDED` under
+    /// [`grpc_rejections`](Self::grpc_rejections). A fail-fast layer stays
+    /// fail-fast. Default: none; the layer's wait alone.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tower_lock::{Deadline, LockLayer, MemoryBackend, QueryParam};
+    ///
+    /// let layer = LockLayer::new(MemoryBackend::new(), QueryParam("order"))
+    ///     .deadline(Deadline::header_millis("x-request-timeout-ms"));
+    /// ```
+    pub fn deadline(self, deadline: Deadline) -> Self {
+        self.edit(|c| c.deadline = Some(deadline))
     }
 
     /// The lease of a remote lock, renewed while the request runs. Default:
@@ -341,6 +395,7 @@ impl fmt::Debug for LockLayer {
             .field("on_lost", &c.on_lost)
             .field("hold_body", &c.hold_body)
             .field("held_lock_extension", &c.held_lock_extension)
+            .field("deadline", &c.deadline)
             .finish_non_exhaustive()
     }
 }

@@ -5,12 +5,14 @@
 
 mod body;
 mod config;
+mod deadline;
 mod future;
 mod layer;
 mod service;
 
 pub use body::{LockBody, LockableBody};
 pub use config::{OnLost, OnMissingKey};
+pub use deadline::Deadline;
 pub use future::ResponseFuture;
 pub use layer::LockLayer;
 pub use service::LockService;

@@ -2,6 +2,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{Request, Response};
@@ -9,8 +10,10 @@ use tower_service::Service;
 
 use super::config::{Config, OnMissingKey};
 use super::{LockableBody, ResponseFuture};
+use crate::error::LockError;
 use crate::key::KeyError;
 use crate::lock_future::{LockFuture, Started};
+use crate::mode::Wait;
 use crate::rejection::LockRejection;
 use crate::source::KeySource;
 
@@ -132,15 +135,45 @@ where
 
         let mode = config.mode_for(&parts);
         let backend = &**locker.backend();
-        let (wait, lease) = (locker.default_wait(), locker.default_lease());
-        match LockFuture::begin_unrecorded(backend, key, mode, wait, lease) {
+        let (mut wait, lease) = (locker.default_wait(), locker.default_lease());
+        // Whether the caller's deadline, not the layer, set the wait.
+        let mut by_deadline = false;
+        if let Some(deadline) = &config.deadline {
+            match deadline.wait_left(&parts) {
+                Ok(None) => {}
+                Ok(Some(left)) if left.is_zero() => {
+                    crate::metrics::refused(backend.name(), "deadline");
+                    let waited = Duration::ZERO;
+                    return ResponseFuture::rejected(
+                        LockRejection::DeadlineExceeded { waited },
+                        config,
+                    );
+                }
+                Ok(Some(left)) => {
+                    if let Wait::Forever = wait {
+                        (wait, by_deadline) = (Wait::Timeout(left), true);
+                    } else if let Wait::Timeout(w) = wait {
+                        (wait, by_deadline) = (Wait::Timeout(w.min(left)), left < w);
+                    }
+                }
+                Err(reason) => {
+                    let source = deadline.describe();
+                    return ResponseFuture::rejected(
+                        LockRejection::InvalidDeadline { source, reason },
+                        config,
+                    );
+                }
+            }
+        }
+        let admission = locker.admission();
+        match LockFuture::begin_unrecorded(backend, key, mode, wait, lease, admission) {
             // Granted at once (uncontended memory backend): `self.inner` was
             // made ready by `poll_ready`, so call it now.
             Started::Now(Ok(guard)) => {
                 let request = Request::from_parts(parts, body);
                 ResponseFuture::call(&mut self.inner, request, Some(guard), config)
             }
-            Started::Now(Err(e)) => ResponseFuture::rejected(LockRejection::Lock(e), config),
+            Started::Now(Err(e)) => ResponseFuture::rejected(rejection(e, by_deadline), config),
             Started::Later(lock) => {
                 // The ready instance goes into the future, to be called once
                 // the lock is held; a clone takes its place here.
@@ -151,9 +184,19 @@ where
                     inner,
                     Request::from_parts(parts, body),
                     self.config.clone(),
+                    by_deadline,
                 )
             }
         }
+    }
+}
+
+/// The rejection of a request whose lock was not acquired: a wait the
+/// caller's deadline set that ran out is that deadline passing.
+pub(super) fn rejection(e: LockError, by_deadline: bool) -> LockRejection {
+    match e {
+        LockError::Timeout { waited } if by_deadline => LockRejection::DeadlineExceeded { waited },
+        e => LockRejection::Lock(e),
     }
 }
 

@@ -176,6 +176,7 @@ pub fn processes_take_turns<S: Subject>(subject: &S) {
         let (a, b) = (subject.connect(TEST).await, subject.connect(TEST).await);
         let k = key(subject, TEST, "k");
         let counts = super::take_turns(&a, &b, &k, Duration::from_millis(1500)).await;
+        println!("{}: held by each side: {counts:?}", a.name());
         if subject.takes_turns_across_processes() {
             super::assert_neither_starved(counts);
         } else {
@@ -183,6 +184,45 @@ pub fn processes_take_turns<S: Subject>(subject: &S) {
         }
         a.flush().await;
         b.flush().await;
+        assert_left_free(subject, TEST, &[k]).await;
+    })
+}
+
+/// Admission control is counted in the process, so it holds on every
+/// store: with one request waiting and a cap of one, the next is refused
+/// at once; the waiter is then served, and nothing is left behind.
+pub fn the_waiter_past_the_cap_is_refused<S: Subject>(subject: &S) {
+    const TEST: &str = "cap";
+    runtime(true).block_on(async {
+        let a = subject.connect(TEST).await;
+        let locker = tower_lock::Locker::new(a.clone())
+            .max_waiters(1)
+            .wait(Duration::from_secs(30));
+        let k = key(subject, TEST, "k");
+        let held = locker.lock(&k).await.unwrap();
+        let (asked, counted) = tokio::sync::oneshot::channel();
+        let waiter = tokio::spawn({
+            let (locker, k) = (locker.clone(), k.clone());
+            async move {
+                // Counted (or refused) as the acquisition is made.
+                let acquisition = std::future::IntoFuture::into_future(locker.lock(&k));
+                let _ = asked.send(());
+                acquisition.await.map(|g| g.token())
+            }
+        });
+        counted.await.unwrap();
+        match locker.lock(&k).await {
+            Err(tower_lock::LockError::Refused { waiting: 1, .. }) => {}
+            other => panic!("{}: expected a refusal, got {other:?}", a.name()),
+        }
+        let token = held.token();
+        drop(held);
+        let next = waiter
+            .await
+            .unwrap()
+            .expect("the admitted waiter is served");
+        assert!(next > token, "{}: tokens rise", a.name());
+        a.flush().await;
         assert_left_free(subject, TEST, &[k]).await;
     })
 }
@@ -337,6 +377,7 @@ pub fn every_contract_test<S: Subject>(subject: &S) {
     waiters_in_one_process_in_arrival_order(subject);
     every_operation_cut_at_every_await(subject);
     a_holder_cut_off_is_told_before_another_is_granted(subject);
+    the_waiter_past_the_cap_is_refused(subject);
 }
 
 /// The suite for one subject (an expression whose type is a [`Subject`]):
@@ -351,6 +392,10 @@ macro_rules! conformance {
         #[test]
         fn processes_take_turns() {
             $crate::common::contract::processes_take_turns(&$subject);
+        }
+        #[test]
+        fn the_waiter_past_the_cap_is_refused() {
+            $crate::common::contract::the_waiter_past_the_cap_is_refused(&$subject);
         }
         #[test]
         fn a_request_reenters_its_own_lock() {
