@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::loom::sync::Mutex;
-use crate::mode::Wait;
+use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
 
 /// Samples an estimate needs before it refuses anyone.
@@ -114,6 +114,7 @@ impl Admission {
         self: &Arc<Self>,
         backend: &'static str,
         key: &LockKey,
+        mode: LockMode,
         wait: Wait,
     ) -> Result<Ticket, LockError> {
         let mut state = lock(&self.state);
@@ -133,8 +134,11 @@ impl Admission {
         let expected_wait = (self.predict && e.samples >= MIN_SAMPLES)
             .then(|| e.turn.saturating_mul(ahead.saturating_add(1)));
         let over_cap = self.max_waiters.is_some_and(|max| ahead >= max);
+        // Never the first in line: the key may be free, and only a request
+        // that waits can measure it again (an estimate grown stale in a
+        // slowdown must not shut the key for good).
         let too_long = match (expected_wait, wait) {
-            (Some(expected), Wait::Timeout(wait)) => expected > wait,
+            (Some(expected), Wait::Timeout(wait)) => ahead > 0 && expected > wait,
             _ => false,
         };
         if over_cap || too_long {
@@ -159,10 +163,13 @@ impl Admission {
             key: key.clone(),
             since: Instant::now(),
             granted: false,
+            // Shared modes grant several at once: their turns say little.
+            measures: self.predict && matches!(mode, LockMode::Exclusive | LockMode::Write),
         })
     }
 
-    fn leave(&self, key: &LockKey, since: Instant, granted: bool) {
+    fn leave(&self, ticket: &Ticket) {
+        let (key, since, granted) = (&ticket.key, ticket.since, ticket.granted);
         let mut state = lock(&self.state);
         let State { queues, recent } = &mut *state;
         let Some(queue) = queues.get_mut(key) else {
@@ -172,7 +179,10 @@ impl Admission {
             let now = Instant::now();
             let e = &mut queue.estimate;
             // Waited through the whole turn before this grant: a sample.
-            if let Some(last) = e.last_grant.filter(|&last| since <= last) {
+            let last = e
+                .last_grant
+                .filter(|&last| ticket.measures && since <= last);
+            if let Some(last) = last {
                 let turn = now.saturating_duration_since(last);
                 e.turn = if e.samples == 0 {
                     turn
@@ -218,6 +228,8 @@ pub(crate) struct Ticket {
     key: LockKey,
     since: Instant,
     granted: bool,
+    /// Whether its grant may be a sample of the key's turn.
+    measures: bool,
 }
 
 impl Ticket {
@@ -230,6 +242,6 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.admission.leave(&self.key, self.since, self.granted);
+        self.admission.leave(self);
     }
 }

@@ -162,6 +162,7 @@ impl Drop for SharedLease {
     /// dropped on another): that reference, the last, releases the lock.
     fn drop(&mut self) {
         if let Some(handle) = self.handle.take() {
+            crate::metrics::held(self.held.backend, -1.0);
             handle.release_on_drop();
         }
     }
@@ -218,12 +219,19 @@ impl LockGuard {
     }
 
     /// The backend's handle, if this guard is the one to release the lock.
+    /// The handle to release, if this guard is the one to release it; no
+    /// longer counted as held from here, whether or not the release that
+    /// follows completes.
     fn take_handle(&mut self) -> Option<Arc<dyn LeaseHandle>> {
-        match std::mem::replace(&mut self.lease, Lease::Released) {
+        let handle = match std::mem::replace(&mut self.lease, Lease::Released) {
             Lease::Own(handle) => Some(handle),
             Lease::Shared(shared) => Arc::into_inner(shared).and_then(|mut s| s.handle.take()),
             Lease::Borrowed | Lease::Released => None,
+        };
+        if handle.is_some() {
+            crate::metrics::held(self.held.backend(), -1.0);
         }
+        handle
     }
 
     /// The locked key.
@@ -306,7 +314,6 @@ impl LockGuard {
             span.record("hold_us", hold.as_micros() as u64);
         }
         crate::metrics::released(self.held.backend(), || self.held.is_lost(), hold);
-        crate::metrics::held(self.held.backend(), -1.0);
         match result {
             Ok(()) => tracing::debug!(parent: span, "lock released"),
             Err(e) => tracing::warn!(parent: span, error = %e, "lock release failed"),

@@ -226,10 +226,12 @@ fn acquiring<B: Backend + ?Sized>(
     // Counted among the key's waiters before the backend is asked: a
     // refused request never touches it. One that cannot wait is no waiter.
     let ticket = match admission {
-        Some(a) if backend_wait != Wait::FailFast => match a.admit(name, &key, backend_wait) {
-            Ok(ticket) => Some(ticket),
-            Err(e) => return Started::Now(Err(e)),
-        },
+        Some(a) if backend_wait != Wait::FailFast => {
+            match a.admit(name, &key, mode, backend_wait) {
+                Ok(ticket) => Some(ticket),
+                Err(e) => return Started::Now(Err(e)),
+            }
+        }
         _ => None,
     };
     let span = tracing::debug_span!(

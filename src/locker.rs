@@ -188,11 +188,14 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 ///   process already wait for a key, the next is refused. `max_waiters(0)`
 ///   waits for nothing: the same as [`fail_fast`](Self::fail_fast).
 /// - [`predict_waits(true)`](Self::predict_waits): the locker measures each
-///   key's *turn*, the time between two of its grants while a request
-///   waited through the whole of it (an exponentially weighted mean, used
-///   once it has 8 samples), and refuses a request whose expected wait
-///   (turns ahead of it, itself included, × the turn) is longer than its
-///   own wait.
+///   key's *turn*, the time between two of its grants while an exclusive
+///   or write request waited through the whole of it (an exponentially
+///   weighted mean, used once it has 8 samples), and refuses a request
+///   whose expected wait (turns ahead of it, itself included, × the turn)
+///   is longer than its own wait. The first in line is never refused on a
+///   prediction: the key may be free, and its wait measures the key again,
+///   so an estimate grown stale in a slowdown cannot shut a key. The
+///   answer's `Retry-After` is the expected wait, at most a minute.
 ///
 /// Both count this process's requests, through this locker and its clones
 /// (and the [`LockLayer`](crate::LockLayer) it belongs to), so they work on
@@ -200,9 +203,10 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 /// longer turns. An acquisition counts as waiting from the moment it asks
 /// until it is granted or gives up; on a remote backend that includes the
 /// round trip of an uncontended lock. Memory stays bounded: a key has an
-/// entry while requests wait for it, and the turns of up to 1,024 recent
-/// keys are kept in a fixed table. The default is neither: requests wait as
-/// long as their wait.
+/// entry while requests wait for it (the map keeps the capacity of its
+/// busiest moment), and the turns of up to 1,024 recent keys are kept in a
+/// fixed table. Each acquisition takes one mutex of the locker twice. The
+/// default is neither: requests wait as long as their wait.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -117,14 +117,15 @@ impl LockRejection {
         matches!(self, LockRejection::Lock(e) if e.is_retryable())
     }
 
-    /// When to try again: the wait admission control expected, or the
-    /// layer's `retry_after`.
+    /// When to try again: the wait admission control expected (at most a
+    /// minute: an estimate is no promise), or the layer's `retry_after`.
     fn retry_after(&self, configured: Duration) -> Duration {
+        const MOST: Duration = Duration::from_secs(60);
         match self {
             LockRejection::Lock(LockError::Refused {
                 expected_wait: Some(expected),
                 ..
-            }) => *expected,
+            }) => (*expected).min(MOST.max(configured)),
             _ => configured,
         }
     }

@@ -187,6 +187,17 @@ async fn a_request_the_queue_would_outlast_is_refused_with_its_expected_wait() {
         matches!(results[2], Err(LockError::Timeout { .. })),
         "{results:?}"
     );
+
+    // The first in line is never refused on a prediction, however short
+    // its wait: the key may be free, and its wait measures the key again.
+    let held = locker
+        .lock("k")
+        .wait(Duration::from_millis(1))
+        .await
+        .unwrap();
+    let first = locker.lock("k").wait(Duration::from_millis(50)).await;
+    assert!(matches!(first, Err(LockError::Timeout { .. })), "{first:?}");
+    drop(held);
 }
 
 type Served = BoxCloneSyncService<Request<()>, Response<LockBody<Full<Bytes>>>, Infallible>;

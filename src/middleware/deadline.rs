@@ -57,13 +57,16 @@ impl Deadline {
         Self::new(Source::GrpcTimeout)
     }
 
-    /// A header holding the time left in whole milliseconds.
+    /// A header holding the time left in whole milliseconds; its name in
+    /// any case.
     ///
     /// # Panics
     ///
     /// If `name` is not a valid header name.
-    pub fn header_millis(name: &'static str) -> Self {
-        Self::new(Source::HeaderMillis(HeaderName::from_static(name)))
+    pub fn header_millis(name: &str) -> Self {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .unwrap_or_else(|_| panic!("{name:?} is not a valid header name"));
+        Self::new(Source::HeaderMillis(name))
     }
 
     /// The time left as a closure reads it from the request: `Ok(None)` for

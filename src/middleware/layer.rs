@@ -204,7 +204,8 @@ impl LockLayer {
     /// Timeout (the status a proxy gives when the server behind it did not
     /// answer in time), gRPC `DEADLINE_EXCEEDED` under
     /// [`grpc_rejections`](Self::grpc_rejections). A fail-fast layer stays
-    /// fail-fast. Default: none; the layer's wait alone.
+    /// fail-fast, though a request with no time left is refused all the
+    /// same: its caller has gone. Default: none; the layer's wait alone.
     ///
     /// # Examples
     ///
