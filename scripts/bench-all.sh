@@ -25,6 +25,8 @@ rslock=${CARGO_TARGET_DIR:-target}/release/rslock-peer-bench
 redis=$TOWER_LOCK_REDIS_URL
 zk="zk://$TOWER_LOCK_ZK_ADDR"
 contended=(--workload contended --secs "$secs" --workers 8)
+# The flash sale the admission-control issue names: 20 s whatever SECS.
+flash_sale=(--workload flash-sale --secs 20 --conns 256 --hold-us 5000 --wait-ms 2000)
 
 run() { "$@" || die "failed: $*"; }
 
@@ -56,6 +58,10 @@ run /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis" "${contende
 run "$bench" --backend "$redis" --workload contended --secs "$secs" --workers 4 --processes 2
 run "$bench" --backend "$redis" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$redis" --workload http --secs "$secs" --conns 32
+# One hot key, without and with admission control (bench/README.md).
+for _ in 1 2 3; do
+    run "$bench" --backend "$redis" "${flash_sale[@]}"
+done
 
 # Redis through three Sentinels (a master and two replicas): the floor is
 # the master's, and the cost of waiting for both replicas (WAIT) beside it.
@@ -241,6 +247,9 @@ for _ in 1 2 3; do
     run "$bench" --backend memory --workload http --secs "$secs" --conns 32
     run "$bench" --backend memory --workload http --secs "$secs" --conns 32 --mount route
     run "$bench" --backend memory --workload http --secs "$secs" --conns 32 --calibrate
+done
+for _ in 1 2 3; do
+    run "$bench" --backend memory "${flash_sale[@]}"
 done
 
 # Close tee's input and let it finish writing, then draw the figures.

@@ -99,6 +99,8 @@ def workload(line):
     if w == "http":
         on = "`route_layer`" if line.get("mount") == "route" else "the handler"
         return f"http, {line['conns']} connections, layer on {on}"
+    if w == "flash-sale":
+        return f"flash sale, {line['conns']} connections on one key, admission {line['admission']}"
     return w
 
 
@@ -115,6 +117,7 @@ MEASURES = {
     "contended": ("cycles_per_s", "cycles/s", "overlaps", "overlaps (most in a line)"),
     "keys": ("cycles_per_s", "cycles/s", "overlaps", "overlaps (most in a line)"),
     "http": ("ratio", "× bare", "rps_locked", "req/s locked"),
+    "flash-sale": ("ok_per_s", "ok/s", "ok_p99_ms", "ms p99 of successes"),
 }
 
 
@@ -157,6 +160,10 @@ def bench_table(path):
                 note = f"{spread(extra)[0]} {also_unit}"
             else:
                 note = ""
+            if "refused_p99_ms" in rows[0]:
+                refused = spread([float(r["refused_p99_ms"]) for r in rows])[0]
+                per_s = spread([float(r["refused_per_s"]) for r in rows])[0]
+                note += f"; {per_s} refused/s, answered in {refused} ms p99"
             if "per_process" in rows[0]:
                 note += "; per process " + " / ".join(r["per_process"].replace(",", ", ") for r in rows)
             out.append(f"| {w} | {name} | {len(rows)} | {med} {unit} | {rng} | {note} |")

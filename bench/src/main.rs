@@ -55,10 +55,12 @@
 //! Exit code 2 for bad arguments or a backend this build cannot open.
 
 mod contended;
+mod flash_sale;
 mod floors;
 mod http;
 
 use contended::{contended, contended_processes, keys, run_workers};
+use flash_sale::flash_sale;
 use floors::floor;
 use http::{http, Mount, HAND_MUTEX_MAP, LAYER_FLOOR};
 
@@ -84,6 +86,10 @@ struct Args {
     await_release: bool,
     /// How long a holder stays in the critical section; zero yields once.
     hold: Duration,
+    /// `flash-sale`: the layer's wait.
+    wait: Duration,
+    /// `flash-sale`: the cap of its admission-controlled lines.
+    max_waiters: u32,
     /// Negative control: each worker locks a key of its own, so the lock
     /// excludes nobody and the overlap check must see overlaps.
     no_lock: bool,
@@ -97,9 +103,9 @@ struct Args {
 }
 
 const USAGE: &str = "usage: bench --backend <memory|redis://..|redlock://..|zk://..> \
---workload <uncontended|contended|keys|http|floor> [--n N] [--secs S] [--workers W] [--keys K] \
-[--conns C] [--processes P] [--release drop|await] [--hold-us H] [--no-lock] [--calibrate] \
-[--mount handler|route]";
+--workload <uncontended|contended|keys|http|flash-sale|floor> [--n N] [--secs S] [--workers W] \
+[--keys K] [--conns C] [--processes P] [--release drop|await] [--hold-us H] [--no-lock] \
+[--calibrate] [--mount handler|route] [--wait-ms W] [--max-waiters M]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -113,6 +119,8 @@ fn parse_args() -> Result<Args, String> {
         processes: 1,
         await_release: false,
         hold: Duration::ZERO,
+        wait: Duration::from_secs(2),
+        max_waiters: 32,
         no_lock: false,
         calibrate: false,
         mount: None,
@@ -136,6 +144,8 @@ fn parse_args() -> Result<Args, String> {
             "--processes" => a.processes = num(&flag, value()?)?,
             "--section-log" => a.section_log = Some(value()?),
             "--hold-us" => a.hold = Duration::from_micros(num(&flag, value()?)?),
+            "--wait-ms" => a.wait = Duration::from_millis(num(&flag, value()?)?),
+            "--max-waiters" => a.max_waiters = num(&flag, value()?)?,
             "--no-lock" => a.no_lock = true,
             "--calibrate" => a.calibrate = true,
             "--mount" => {
@@ -284,6 +294,24 @@ async fn run(args: Args) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let name = backend.name();
+    if args.workload == "flash-sale" {
+        let servers = servers_setting(&args.backend);
+        let (conns, secs, hold) = (args.conns, args.secs, args.hold);
+        for line in flash_sale(
+            backend.clone(),
+            conns,
+            secs,
+            hold,
+            args.wait,
+            args.max_waiters,
+        )
+        .await
+        {
+            println!("impl=tower-lock backend={name} workload=flash-sale{servers} {line}");
+        }
+        backend.flush().await;
+        return ExitCode::SUCCESS;
+    }
     let mut peer_line = None;
     let line = match args.workload.as_str() {
         "uncontended" => uncontended(&backend, args.n, &how).await,
