@@ -163,6 +163,7 @@ impl Drop for SharedLease {
     fn drop(&mut self) {
         if let Some(handle) = self.handle.take() {
             crate::metrics::held(self.held.backend, -1.0);
+            crate::admin::released(self.held.backend, &self.held.key, self.held.token);
             handle.release_on_drop();
         }
     }
@@ -172,6 +173,7 @@ impl LockGuard {
     pub(crate) fn new(held: HeldLock, handle: Arc<dyn LeaseHandle>, span: tracing::Span) -> Self {
         let timed = !span.is_disabled() || cfg!(feature = "metrics");
         crate::metrics::held(held.backend, 1.0);
+        crate::admin::granted(held.backend, &held.key, held.mode, held.token);
         LockGuard {
             held,
             lease: Lease::Own(handle),
@@ -230,6 +232,7 @@ impl LockGuard {
         };
         if handle.is_some() {
             crate::metrics::held(self.held.backend(), -1.0);
+            crate::admin::released(self.held.backend, &self.held.key, self.held.token);
         }
         handle
     }

@@ -75,6 +75,7 @@ macro_rules! cfg_remote {
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub mod admin;
 mod admission;
 pub mod backend;
 mod error;

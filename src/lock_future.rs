@@ -79,6 +79,8 @@ struct Acquiring {
     ticket: Option<Ticket>,
     /// Counts it in the `tower_lock_waiting` gauge.
     _waiting: Option<crate::metrics::Waiting>,
+    /// Lists it in this process's view ([`crate::admin`]).
+    _listed: Option<crate::admin::Waiting>,
 }
 
 impl LockFuture {
@@ -149,6 +151,7 @@ impl LockFuture {
                 span: tracing::Span::none(),
                 ticket: None,
                 _waiting: None,
+                _listed: None,
             }),
             sleep: None,
             reentered: None,
@@ -254,6 +257,7 @@ fn acquiring<B: Backend + ?Sized>(
     // Queued from now, whenever the future is first polled.
     let waiting = !acquire.is_ready();
     let waiting_since = waiting.then(Instant::now);
+    let listed = waiting.then(|| crate::admin::Waiting::start(name, &key));
     Started::Later(Acquiring {
         acquire: Ok(acquire),
         key: Some(key),
@@ -268,6 +272,7 @@ fn acquiring<B: Backend + ?Sized>(
         // Kept even when granted at once: that grant starts the next turn.
         ticket,
         _waiting: waiting.then(|| crate::metrics::Waiting::start(name)),
+        _listed: listed,
     })
 }
 
