@@ -64,6 +64,9 @@ pub enum LockError {
     InvalidMode(String),
     /// The backend is misconfigured: an unknown URL, a feature not built.
     Config(String),
+    /// The backend cannot do what was asked (inspect its locks, list
+    /// them).
+    Unsupported(String),
     /// The lock was lost while held (lease not renewed, session expired).
     Lost(String),
     /// The request being served already holds `key` in a mode that cannot
@@ -125,6 +128,7 @@ impl fmt::Display for LockError {
             // Text from configuration or a driver may hold a URL.
             LockError::InvalidMode(_)
             | LockError::Config(_)
+            | LockError::Unsupported(_)
             | LockError::Lost(_)
             | LockError::Backend { .. } => {
                 let mut text = String::new();
@@ -148,6 +152,7 @@ impl fmt::Debug for LockError {
             } => format!("Refused {{ waiting: {waiting}, expected_wait: {expected_wait:?} }}"),
             LockError::InvalidMode(m) => format!("InvalidMode({m:?})"),
             LockError::Config(m) => format!("Config({m:?})"),
+            LockError::Unsupported(m) => format!("Unsupported({m:?})"),
             LockError::Lost(m) => format!("Lost({m:?})"),
             LockError::Reentry { key, held, wanted } => {
                 format!("Reentry {{ key: {key:?}, held: {held:?}, wanted: {wanted:?} }}")
@@ -195,6 +200,7 @@ impl fmt::Display for Unredacted<'_> {
             }
             LockError::InvalidMode(m) => write!(f, "invalid lock mode: {m}"),
             LockError::Config(m) => write!(f, "lock backend misconfigured: {m}"),
+            LockError::Unsupported(m) => write!(f, "not supported: {m}"),
             LockError::Lost(reason) => write!(f, "lock lost: {reason}"),
             LockError::Reentry { key, held, wanted } => write!(
                 f,

@@ -104,9 +104,10 @@ impl LockRejection {
                     StatusCode::LOCKED
                 }
                 LockError::Lost(_) | LockError::Backend { .. } => StatusCode::SERVICE_UNAVAILABLE,
-                LockError::InvalidMode(_) | LockError::Config(_) | LockError::Reentry { .. } => {
-                    StatusCode::INTERNAL_SERVER_ERROR
-                }
+                LockError::InvalidMode(_)
+                | LockError::Config(_)
+                | LockError::Unsupported(_)
+                | LockError::Reentry { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             },
         }
     }
@@ -187,7 +188,9 @@ impl LockRejection {
             LockRejection::Lock(LockError::Lost(_)) => {
                 "lock lost while the request was served".into()
             }
-            LockRejection::Lock(LockError::Config(_)) => "lock backend misconfigured".into(),
+            LockRejection::Lock(LockError::Config(_) | LockError::Unsupported(_)) => {
+                "lock backend misconfigured".into()
+            }
             LockRejection::Lock(LockError::InvalidMode(_)) => "invalid lock mode".into(),
             other => other.to_string().into(),
         }

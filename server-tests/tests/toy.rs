@@ -17,6 +17,10 @@ impl KeysKept for ToyBackend {
     fn keys_kept(&self) -> usize {
         self.keys()
     }
+
+    fn inspects(&self) -> bool {
+        false
+    }
 }
 
 mod conformance {
@@ -58,6 +62,10 @@ impl Sabotaged {
 impl KeysKept for Sabotaged {
     fn keys_kept(&self) -> usize {
         self.toy.keys()
+    }
+
+    fn inspects(&self) -> bool {
+        false
     }
 }
 

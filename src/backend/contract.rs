@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{BackendFuture, Capabilities};
+use super::{BackendFuture, Capabilities, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::LostSignal;
@@ -191,6 +191,28 @@ pub trait Backend: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
     }
+
+    /// Who holds `key` and who waits for it, in any process, as the store
+    /// can tell ([`Inspection`]); for operators, not for deciding whether
+    /// to lock (the answer is stale as soon as it arrives). The default,
+    /// for backends that keep nothing to show, is
+    /// [`LockError::Unsupported`]. What each store fills in:
+    ///
+    /// | backend | token | mode | lease left | identity | waiters |
+    /// |---|---|---|---|---|---|
+    /// | memory | yes | yes | no lease | no | yes |
+    /// | Redis (one server, Sentinel, Cluster) | no: the key keeps its owner, the fence only the last token handed out | yes (a semaphore's permits: none) | yes | the owner's random token | no: waiters retry, Redis keeps no queue |
+    /// | PostgreSQL, advisory locks | no: the server keeps none | exclusive or read | no lease: the session's | server process, client address, application name (`pg_locks`, `pg_stat_activity`) | yes, sessions waiting in the server; semaphores not shown |
+    /// | PostgreSQL, lease table | no | exclusive | yes | the row's owner | no |
+    /// | MariaDB | no | exclusive | no lease: the connection's | connection id, user and host (`IS_USED_LOCK`, the process list) | no: the process list does not say which lock a connection waits for |
+    /// | Redlock, ZooKeeper, etcd | not yet: [`LockError::Unsupported`] | | | | |
+    fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
+        let _ = key;
+        BackendFuture::ready(Err(LockError::Unsupported(format!(
+            "the {} backend cannot inspect its locks",
+            self.name()
+        ))))
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -208,6 +230,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         (**self).acquire(request)
+    }
+    fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
+        (**self).inspect(key)
     }
     fn flush(&self) -> BackendFuture<()> {
         (**self).flush()
@@ -229,6 +254,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         (**self).acquire(request)
+    }
+    fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
+        (**self).inspect(key)
     }
     fn flush(&self) -> BackendFuture<()> {
         (**self).flush()

@@ -118,6 +118,7 @@ mod engine;
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
 mod future;
+mod inspect;
 pub(crate) mod memory;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
@@ -153,4 +154,5 @@ pub use crate::lost::{HasLostState, LostState, LostTrigger};
 pub use contract::{Acquired, LeaseHandle, LockRequest, DEFAULT_LEASE};
 pub use engine::{Cohort, CohortOptions};
 pub use future::BackendFuture;
+pub use inspect::{Holder, Inspection};
 pub use registry::connect;

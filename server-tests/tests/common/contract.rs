@@ -67,6 +67,13 @@ pub trait Subject: Sync {
         true
     }
 
+    /// Whether the store answers [`Backend::inspect`]: every store shipped
+    /// will; `false` marks one not done yet, the test then checks that it
+    /// says so.
+    fn inspects(&self) -> bool {
+        true
+    }
+
     /// Whether waiters in one process get a key in the order they asked:
     /// a cohort queues them so, and without one only a server queue fed
     /// in order does (the guarantees document says which).
@@ -84,6 +91,12 @@ pub trait Subject: Sync {
 pub trait KeysKept {
     /// The keys it still keeps an entry for (held, waited for, or leaked).
     fn keys_kept(&self) -> usize;
+
+    /// Whether it answers `inspect` (the toy backend keeps the default,
+    /// not supported).
+    fn inspects(&self) -> bool {
+        true
+    }
 }
 
 /// An in-process backend as a subject: every "process" of a test is a
@@ -100,6 +113,10 @@ impl<B: Backend + Clone + KeysKept> Subject for InProcess<B> {
 
     async fn connect_through_proxy(&self, _test: &str) -> Option<(Vec<FaultProxy>, B)> {
         None
+    }
+
+    fn inspects(&self) -> bool {
+        self.0.inspects()
     }
 
     async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
@@ -223,6 +240,70 @@ pub fn the_waiter_past_the_cap_is_refused<S: Subject>(subject: &S) {
             .expect("the admitted waiter is served");
         assert!(next > token, "{}: tokens rise", a.name());
         a.flush().await;
+        assert_left_free(subject, TEST, &[k]).await;
+    })
+}
+
+/// Another process sees the holder of a key (its token where the store
+/// keeps one, its lease within the lease), the waiter where the server
+/// counts waiters, and the key free once released.
+pub fn another_process_sees_who_holds_a_key<S: Subject>(subject: &S) {
+    const TEST: &str = "inspect";
+    runtime(true).block_on(async {
+        use tower_lock::{BackendExt, LockError, LockKey};
+        let (a, b, c) = (
+            subject.connect(TEST).await,
+            subject.connect(TEST).await,
+            subject.connect(TEST).await,
+        );
+        let k = key(subject, TEST, "k");
+        let lock_key = LockKey::new(&k).unwrap();
+        if !subject.inspects() {
+            let e = b.inspect(lock_key).await.unwrap_err();
+            assert!(matches!(e, LockError::Unsupported(_)), "{e:?}");
+            return;
+        }
+        let free = b.inspect(lock_key.clone()).await.unwrap();
+        assert!(!free.is_held(), "{}: {free:?}", a.name());
+        let lease = Duration::from_secs(10);
+        let held = a.lock(k.as_str()).lease(lease).await.unwrap();
+        let seen = b.inspect(lock_key.clone()).await.unwrap();
+        assert_eq!(seen.holders.len(), 1, "{}: {seen:?}", a.name());
+        let holder = &seen.holders[0];
+        if let Some(token) = holder.token {
+            assert_eq!(token, held.token(), "{}", a.name());
+        }
+        if let Some(left) = holder.lease_left {
+            assert!(left <= lease, "{}: {left:?}", a.name());
+        }
+        let waiter = tokio::spawn({
+            let (c, k) = (c.clone(), k.clone());
+            async move {
+                c.lock(k.as_str())
+                    .wait(Duration::from_secs(30))
+                    .await
+                    .map(|g| g.token())
+            }
+        });
+        if seen.waiters.is_some() {
+            let mut tries = 0;
+            while b.inspect(lock_key.clone()).await.unwrap().waiters < Some(1) {
+                tries += 1;
+                assert!(tries < 500, "{}: the waiter never showed", a.name());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let token = held.token();
+        drop(held);
+        assert!(waiter.await.unwrap().unwrap() > token);
+        a.flush().await;
+        c.flush().await;
+        let mut tries = 0;
+        while b.inspect(lock_key.clone()).await.unwrap().is_held() {
+            tries += 1;
+            assert!(tries < 500, "{}: still held once released", a.name());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_left_free(subject, TEST, &[k]).await;
     })
 }
@@ -378,6 +459,7 @@ pub fn every_contract_test<S: Subject>(subject: &S) {
     every_operation_cut_at_every_await(subject);
     a_holder_cut_off_is_told_before_another_is_granted(subject);
     the_waiter_past_the_cap_is_refused(subject);
+    another_process_sees_who_holds_a_key(subject);
 }
 
 /// The suite for one subject (an expression whose type is a [`Subject`]):
@@ -396,6 +478,10 @@ macro_rules! conformance {
         #[test]
         fn the_waiter_past_the_cap_is_refused() {
             $crate::common::contract::the_waiter_past_the_cap_is_refused(&$subject);
+        }
+        #[test]
+        fn another_process_sees_who_holds_a_key() {
+            $crate::common::contract::another_process_sees_who_holds_a_key(&$subject);
         }
         #[test]
         fn a_request_reenters_its_own_lock() {

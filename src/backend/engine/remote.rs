@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::{Cohort, CohortOptions, InFlight};
 use crate::Backend;
-use crate::backend::{Acquired, BackendFuture, Capabilities, LockRequest};
+use crate::backend::{Acquired, BackendFuture, Capabilities, Inspection, LockRequest};
 use crate::error::LockError;
+use crate::key::LockKey;
 
 /// What a remote store supplies to the engine: its acquire path. Each lock
 /// it grants is a `Lease` of the store's `Protocol`, which renews and
@@ -27,6 +28,19 @@ pub(crate) trait Store: Send + Sync + 'static {
 
     /// What the store offers ([`Backend::capabilities`]), before cohorting.
     fn capabilities(&self) -> Capabilities;
+
+    /// Who holds `key`, as [`Backend::inspect`] describes; by default not
+    /// supported.
+    fn inspect(
+        self: Arc<Self>,
+        key: LockKey,
+    ) -> impl Future<Output = Result<Inspection, LockError>> + Send + 'static {
+        let _ = key;
+        std::future::ready(Err(LockError::Unsupported(format!(
+            "the {} backend cannot inspect its locks",
+            Self::NAME
+        ))))
+    }
 }
 
 /// A remote backend: the engine (the process's local queue and hand-off,
@@ -100,6 +114,12 @@ impl<S: Store> Backend for RemoteBackend<S> {
 
     fn capabilities(&self) -> Capabilities {
         self.cohort.capabilities()
+    }
+
+    /// Asks the server: a lock this process's cohort passes between its
+    /// waiters shows as the server holds it (the grant, its token).
+    fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
+        BackendFuture::new(self.cohort.inner().0.clone().inspect(key))
     }
 }
 

@@ -11,13 +11,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use super::{Acquired, BackendFuture, LockRequest};
+use super::{Acquired, BackendFuture, Inspection, LockRequest};
 
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::loom::sync::Mutex;
 use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
+use crate::token::FencingToken;
 use crate::Backend;
 use shard::{wake_all, Grants, Holder, MapKey, Shard, ShardState, Slot, Waiter};
 
@@ -276,6 +277,27 @@ impl Backend for MemoryBackend {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+
+    /// Every holder with its token and mode (no lease: a memory lock ends
+    /// with its guard), and the waiters queued behind them.
+    fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
+        let map_key = self.inner.map_key(key.clone());
+        let shard = lock(&self.inner.shard(&map_key).state);
+        let Some(state) = shard.keys.get(&map_key) else {
+            return BackendFuture::ready(Ok(Inspection::free(key, Some(0))));
+        };
+        let holders = state
+            .holders()
+            .map(|(token, mode)| super::Holder::new(Some(FencingToken::new(token))).mode(mode))
+            .collect();
+        let waiters = Some(u32::try_from(state.queue.len()).unwrap_or(u32::MAX));
+        drop(shard);
+        BackendFuture::ready(Ok(Inspection {
+            key,
+            holders,
+            waiters,
+        }))
     }
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {

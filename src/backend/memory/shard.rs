@@ -222,6 +222,8 @@ impl Holders {
 enum Held {
     #[default]
     Exclusive,
+    /// A write lock: exclusive, named apart for inspection.
+    Write,
     Shared,
     /// A semaphore; its bound is the smallest permit count among the
     /// current holders.
@@ -303,6 +305,19 @@ pub(super) fn wake_all(wakers: Vec<Waker>) {
 }
 
 impl KeyState {
+    /// Its holders' tokens and modes.
+    pub(super) fn holders(&self) -> impl Iterator<Item = (u64, LockMode)> + '_ {
+        self.holders.iter().map(|h| {
+            let mode = match self.held {
+                Held::Exclusive => LockMode::Exclusive,
+                Held::Write => LockMode::Write,
+                Held::Shared => LockMode::Read,
+                Held::Permits => LockMode::Semaphore { permits: h.permits },
+            };
+            (h.token, mode)
+        })
+    }
+
     pub(super) fn admits(&self, mode: LockMode) -> bool {
         if self.holders.is_empty() {
             return true;
@@ -337,6 +352,7 @@ impl KeyState {
         self.held = match mode {
             LockMode::Read => Held::Shared,
             LockMode::Semaphore { .. } => Held::Permits,
+            LockMode::Write => Held::Write,
             _ => Held::Exclusive,
         };
         let hold = grants.hold(shard, key, permits);

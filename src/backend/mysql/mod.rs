@@ -125,9 +125,12 @@ pub use self::session::MysqlStore;
 use self::session::{my_error, Session};
 use crate::backend::engine::lease::{check_lease, Lease, Protocol, Released};
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
+use crate::backend::{
+    Acquired, Capabilities, CohortOptions, Holder, Inspection, LockRequest, RemoteBackend,
+};
 use crate::error::LockError;
-use crate::mode::Wait;
+use crate::key::LockKey;
+use crate::mode::{LockMode, Wait};
 use crate::token::FencingToken;
 
 /// The lock name for the key given as the statement's first three
@@ -443,6 +446,41 @@ impl Store for MysqlStore {
 
     fn releases(&self) -> &Arc<InFlight> {
         &self.releases
+    }
+
+    /// The connection holding the key (`IS_USED_LOCK`) and its user and
+    /// host, from the process list; no token (the server keeps none per
+    /// lock) and no count of waiters (the process list shows connections
+    /// waiting on a user lock, not for which).
+    async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
+        let session = self.session().await?;
+        let holder: Result<Option<(u64, String, String)>, _> = {
+            let mut conn = session.conn.lock().await;
+            let k = key.as_str();
+            conn.exec_first(
+                format!(
+                    "SELECT ID, USER, HOST FROM information_schema.PROCESSLIST \
+                     WHERE ID = IS_USED_LOCK({NAME})"
+                ),
+                (k, k, k),
+            )
+            .await
+        };
+        self.give_back(session);
+        let holders = holder
+            .map_err(|e| my_error("inspecting a lock", e))?
+            .map(|(id, user, host)| {
+                Holder::new(None)
+                    .mode(LockMode::Exclusive)
+                    .identity(format!("connection {id} of {user}@{host}"))
+            })
+            .into_iter()
+            .collect();
+        Ok(Inspection {
+            key,
+            holders,
+            waiters: None,
+        })
     }
 
     // No promised order among waiters, and a release and the next acquisition

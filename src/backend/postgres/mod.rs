@@ -186,6 +186,7 @@
 //! ```
 
 mod advisory;
+mod inspect;
 mod session;
 mod table;
 mod table_sql;
@@ -199,8 +200,11 @@ use self::session::Advisory;
 use self::table::LeaseTable;
 use crate::backend::engine::lease::check_lease;
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
+use crate::backend::{
+    Acquired, Capabilities, CohortOptions, Inspection, LockRequest, RemoteBackend,
+};
 use crate::error::LockError;
+use crate::key::LockKey;
 
 /// Settings of a [`PostgresBackend`].
 ///
@@ -386,6 +390,13 @@ impl Store for PostgresStore {
         match &self.mode {
             Mode::Advisory(pg) => &pg.releases,
             Mode::Table(table) => &table.releases,
+        }
+    }
+
+    async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
+        match &self.mode {
+            Mode::Advisory(pg) => pg.inspect(key).await,
+            Mode::Table(table) => table.inspect(key).await,
         }
     }
 

@@ -61,8 +61,8 @@ struct Slot {
 
 /// A statement connection, and the statements prepared on it once the
 /// server's sessions are known to be kept.
-struct Conn {
-    client: Client,
+pub(super) struct Conn {
+    pub(super) client: Client,
     /// The statements of each lock ([`Stmt::Acquire`], `Renew`, `Release`).
     prepared: [tokio::sync::OnceCell<Statement>; 3],
 }
@@ -87,7 +87,7 @@ pub(super) struct LeaseTable {
     connect_timeout: Duration,
     /// The token sequence's name.
     sequence: String,
-    sql: Sql,
+    pub(super) sql: Sql,
     /// The statement connections, each opened again when it breaks. A key
     /// always uses the same one, so that a release sent lands before the
     /// next acquire of the key; different keys commit in parallel.
@@ -177,7 +177,7 @@ impl LeaseTable {
 
     /// The statement connection for `key`, opened if there is none or it
     /// broke.
-    async fn conn(&self, key: &str) -> Result<Arc<Conn>, LockError> {
+    pub(super) async fn conn(&self, key: &str) -> Result<Arc<Conn>, LockError> {
         use std::hash::BuildHasher;
         // A fixed hash: the same key, the same connection.
         let hash =

@@ -10,6 +10,8 @@ pub(super) struct Sql {
     pub(super) sweep: String,
     pub(super) probe: String,
     pub(super) listen: String,
+    /// The holder of a key and its time left, for inspection.
+    pub(super) inspect: String,
 }
 
 impl Sql {
@@ -17,6 +19,10 @@ impl Sql {
         let expiry = "clock_timestamp() + $3 * interval '1 millisecond'";
         let then = "(EXCLUDED.expires_at - $3 * interval '1 millisecond')";
         Sql {
+            inspect: format!(
+                "SELECT owner, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint \
+                 FROM {table} WHERE key = $1 AND expires_at > clock_timestamp()"
+            ),
             create: format!(
                 "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
                  CREATE TABLE IF NOT EXISTS {table} (\

@@ -195,6 +195,7 @@
 
 mod cluster;
 mod connection;
+mod inspect;
 mod layout;
 mod master;
 mod options;

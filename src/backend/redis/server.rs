@@ -16,8 +16,9 @@ use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::{Acquired, Capabilities, LockRequest};
+use crate::backend::{Acquired, Capabilities, Inspection, LockRequest};
 use crate::error::LockError;
+use crate::key::LockKey;
 use crate::lost::Deadline;
 use crate::mode::Wait;
 use crate::token::FencingToken;
@@ -118,6 +119,10 @@ impl Store for RedisStore {
         Capabilities::new()
             .max_tokens(MAX_TOKENS)
             .ordered_release(true)
+    }
+
+    async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
+        self.inspect_key(key).await
     }
 }
 

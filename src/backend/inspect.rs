@@ -1,0 +1,130 @@
+//! [`Inspection`]: who holds a key, as its store can tell, for
+//! [`Backend::inspect`](crate::Backend::inspect).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::key::LockKey;
+use crate::mode::LockMode;
+use crate::token::FencingToken;
+
+/// Who holds a key and who waits for it, as the store can tell at one
+/// moment: any process, not only this one.
+///
+/// What a store keeps differs, so every field but the key is optional; each
+/// backend's module says what it fills in.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), tower_lock::LockError> {
+/// use tower_lock::{Backend, BackendExt, LockKey, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let held = backend.lock("sku-1").await?;
+/// let seen = backend.inspect(LockKey::new("sku-1")?).await?;
+/// assert_eq!(seen.holders.len(), 1);
+/// assert_eq!(seen.holders[0].token, Some(held.token()));
+/// assert_eq!(seen.waiters, Some(0));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Inspection {
+    /// The key inspected.
+    pub key: LockKey,
+    /// Its holders: none when free, one for an exclusive or write lock,
+    /// any number for read locks and semaphores.
+    pub holders: Vec<Holder>,
+    /// How many acquisitions wait for it, where the server knows (a
+    /// queue it keeps); `None` where waiters only retry.
+    pub waiters: Option<u32>,
+}
+
+impl Inspection {
+    /// A key nobody holds, with `waiters` as the store tells.
+    pub fn free(key: LockKey, waiters: Option<u32>) -> Self {
+        Inspection {
+            key,
+            holders: Vec::new(),
+            waiters,
+        }
+    }
+
+    /// Whether someone holds the key.
+    pub fn is_held(&self) -> bool {
+        !self.holders.is_empty()
+    }
+}
+
+/// One holder of a key, as its store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Holder {
+    /// Its fencing token, where the store keeps one per holder.
+    pub token: Option<FencingToken>,
+    /// The mode it holds the key in, where the store tells.
+    pub mode: Option<LockMode>,
+    /// How long the store keeps the lock if it is not renewed: the lease
+    /// or session left.
+    pub lease_left: Option<Duration>,
+    /// Who holds it, where the store carries it: a host, a process id, a
+    /// connection, a label.
+    pub identity: Option<String>,
+}
+
+impl Holder {
+    /// A holder with `token`, everything else unknown: set the rest with
+    /// the other builders.
+    pub fn new(token: Option<FencingToken>) -> Self {
+        Holder {
+            token,
+            ..Holder::default()
+        }
+    }
+
+    /// Its mode.
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = Some(mode);
+        self
+    }
+
+    /// The lease or session it has left.
+    pub fn lease_left(mut self, left: Duration) -> Self {
+        self.lease_left = Some(left);
+        self
+    }
+
+    /// Who holds it.
+    pub fn identity(mut self, identity: impl Into<String>) -> Self {
+        self.identity = Some(identity.into());
+        self
+    }
+}
+
+impl fmt::Display for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sep = "";
+        let mut field = |f: &mut fmt::Formatter<'_>, text: fmt::Arguments<'_>| {
+            let r = write!(f, "{sep}{text}");
+            sep = ", ";
+            r
+        };
+        if let Some(t) = self.token {
+            field(f, format_args!("token {t}"))?;
+        }
+        if let Some(m) = self.mode {
+            field(f, format_args!("{m}"))?;
+        }
+        if let Some(l) = self.lease_left {
+            field(f, format_args!("{} ms left", l.as_millis()))?;
+        }
+        if let Some(who) = &self.identity {
+            field(f, format_args!("held by {who}"))?;
+        }
+        if sep.is_empty() {
+            f.write_str("a holder the store does not describe")?;
+        }
+        Ok(())
+    }
+}
