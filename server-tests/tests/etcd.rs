@@ -126,11 +126,6 @@ struct Etcd {
 impl common::contract::Subject for Etcd {
     type Backend = EtcdBackend;
 
-    /// Inspection is not written for this store yet (issue 35).
-    fn inspects(&self) -> bool {
-        false
-    }
-
     async fn connect(&self, test: &str) -> EtcdBackend {
         let options =
             options(&format!("{test}-{}", self.mode)).cohort(common::contract::cohort(self.cohort));

@@ -51,11 +51,6 @@ impl OnTheCluster<'_> {
 impl common::contract::Subject for OnTheCluster<'_> {
     type Backend = EtcdBackend;
 
-    /// Inspection is not written for this store yet (issue 35).
-    fn inspects(&self) -> bool {
-        false
-    }
-
     async fn connect(&self, test: &str) -> EtcdBackend {
         self.at(&self.cluster.hosts(), test).await
     }

@@ -52,11 +52,6 @@ impl OnTheEnsemble<'_> {
 impl common::contract::Subject for OnTheEnsemble<'_> {
     type Backend = ZookeeperBackend;
 
-    /// Inspection is not written for this store yet (issue 35).
-    fn inspects(&self) -> bool {
-        false
-    }
-
     async fn connect(&self, test: &str) -> ZookeeperBackend {
         self.at(&self.cluster.hosts(), test).await
     }

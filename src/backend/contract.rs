@@ -205,7 +205,9 @@ pub trait Backend: Send + Sync + 'static {
     /// | PostgreSQL, advisory locks | no: the server keeps none | exclusive or read | no lease: the session's | server process, client address, application name (`pg_locks`, `pg_stat_activity`) | yes, sessions waiting in the server; semaphores not shown |
     /// | PostgreSQL, lease table | no | exclusive | yes | the row's owner | no |
     /// | MariaDB | no | exclusive | no lease: the connection's | connection id, user and host (`IS_USED_LOCK`, the process list) | no: the process list does not say which lock a connection waits for |
-    /// | Redlock, ZooKeeper, etcd | not yet: [`LockError::Unsupported`] | | | | |
+    /// | Redlock | no | yes | the least among the instances that have it | the owner, on how many instances; only holders a majority has | no |
+    /// | ZooKeeper | yes (the node's creation zxid) | yes (a semaphore's leases: not shown) | no lease: the session's | the session id, and the node's data when another client wrote some (Curator's address, kazoo's identifier) | yes, the contenders behind |
+    /// | etcd | yes (the key's create revision) | exclusive or read | the lease's time to live | the lease id | yes, the keys behind |
     fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
         let _ = key;
         BackendFuture::ready(Err(LockError::Unsupported(format!(

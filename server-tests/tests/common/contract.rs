@@ -68,8 +68,8 @@ pub trait Subject: Sync {
     }
 
     /// Whether the store answers [`Backend::inspect`]: every store shipped
-    /// will; `false` marks one not done yet, the test then checks that it
-    /// says so.
+    /// does; a third-party one may keep the default, and the test then
+    /// checks that it says so.
     fn inspects(&self) -> bool {
         true
     }

@@ -92,11 +92,6 @@ impl Redlock {
 impl common::contract::Subject for Redlock {
     type Backend = RedlockBackend;
 
-    /// Inspection is not written for this store yet (issue 35).
-    fn inspects(&self) -> bool {
-        false
-    }
-
     async fn connect(&self, _test: &str) -> RedlockBackend {
         RedlockBackend::connect(&redlock_url(&self.servers))
             .await

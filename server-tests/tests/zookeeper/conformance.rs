@@ -28,11 +28,6 @@ impl Zookeeper {
 impl common::contract::Subject for Zookeeper {
     type Backend = ZookeeperBackend;
 
-    /// Inspection is not written for this store yet (issue 35).
-    fn inspects(&self) -> bool {
-        false
-    }
-
     async fn connect(&self, test: &str) -> ZookeeperBackend {
         self.at(&zk_addr(), test).await
     }

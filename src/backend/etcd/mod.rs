@@ -135,6 +135,7 @@
 //! ```
 
 mod contender;
+mod inspect;
 mod session;
 
 use std::fmt;
@@ -145,7 +146,9 @@ use std::time::Duration;
 pub use self::session::EtcdStore;
 use crate::backend::engine::lease::Lease;
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
+use crate::backend::{
+    Acquired, Capabilities, CohortOptions, Inspection, LockRequest, RemoteBackend,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
@@ -446,6 +449,10 @@ impl Store for EtcdStore {
     // concurrent HTTP/2 streams. A create applied before the release it
     // followed finds the released key ahead and waits in the queue for its
     // delete, so the next acquire need not wait for the release's answer.
+    async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
+        self.inspect_key(key).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .no_semaphore()

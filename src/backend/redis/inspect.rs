@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use redis::aio::ConnectionLike;
+
 use super::layout::{redis_error, redis_name};
 use super::server::RedisStore;
 use crate::backend::{Holder, Inspection};
@@ -37,46 +39,57 @@ impl RedisStore {
         self: Arc<Self>,
         key: LockKey,
     ) -> Result<Inspection, LockError> {
-        let base = redis_name(&self.prefix, key.as_str());
         let mut conn = self.conn.get();
-        let (exclusive, exclusive_ttl, writer, writer_ttl, readers, permits, now): Answer =
-            redis::Script::new(INSPECT)
-                .key(&base)
-                .key(format!("{base}:w"))
-                .key(format!("{base}:r"))
-                .key(format!("{base}:s"))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("inspecting a lock", e))?;
-        let ms = |n: i64| Duration::from_millis(u64::try_from(n).unwrap_or(0));
-        let mut holders = Vec::new();
-        for (owner, ttl, mode) in [
-            (exclusive, exclusive_ttl, LockMode::Exclusive),
-            (writer, writer_ttl, LockMode::Write),
-        ] {
-            if !owner.is_empty() {
-                holders.push(owned(&owner, ms(ttl)).mode(mode));
-            }
-        }
-        for (set, mode) in [(readers, Some(LockMode::Read)), (permits, None)] {
-            for pair in set.chunks_exact(2) {
-                let expires: f64 = pair[1].parse().unwrap_or(0.0);
-                if expires as i64 <= now {
-                    continue; // expired, not yet swept
-                }
-                let holder = owned(&pair[0], ms(expires as i64 - now));
-                holders.push(match mode {
-                    Some(mode) => holder.mode(mode),
-                    None => holder,
-                });
-            }
-        }
+        let holders = holders(&mut conn, &self.prefix, &key)
+            .await
+            .map_err(|e| redis_error("inspecting a lock", e))?;
         Ok(Inspection {
             key,
             holders,
             waiters: None,
         })
     }
+}
+
+/// The holders of `key`'s lock on one server.
+pub(super) async fn holders<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    key: &LockKey,
+) -> Result<Vec<Holder>, redis::RedisError> {
+    let base = redis_name(prefix, key.as_str());
+    let (exclusive, exclusive_ttl, writer, writer_ttl, readers, permits, now): Answer =
+        redis::Script::new(INSPECT)
+            .key(&base)
+            .key(format!("{base}:w"))
+            .key(format!("{base}:r"))
+            .key(format!("{base}:s"))
+            .invoke_async(conn)
+            .await?;
+    let ms = |n: i64| Duration::from_millis(u64::try_from(n).unwrap_or(0));
+    let mut holders = Vec::new();
+    for (owner, ttl, mode) in [
+        (exclusive, exclusive_ttl, LockMode::Exclusive),
+        (writer, writer_ttl, LockMode::Write),
+    ] {
+        if !owner.is_empty() {
+            holders.push(owned(&owner, ms(ttl)).mode(mode));
+        }
+    }
+    for (set, mode) in [(readers, Some(LockMode::Read)), (permits, None)] {
+        for pair in set.chunks_exact(2) {
+            let expires: f64 = pair[1].parse().unwrap_or(0.0);
+            if expires as i64 <= now {
+                continue; // expired, not yet swept
+            }
+            let holder = owned(&pair[0], ms(expires as i64 - now));
+            holders.push(match mode {
+                Some(mode) => holder.mode(mode),
+                None => holder,
+            });
+        }
+    }
+    Ok(holders)
 }
 
 fn owned(owner: &str, left: Duration) -> Holder {

@@ -71,8 +71,11 @@ use crate::backend::engine::lease::{
     check_lease, drift, release_in_background, Lease, Protocol, Released,
 };
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
+use crate::backend::{
+    Acquired, Capabilities, CohortOptions, Holder, Inspection, LockRequest, RemoteBackend,
+};
 use crate::error::LockError;
+use crate::key::LockKey;
 use crate::lost::Deadline;
 use crate::mode::Wait;
 use crate::token::FencingToken;
@@ -444,6 +447,62 @@ impl Store for RedlockStore {
     }
 
     // Every instance's connection keeps its commands in order.
+    /// Each instance's holders; a holder shows when a majority has its
+    /// owner, with the least time left among them (the one that bounds the
+    /// lock). No token, no waiters, as on one server.
+    async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
+        let answers = self
+            .on_all(|mut conn| {
+                let (prefix, key) = (self.prefix.clone(), key.clone());
+                async move {
+                    super::inspect::holders(&mut conn, &prefix, &key)
+                        .await
+                        .map_err(|e| redis_error("inspecting a lock", e))
+                }
+            })
+            .await;
+        let quorum = self.quorum();
+        let answered: Vec<Vec<Holder>> = answers.into_iter().filter_map(Result::ok).collect();
+        if answered.len() < quorum {
+            return Err(LockError::backend(
+                "redlock",
+                format!(
+                    "inspecting a lock: only {} of {} instances answered",
+                    answered.len(),
+                    self.nodes.len()
+                ),
+                None,
+            ));
+        }
+        let mut seen: Vec<(Holder, usize)> = Vec::new();
+        for holder in answered.into_iter().flatten() {
+            match seen
+                .iter_mut()
+                .find(|(h, _)| h.identity == holder.identity && h.mode == holder.mode)
+            {
+                Some((h, n)) => {
+                    *n += 1;
+                    h.lease_left = h.lease_left.min(holder.lease_left);
+                }
+                None => seen.push((holder, 1)),
+            }
+        }
+        let n = self.nodes.len();
+        let holders = seen
+            .into_iter()
+            .filter(|(_, on)| *on >= quorum)
+            .map(|(h, on)| {
+                let who = h.identity.clone().unwrap_or_default();
+                h.identity(format!("{who} on {on} of {n} instances"))
+            })
+            .collect();
+        Ok(Inspection {
+            key,
+            holders,
+            waiters: None,
+        })
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .exclusive_only()

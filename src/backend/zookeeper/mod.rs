@@ -151,6 +151,7 @@
 //! # Ok(()) }
 //! ```
 
+mod inspect;
 mod node;
 mod recipes;
 mod session;
@@ -168,7 +169,9 @@ pub use self::url::node_name;
 use self::url::{check_root, parse_url};
 use crate::backend::engine::lease::Lease;
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::{Acquired, Capabilities, CohortOptions, LockRequest, RemoteBackend};
+use crate::backend::{
+    Acquired, Capabilities, CohortOptions, Inspection, LockRequest, RemoteBackend,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
@@ -392,6 +395,10 @@ impl Store for ZookeeperStore {
 
     // A session's requests are applied in order, and waiters queue by
     // sequence number across every client.
+    async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
+        self.inspect_key(key).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .max_tokens(ZookeeperBackend::TOKEN_SPACING)

@@ -12,8 +12,8 @@ use crate::error::LockError;
 use crate::mode::Wait;
 
 const LOCK_NAME: &str = "lock-";
-const READ_NAME: &str = "__READ__";
-const WRITE_NAME: &str = "__WRIT__";
+pub(super) const READ_NAME: &str = "__READ__";
+pub(super) const WRITE_NAME: &str = "__WRIT__";
 const LEASE_NAME: &str = "lease-";
 /// Curator's protected-mode prefix: `_c_<uuid>-`.
 const PROTECTED: &str = "_c_";
@@ -53,7 +53,7 @@ enum Next<'a> {
 /// sign cannot be told apart. (The server's counter would wrap to negative
 /// after 2^31 nodes under one parent; a container parent is reaped long
 /// before.)
-fn sequence(name: &str) -> Option<i64> {
+pub(super) fn sequence(name: &str) -> Option<i64> {
     let digits = name.bytes().rev().take_while(u8::is_ascii_digit).count();
     if digits < 10 {
         return None;
@@ -63,7 +63,7 @@ fn sequence(name: &str) -> Option<i64> {
 
 /// Whether a node is a shared (read) contender: ours or Curator's
 /// `__READ__`, kazoo's `__rlock__`. Anything else is exclusive.
-fn is_reader(name: &str) -> bool {
+pub(super) fn is_reader(name: &str) -> bool {
     name.contains(READ_NAME) || name.contains("__rlock__")
 }
 

@@ -1,0 +1,74 @@
+//! Who holds a key: the keys under its prefix in create order, for
+//! [`Backend::inspect`](crate::Backend::inspect).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{GetOptions, SortOrder, SortTarget};
+
+use super::contender::is_reader;
+use super::session::etcd_error;
+use super::{EtcdBackend, EtcdStore};
+use crate::backend::{Holder, Inspection};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::mode::LockMode;
+use crate::token::FencingToken;
+
+impl EtcdStore {
+    /// The holders are the first key, or the readers before the first
+    /// writer (as the lock protocol serves them, whoever made the keys:
+    /// `etcdctl lock` too), each with its token (from its create
+    /// revision, as a grant computes it), mode, lease and the time its
+    /// lease has left; the other keys wait.
+    pub(super) async fn inspect_key(
+        self: Arc<Self>,
+        key: LockKey,
+    ) -> Result<Inspection, LockError> {
+        let session = self.session().await?;
+        let prefix = format!("{}/", self.name(&key));
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let mut kv = session.client.kv_client();
+        let answer = kv
+            .get(prefix.as_str(), Some(options))
+            .await
+            .map_err(|e| etcd_error("listing lock keys", e))?;
+        let kvs = answer.kvs();
+        let holding = match kvs.first() {
+            None => 0,
+            Some(first) if !is_reader(first.value()) => 1,
+            Some(_) => kvs.iter().take_while(|kv| is_reader(kv.value())).count(),
+        };
+        let mut lease = session.client.lease_client();
+        let mut holders = Vec::with_capacity(holding);
+        for kv in &kvs[..holding] {
+            let token = kv.create_revision() as u64 * u64::from(EtcdBackend::TOKEN_SPACING);
+            let mode = if is_reader(kv.value()) {
+                LockMode::Read
+            } else {
+                LockMode::Exclusive
+            };
+            let mut holder = Holder::new(Some(FencingToken::new(token)))
+                .mode(mode)
+                .identity(format!("lease {:x}", kv.lease()));
+            if kv.lease() != 0 {
+                let ttl = lease
+                    .time_to_live(kv.lease(), None)
+                    .await
+                    .map_err(|e| etcd_error("reading a lock's lease", e))?
+                    .ttl();
+                // -1: the lease has just expired.
+                holder = holder.lease_left(Duration::from_secs(u64::try_from(ttl).unwrap_or(0)));
+            }
+            holders.push(holder);
+        }
+        let waiters = u32::try_from(kvs.len() - holding).unwrap_or(u32::MAX);
+        Ok(Inspection {
+            key,
+            holders,
+            waiters: Some(waiters),
+        })
+    }
+}
