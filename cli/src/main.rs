@@ -1,0 +1,207 @@
+//! `tower-lock`: who holds a lock, from an operator's shell.
+//!
+//! ```text
+//! tower-lock inspect [URL] KEY [--json]
+//! ```
+//!
+//! `URL` is any URL `tower_lock::backend::connect` takes (`redis://…`,
+//! `redlock://…`, `zk://…`, `postgres://…`, `mysql://…`, `etcd://…`). It
+//! may be left out when `TOWER_LOCK_URL` holds it, and a password may come
+//! from `TOWER_LOCK_PASSWORD` rather than the URL, so that neither is on
+//! the command line (where other users of the machine can read it). No
+//! output shows a password.
+//!
+//! Exit codes: 0 answered (held or free); 2 bad usage, URL or key; 3 the
+//! server could not be reached or failed; 4 the backend cannot inspect.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tower_lock::backend::Inspection;
+use tower_lock::{LockError, LockKey};
+
+const USAGE: &str = "usage: tower-lock inspect [URL] KEY [--json]
+
+  URL   a backend URL (redis://, redlock://, zk://, postgres://, mysql://,
+        etcd://); TOWER_LOCK_URL when left out. TOWER_LOCK_PASSWORD, if
+        set, is the password of a URL that gives none.
+  KEY   the lock key, namespace included (e.g. sku:42)
+
+exit codes: 0 answered, 2 bad usage, URL or key, 3 server unreachable or
+failing, 4 the backend cannot inspect";
+
+/// What the command line asks.
+struct Command {
+    url: String,
+    key: String,
+    json: bool,
+}
+
+fn parse(args: &[String]) -> Result<Command, String> {
+    let json = args.iter().any(|a| a == "--json");
+    let rest: Vec<&String> = args.iter().filter(|a| *a != "--json").collect();
+    if let Some(flag) = rest.iter().find(|a| a.starts_with("--")) {
+        return Err(format!("unknown option {flag}"));
+    }
+    let (url, key) = match rest.as_slice() {
+        [cmd, url, key] if cmd.as_str() == "inspect" => ((*url).clone(), (*key).clone()),
+        [cmd, key] if cmd.as_str() == "inspect" => match std::env::var("TOWER_LOCK_URL") {
+            Ok(url) if !url.is_empty() => (url, (*key).clone()),
+            _ => return Err("no URL: give one, or set TOWER_LOCK_URL".into()),
+        },
+        [cmd, ..] if cmd.as_str() != "inspect" => return Err(format!("unknown command {cmd:?}")),
+        _ => return Err("inspect takes a URL (or TOWER_LOCK_URL) and a key".into()),
+    };
+    let url = match std::env::var("TOWER_LOCK_PASSWORD") {
+        Ok(password) if !password.is_empty() => with_password(&url, &password)?,
+        _ => url,
+    };
+    Ok(Command { url, key, json })
+}
+
+/// `url` with `password` as its password, unless it gives one already.
+fn with_password(url: &str, password: &str) -> Result<String, String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Ok(url.to_owned());
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    if authority.contains(',') {
+        return Err(
+            "TOWER_LOCK_PASSWORD applies to a URL of one host; give each host's in the URL".into(),
+        );
+    }
+    let (user, host) = match authority.rsplit_once('@') {
+        Some((userinfo, _)) if userinfo.contains(':') => return Ok(url.to_owned()),
+        Some((user, host)) => (user, host),
+        None => ("", authority),
+    };
+    let encoded: String = password
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect();
+    Ok(format!("{scheme}://{user}:{encoded}@{host}{tail}"))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help") {
+        eprintln!("{USAGE}");
+        return ExitCode::from(if args.is_empty() { 2 } else { 0 });
+    }
+    let command = match parse(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("tower-lock: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    match runtime.block_on(inspect(&command)) {
+        Ok(seen) => {
+            if command.json {
+                println!("{}", json(&seen));
+            } else {
+                print!("{}", table(&seen));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            // `LockError`'s text never shows a URL's userinfo.
+            eprintln!("tower-lock: {e}");
+            ExitCode::from(match e {
+                LockError::InvalidKey(_) | LockError::Config(_) | LockError::InvalidMode(_) => 2,
+                LockError::Unsupported(_) => 4,
+                _ => 3,
+            })
+        }
+    }
+}
+
+/// Connects and inspects, within a minute in all.
+async fn inspect(command: &Command) -> Result<Inspection, LockError> {
+    let key = LockKey::new(&command.key)?;
+    let work = async {
+        let backend = tower_lock::backend::connect(&command.url).await?;
+        backend.inspect(key).await
+    };
+    tokio::time::timeout(Duration::from_secs(60), work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(LockError::backend(
+                "tower-lock",
+                "no answer within 60 s",
+                None,
+            ))
+        })
+}
+
+fn table(seen: &Inspection) -> String {
+    let mut out = format!("key      {}\n", seen.key);
+    let state = match seen.holders.len() {
+        0 => "free".to_owned(),
+        1 => "held by 1".to_owned(),
+        n => format!("held by {n}"),
+    };
+    out += &format!("state    {state}\n");
+    out += &match seen.waiters {
+        Some(n) => format!("waiters  {n}\n"),
+        None => "waiters  not known (the store keeps no queue)\n".to_owned(),
+    };
+    for h in &seen.holders {
+        let token = h.token.map_or("-".to_owned(), |t| t.to_string());
+        let mode = h.mode.map_or("-".to_owned(), |m| m.to_string());
+        let left = h
+            .lease_left
+            .map_or("-".to_owned(), |l| format!("{:.1} s left", l.as_secs_f64()));
+        let who = h.identity.as_deref().unwrap_or("-");
+        out += &format!("  token {token:<20} {mode:<12} {left:<14} {who}\n");
+    }
+    out
+}
+
+fn json(seen: &Inspection) -> String {
+    let mut out = format!("{{\"key\":{},\"holders\":[", string(seen.key.as_str()));
+    for (i, h) in seen.holders.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out += &format!(
+            "{{\"token\":{},\"mode\":{},\"lease_left_ms\":{},\"identity\":{}}}",
+            h.token.map_or("null".into(), |t| t.get().to_string()),
+            h.mode.map_or("null".into(), |m| string(&m.to_string())),
+            h.lease_left
+                .map_or("null".into(), |l| l.as_millis().to_string()),
+            h.identity.as_deref().map_or("null".into(), string),
+        );
+    }
+    out += &format!(
+        "],\"waiters\":{}}}",
+        seen.waiters.map_or("null".into(), |n| n.to_string())
+    );
+    out
+}
+
+/// `s` as a JSON string.
+fn string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

@@ -1,0 +1,163 @@
+//! The `tower-lock` binary as an operator runs it: its error paths, and
+//! `inspect` against every backend holding a key this test process took.
+//! The servers' URLs come from the environment scripts/test-all.sh sets.
+
+use std::process::{Command, Output};
+
+use tower_lock::{Backend, BackendExt};
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tower-lock"));
+    cmd.args(args)
+        .env_remove("TOWER_LOCK_URL")
+        .env_remove("TOWER_LOCK_PASSWORD");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run tower-lock")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn bad_usage_urls_and_keys_exit_2_saying_why() {
+    for (args, says) in [
+        (&[][..], "usage: tower-lock inspect"),
+        (
+            &["frobnicate", "memory", "k"][..],
+            "unknown command \"frobnicate\"",
+        ),
+        (
+            &["inspect", "k"][..],
+            "no URL: give one, or set TOWER_LOCK_URL",
+        ),
+        (
+            &["inspect", "memory", "k", "--verbose"][..],
+            "unknown option --verbose",
+        ),
+        (&["inspect", "nosuch://host", "k"][..], "misconfigured"),
+        (&["inspect", "memory", "a/b"][..], "invalid lock key"),
+    ] {
+        let out = run(args, &[]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(says),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = run(&["--help"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+}
+
+#[test]
+fn a_free_key_is_shown_free_as_a_table_and_as_json() {
+    let out = run(&["inspect", "memory", "sku:1"], &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("key      sku:1\nstate    free\nwaiters  0\n"),
+        "{table}"
+    );
+    let out = run(
+        &["inspect", "k\"q", "--json"],
+        &[("TOWER_LOCK_URL", "memory")],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "{\"key\":\"k\\\"q\",\"holders\":[],\"waiters\":0}\n"
+    );
+}
+
+#[test]
+fn an_unreachable_server_exits_3_without_its_password() {
+    let out = run(&["inspect", "redis://:s3cret@127.0.0.1:1/", "k"], &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("s3cret"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(
+        &["inspect", "redis://127.0.0.1:1/", "k"],
+        &[("TOWER_LOCK_PASSWORD", "hunter2/x")],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    // The password went into the URL (percent-encoded): redacted as one.
+    assert!(stderr.contains("***"), "{stderr}");
+}
+
+/// Every backend's URL the test command exports.
+fn urls() -> Vec<(&'static str, String)> {
+    let env = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set. Run scripts/test-all.sh, which starts every server and \
+                 sets it; or start the servers with `source scripts/servers.sh; start_servers`"
+            )
+        })
+    };
+    vec![
+        ("redis", env("TOWER_LOCK_REDIS_URL")),
+        ("redlock", env("TOWER_LOCK_REDLOCK_URL")),
+        (
+            "zookeeper",
+            format!("zk://{}/cli", env("TOWER_LOCK_ZK_ADDR")),
+        ),
+        ("postgres", env("TOWER_LOCK_POSTGRES_URL")),
+        ("mysql", env("TOWER_LOCK_MYSQL_URL")),
+        ("etcd", env("TOWER_LOCK_ETCD_URL")),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_holder_another_process_took_on_every_backend() {
+    for (name, url) in urls() {
+        let backend = tower_lock::backend::connect(&url).await.unwrap();
+        let key = format!("cli:{name}:{}", std::process::id());
+        let held = backend.lock(key.as_str()).await.unwrap();
+        let out = tokio::task::spawn_blocking({
+            let (url, key) = (url.clone(), key.clone());
+            move || run(&["inspect", &url, &key, "--json"], &[])
+        })
+        .await
+        .unwrap();
+        let json = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+        assert!(
+            json.starts_with(&format!("{{\"key\":\"{key}\",\"holders\":[{{")),
+            "{name}: {json}"
+        );
+        assert_eq!(
+            json.matches("\"token\":").count(),
+            1,
+            "{name}: one holder: {json}"
+        );
+        if !json.contains("\"token\":null") {
+            let token = format!("\"token\":{}", held.token().get());
+            assert!(json.contains(&token), "{name}: {json}");
+        }
+        held.release().await.unwrap();
+        backend.flush().await;
+        let out = tokio::task::spawn_blocking(move || run(&["inspect", &url, &key], &[]))
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("state    free"),
+            "{name}: {}",
+            text(&out.stdout)
+        );
+        println!("{name}: {json}");
+    }
+}
