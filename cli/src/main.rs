@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! tower-lock inspect [URL] KEY [--json]
+//! tower-lock list [URL] [PREFIX] [--json]
 //! ```
 //!
 //! `URL` is any URL `tower_lock::backend::connect` takes (`redis://…`,
@@ -21,20 +22,45 @@ use tower_lock::backend::Inspection;
 use tower_lock::{LockError, LockKey};
 
 const USAGE: &str = "usage: tower-lock inspect [URL] KEY [--json]
+       tower-lock list [URL] [PREFIX] [--json]
 
-  URL   a backend URL (redis://, redlock://, zk://, postgres://, mysql://,
-        etcd://); TOWER_LOCK_URL when left out. TOWER_LOCK_PASSWORD, if
-        set, is the password of a URL that gives none.
-  KEY   the lock key, namespace included (e.g. sku:42)
+  inspect  who holds KEY (token, mode, lease left, identity) and how many
+           wait, as far as the store keeps them
+  list     the keys held, those starting with PREFIX if given
+
+  URL     a backend URL (redis://, redlock://, zk://, postgres://, mysql://,
+          etcd://); TOWER_LOCK_URL when left out. TOWER_LOCK_PASSWORD, if
+          set, is the password of a URL that gives none.
+  KEY     the lock key, namespace included (e.g. sku:42)
 
 exit codes: 0 answered, 2 bad usage, URL or key, 3 server unreachable or
-failing, 4 the backend cannot inspect";
+failing, 4 the backend cannot do it";
 
 /// What the command line asks.
 struct Command {
+    what: What,
     url: String,
+    /// The key to inspect, or the prefix to list.
     key: String,
     json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum What {
+    Inspect,
+    List,
+}
+
+/// Whether a lone argument of `list` is a URL rather than a prefix.
+fn is_url(arg: &str) -> bool {
+    arg.contains("://") || arg == "memory"
+}
+
+fn env_url() -> Result<String, String> {
+    match std::env::var("TOWER_LOCK_URL") {
+        Ok(url) if !url.is_empty() => Ok(url),
+        _ => Err("no URL: give one, or set TOWER_LOCK_URL".into()),
+    }
 }
 
 fn parse(args: &[String]) -> Result<Command, String> {
@@ -43,20 +69,38 @@ fn parse(args: &[String]) -> Result<Command, String> {
     if let Some(flag) = rest.iter().find(|a| a.starts_with("--")) {
         return Err(format!("unknown option {flag}"));
     }
-    let (url, key) = match rest.as_slice() {
-        [cmd, url, key] if cmd.as_str() == "inspect" => ((*url).clone(), (*key).clone()),
-        [cmd, key] if cmd.as_str() == "inspect" => match std::env::var("TOWER_LOCK_URL") {
-            Ok(url) if !url.is_empty() => (url, (*key).clone()),
-            _ => return Err("no URL: give one, or set TOWER_LOCK_URL".into()),
-        },
-        [cmd, ..] if cmd.as_str() != "inspect" => return Err(format!("unknown command {cmd:?}")),
-        _ => return Err("inspect takes a URL (or TOWER_LOCK_URL) and a key".into()),
+    let (what, url, key) = match rest.as_slice() {
+        [cmd, url, key] if cmd.as_str() == "inspect" => {
+            (What::Inspect, (*url).clone(), (*key).clone())
+        }
+        [cmd, key] if cmd.as_str() == "inspect" => (What::Inspect, env_url()?, (*key).clone()),
+        [cmd, ..] if cmd.as_str() == "inspect" => {
+            return Err("inspect takes a URL (or TOWER_LOCK_URL) and a key".into())
+        }
+        [cmd, url, prefix] if cmd.as_str() == "list" => {
+            (What::List, (*url).clone(), (*prefix).clone())
+        }
+        [cmd, arg] if cmd.as_str() == "list" && is_url(arg) => {
+            (What::List, (*arg).clone(), String::new())
+        }
+        [cmd, prefix] if cmd.as_str() == "list" => (What::List, env_url()?, (*prefix).clone()),
+        [cmd] if cmd.as_str() == "list" => (What::List, env_url()?, String::new()),
+        [cmd, ..] if cmd.as_str() == "list" => {
+            return Err("list takes a URL (or TOWER_LOCK_URL) and a prefix".into())
+        }
+        [cmd, ..] => return Err(format!("unknown command {cmd:?}")),
+        [] => return Err("no command".into()),
     };
     let url = match std::env::var("TOWER_LOCK_PASSWORD") {
         Ok(password) if !password.is_empty() => with_password(&url, &password)?,
         _ => url,
     };
-    Ok(Command { url, key, json })
+    Ok(Command {
+        what,
+        url,
+        key,
+        json,
+    })
 }
 
 /// `url` with `password` as its password, unless it gives one already.
@@ -105,13 +149,26 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("a Tokio runtime");
-    match runtime.block_on(inspect(&command)) {
-        Ok(seen) => {
+    let result = match command.what {
+        What::Inspect => runtime.block_on(inspect(&command)).map(|seen| {
             if command.json {
-                println!("{}", json(&seen));
+                format!("{}\n", json(&seen))
             } else {
-                print!("{}", table(&seen));
+                table(&seen)
             }
+        }),
+        What::List => runtime.block_on(list(&command)).map(|keys| {
+            if command.json {
+                let keys: Vec<String> = keys.iter().map(|k| string(k.as_str())).collect();
+                format!("[{}]\n", keys.join(","))
+            } else {
+                keys.iter().map(|k| format!("{k}\n")).collect()
+            }
+        }),
+    };
+    match result {
+        Ok(out) => {
+            print!("{out}");
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -126,14 +183,17 @@ fn main() -> ExitCode {
     }
 }
 
-/// Connects and inspects, within a minute in all.
-async fn inspect(command: &Command) -> Result<Inspection, LockError> {
-    let key = LockKey::new(&command.key)?;
-    let work = async {
-        let backend = tower_lock::backend::connect(&command.url).await?;
-        backend.inspect(key).await
+/// Runs `work` on the backend the URL opens, within a minute in all.
+async fn on_backend<T, F, Fut>(url: &str, work: F) -> Result<T, LockError>
+where
+    F: FnOnce(std::sync::Arc<dyn tower_lock::Backend>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, LockError>>,
+{
+    let all = async {
+        let backend = tower_lock::backend::connect(url).await?;
+        work(backend).await
     };
-    tokio::time::timeout(Duration::from_secs(60), work)
+    tokio::time::timeout(Duration::from_secs(60), all)
         .await
         .unwrap_or_else(|_| {
             Err(LockError::backend(
@@ -142,6 +202,25 @@ async fn inspect(command: &Command) -> Result<Inspection, LockError> {
                 None,
             ))
         })
+}
+
+/// The held keys under the prefix.
+async fn list(command: &Command) -> Result<Vec<LockKey>, LockError> {
+    let prefix = command.key.clone();
+    on_backend(&command.url, |backend| async move {
+        backend.list(&prefix).await
+    })
+    .await
+}
+
+/// Who holds the key.
+async fn inspect(command: &Command) -> Result<Inspection, LockError> {
+    let key = LockKey::new(&command.key)?;
+    on_backend(
+        &command.url,
+        |backend| async move { backend.inspect(key).await },
+    )
+    .await
 }
 
 fn table(seen: &Inspection) -> String {

@@ -147,6 +147,32 @@ async fn inspect_shows_the_holder_another_process_took_on_every_backend() {
             let token = format!("\"token\":{}", held.token().get());
             assert!(json.contains(&token), "{name}: {json}");
         }
+        let listed = tokio::task::spawn_blocking({
+            let (url, prefix) = (url.clone(), format!("cli:{name}:"));
+            move || run(&["list", &url, &prefix, "--json"], &[])
+        })
+        .await
+        .unwrap();
+        match name {
+            // The store cannot list (Backend::list's docs say why).
+            "postgres" | "mysql" => {
+                assert_eq!(
+                    listed.status.code(),
+                    Some(4),
+                    "{name}: {}",
+                    text(&listed.stderr)
+                )
+            }
+            _ => {
+                assert_eq!(
+                    listed.status.code(),
+                    Some(0),
+                    "{name}: {}",
+                    text(&listed.stderr)
+                );
+                assert_eq!(text(&listed.stdout), format!("[\"{key}\"]\n"), "{name}");
+            }
+        }
         held.release().await.unwrap();
         backend.flush().await;
         let out = tokio::task::spawn_blocking(move || run(&["inspect", &url, &key], &[]))

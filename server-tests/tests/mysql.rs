@@ -97,6 +97,11 @@ impl Mariadb {
 impl common::contract::Subject for Mariadb {
     type Backend = MysqlBackend;
 
+    /// The test servers have no `metadata_lock_info` plugin.
+    fn lists(&self) -> bool {
+        false
+    }
+
     fn namespace(&self, test: &str) -> String {
         key(test, self.mode)
     }

@@ -215,6 +215,24 @@ pub trait Backend: Send + Sync + 'static {
             self.name()
         ))))
     }
+
+    /// The keys starting with `prefix` that some process holds, in order;
+    /// for operators, as [`inspect`](Self::inspect). Where the store
+    /// cannot list them, [`LockError::Unsupported`] says why:
+    ///
+    /// | backend | lists |
+    /// |---|---|
+    /// | memory, Redis (one server, Sentinel), Redlock (keys on a majority), ZooKeeper, etcd, PostgreSQL's lease table | held keys |
+    /// | Redis Cluster | not yet: each master would be scanned |
+    /// | PostgreSQL, advisory locks | no: the server keeps only a hash of each key (`pg_locks`); inspect a key by name |
+    /// | MariaDB | held keys of up to 64 characters, with the `metadata_lock_info` plugin installed (`INSTALL SONAME 'metadata_lock_info'`); without it, no |
+    fn list(&self, prefix: &str) -> BackendFuture<Result<Vec<LockKey>, LockError>> {
+        let _ = prefix;
+        BackendFuture::ready(Err(LockError::Unsupported(format!(
+            "the {} backend cannot list its locks",
+            self.name()
+        ))))
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -232,6 +250,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         (**self).acquire(request)
+    }
+    fn list(&self, prefix: &str) -> BackendFuture<Result<Vec<LockKey>, LockError>> {
+        (**self).list(prefix)
     }
     fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
         (**self).inspect(key)
@@ -256,6 +277,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         (**self).acquire(request)
+    }
+    fn list(&self, prefix: &str) -> BackendFuture<Result<Vec<LockKey>, LockError>> {
+        (**self).list(prefix)
     }
     fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
         (**self).inspect(key)

@@ -74,6 +74,13 @@ pub trait Subject: Sync {
         true
     }
 
+    /// Whether the store answers [`Backend::list`] (`Backend::list`'s docs
+    /// say which do not, and why); where not, the test checks that it
+    /// says so.
+    fn lists(&self) -> bool {
+        true
+    }
+
     /// Whether waiters in one process get a key in the order they asked:
     /// a cohort queues them so, and without one only a server queue fed
     /// in order does (the guarantees document says which).
@@ -116,6 +123,10 @@ impl<B: Backend + Clone + KeysKept> Subject for InProcess<B> {
     }
 
     fn inspects(&self) -> bool {
+        self.0.inspects()
+    }
+
+    fn lists(&self) -> bool {
         self.0.inspects()
     }
 
@@ -308,6 +319,43 @@ pub fn another_process_sees_who_holds_a_key<S: Subject>(subject: &S) {
     })
 }
 
+/// Another process lists the keys held under a prefix, and none once
+/// they are released.
+pub fn another_process_lists_the_held_keys<S: Subject>(subject: &S) {
+    const TEST: &str = "list";
+    runtime(true).block_on(async {
+        use tower_lock::{BackendExt, LockError};
+        let (a, b) = (subject.connect(TEST).await, subject.connect(TEST).await);
+        let prefix = format!("{}:", subject.namespace(TEST));
+        if !subject.lists() {
+            let e = b.list(&prefix).await.unwrap_err();
+            assert!(matches!(e, LockError::Unsupported(_)), "{e:?}");
+            return;
+        }
+        let keys = [key(subject, TEST, "k1"), key(subject, TEST, "k{2}")];
+        let held = a.lock_all(keys.iter()).await.unwrap();
+        let listed: Vec<String> = b
+            .list(&prefix)
+            .await
+            .unwrap()
+            .iter()
+            .map(|k| k.to_string())
+            .collect();
+        let mut want = keys.to_vec();
+        want.sort();
+        assert_eq!(listed, want, "{}", a.name());
+        held.release().await.unwrap();
+        a.flush().await;
+        let mut tries = 0;
+        while !b.list(&prefix).await.unwrap().is_empty() {
+            tries += 1;
+            assert!(tries < 500, "{}: still listed once released", a.name());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_left_free(subject, TEST, &keys).await;
+    })
+}
+
 /// A request re-enters its own lock, through its locker and a clone of
 /// the backend.
 pub fn a_request_reenters_its_own_lock<S: Subject>(subject: &S) {
@@ -460,6 +508,7 @@ pub fn every_contract_test<S: Subject>(subject: &S) {
     a_holder_cut_off_is_told_before_another_is_granted(subject);
     the_waiter_past_the_cap_is_refused(subject);
     another_process_sees_who_holds_a_key(subject);
+    another_process_lists_the_held_keys(subject);
 }
 
 /// The suite for one subject (an expression whose type is a [`Subject`]):
@@ -482,6 +531,10 @@ macro_rules! conformance {
         #[test]
         fn another_process_sees_who_holds_a_key() {
             $crate::common::contract::another_process_sees_who_holds_a_key(&$subject);
+        }
+        #[test]
+        fn another_process_lists_the_held_keys() {
+            $crate::common::contract::another_process_lists_the_held_keys(&$subject);
         }
         #[test]
         fn a_request_reenters_its_own_lock() {

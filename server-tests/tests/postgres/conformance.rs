@@ -31,6 +31,11 @@ impl Advisory {
 impl common::contract::Subject for Advisory {
     type Backend = PostgresBackend;
 
+    /// Advisory locks keep only a hash of their key.
+    fn lists(&self) -> bool {
+        false
+    }
+
     fn namespace(&self, test: &str) -> String {
         key(test, self.mode)
     }

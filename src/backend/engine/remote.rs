@@ -41,6 +41,19 @@ pub(crate) trait Store: Send + Sync + 'static {
             Self::NAME
         ))))
     }
+
+    /// The held keys starting with `prefix`, as [`Backend::list`]
+    /// describes; by default not supported.
+    fn list(
+        self: Arc<Self>,
+        prefix: String,
+    ) -> impl Future<Output = Result<Vec<LockKey>, LockError>> + Send + 'static {
+        let _ = prefix;
+        std::future::ready(Err(LockError::Unsupported(format!(
+            "the {} backend cannot list its locks",
+            Self::NAME
+        ))))
+    }
 }
 
 /// A remote backend: the engine (the process's local queue and hand-off,
@@ -120,6 +133,10 @@ impl<S: Store> Backend for RemoteBackend<S> {
     /// waiters shows as the server holds it (the grant, its token).
     fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
         BackendFuture::new(self.cohort.inner().0.clone().inspect(key))
+    }
+
+    fn list(&self, prefix: &str) -> BackendFuture<Result<Vec<LockKey>, LockError>> {
+        BackendFuture::new(self.cohort.inner().0.clone().list(prefix.to_owned()))
     }
 }
 

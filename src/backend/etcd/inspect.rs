@@ -72,3 +72,32 @@ impl EtcdStore {
         })
     }
 }
+
+impl EtcdStore {
+    /// The lock names with a key under them: someone holds each (the
+    /// first key in create order).
+    pub(super) async fn list_keys(
+        self: Arc<Self>,
+        prefix: String,
+    ) -> Result<Vec<LockKey>, LockError> {
+        let session = self.session().await?;
+        let root = format!("{}/", self.root);
+        let options = GetOptions::new().with_prefix().with_keys_only();
+        let mut kv = session.client.kv_client();
+        let answer = kv
+            .get(format!("{root}{prefix}"), Some(options))
+            .await
+            .map_err(|e| etcd_error("listing lock keys", e))?;
+        let mut keys: Vec<LockKey> = answer
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let name = kv.key_str().ok()?.strip_prefix(&root)?;
+                LockKey::new(name.rsplit_once('/')?.0).ok()
+            })
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(keys)
+    }
+}

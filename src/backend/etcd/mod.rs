@@ -453,6 +453,10 @@ impl Store for EtcdStore {
         self.inspect_key(key).await
     }
 
+    async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
+        self.list_keys(prefix).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .no_semaphore()

@@ -300,6 +300,24 @@ impl Backend for MemoryBackend {
         }))
     }
 
+    fn list(&self, prefix: &str) -> BackendFuture<Result<Vec<LockKey>, LockError>> {
+        let mut keys: Vec<LockKey> = Vec::new();
+        for shard in self.inner.shards.iter() {
+            let shard = lock(&shard.state);
+            keys.extend(
+                shard
+                    .keys
+                    .iter()
+                    .filter(|(k, state)| {
+                        k.key.as_str().starts_with(prefix) && state.holders().next().is_some()
+                    })
+                    .map(|(k, _)| k.key.clone()),
+            );
+        }
+        keys.sort_unstable();
+        BackendFuture::ready(Ok(keys))
+    }
+
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         let key = self.inner.map_key(request.key);
         let shard_ref = self.inner.shard(&key);

@@ -483,6 +483,40 @@ impl Store for MysqlStore {
         })
     }
 
+    /// The user locks the `metadata_lock_info` plugin lists; a name longer
+    /// than 64 characters is held under a hash, and not listed.
+    async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
+        let session = self.session().await?;
+        let names: Result<Vec<String>, _> = {
+            let mut conn = session.conn.lock().await;
+            conn.query(
+                "SELECT DISTINCT LOCK_NAME FROM information_schema.METADATA_LOCK_INFO \
+                 WHERE LOCK_TYPE = 'User lock'",
+            )
+            .await
+        };
+        self.give_back(session);
+        let names = match names {
+            Ok(names) => names,
+            // ER_UNKNOWN_TABLE: the plugin is not installed.
+            Err(mysql_async::Error::Server(e)) if e.code == 1109 => {
+                return Err(LockError::Unsupported(
+                    "listing MariaDB's locks needs the metadata_lock_info plugin \
+                     (INSTALL SONAME 'metadata_lock_info')"
+                        .into(),
+                ))
+            }
+            Err(e) => return Err(my_error("listing locks", e)),
+        };
+        let mut keys: Vec<LockKey> = names
+            .iter()
+            .filter(|n| n.starts_with(prefix.as_str()))
+            .filter_map(|n| LockKey::new(n).ok())
+            .collect();
+        keys.sort_unstable();
+        Ok(keys)
+    }
+
     // No promised order among waiters, and a release and the next acquisition
     // go out on different connections; but `GET_LOCK` waits in the server, so
     // this process's next acquisition need not wait for the release's answer.

@@ -62,6 +62,20 @@ impl Advisory {
 }
 
 impl LeaseTable {
+    /// The keys of the rows whose lease has not run out.
+    pub(super) async fn list(&self, prefix: &str) -> Result<Vec<LockKey>, LockError> {
+        let conn = self.conn(prefix).await?;
+        let rows = conn
+            .client
+            .query(&self.sql.list, &[&prefix])
+            .await
+            .map_err(|e| pg_error("listing locks", e))?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| LockKey::new(row.get::<_, &str>(0)).ok())
+            .collect())
+    }
+
     /// The row's owner and the time its lease has left; waiters are not
     /// counted (a row keeps only whether someone wants it).
     pub(super) async fn inspect(&self, key: LockKey) -> Result<Inspection, LockError> {

@@ -400,6 +400,17 @@ impl Store for PostgresStore {
         }
     }
 
+    async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
+        match &self.mode {
+            Mode::Advisory(_) => Err(LockError::Unsupported(
+                "PostgreSQL keeps only a hash of each advisory lock's key (pg_locks): \
+                 inspect a key by name instead"
+                    .into(),
+            )),
+            Mode::Table(table) => table.list(&prefix).await,
+        }
+    }
+
     fn capabilities(&self) -> Capabilities {
         match self.mode {
             // The server queues waiters from every process in order. A lock

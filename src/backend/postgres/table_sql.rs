@@ -12,6 +12,8 @@ pub(super) struct Sql {
     pub(super) listen: String,
     /// The holder of a key and its time left, for inspection.
     pub(super) inspect: String,
+    /// The held keys that start with a prefix.
+    pub(super) list: String,
 }
 
 impl Sql {
@@ -19,6 +21,10 @@ impl Sql {
         let expiry = "clock_timestamp() + $3 * interval '1 millisecond'";
         let then = "(EXCLUDED.expires_at - $3 * interval '1 millisecond')";
         Sql {
+            list: format!(
+                "SELECT key FROM {table} WHERE starts_with(key, $1) \
+                 AND expires_at > clock_timestamp() ORDER BY key"
+            ),
             inspect: format!(
                 "SELECT owner, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint \
                  FROM {table} WHERE key = $1 AND expires_at > clock_timestamp()"

@@ -51,6 +51,90 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// The keys whose lock keys exist, by `SCAN` on the one server (or the
+    /// master); not on a Cluster, whose masters would each be scanned.
+    pub(super) async fn list_keys(
+        self: Arc<Self>,
+        prefix: String,
+    ) -> Result<Vec<LockKey>, LockError> {
+        if self.conn.is_cluster() {
+            return Err(LockError::Unsupported(
+                "listing the locks of a Redis Cluster is not supported yet: inspect a key by name"
+                    .into(),
+            ));
+        }
+        let mut conn = self.conn.get();
+        held_keys(&mut conn, &self.prefix, &prefix)
+            .await
+            .map_err(|e| redis_error("listing locks", e))
+    }
+}
+
+/// The keys starting with `key_prefix` that have a lock key on one server,
+/// in order.
+pub(super) async fn held_keys<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    key_prefix: &str,
+) -> Result<Vec<LockKey>, redis::RedisError> {
+    let start = redis_name(prefix, key_prefix);
+    // `prefix{key}` with its closing brace dropped, as a glob.
+    let pattern = format!("{}*", glob_escape(&start[..start.len() - 1]));
+    let name_start = prefix.len() + 1;
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        for name in names {
+            let Some(rest) = name.get(name_start..) else {
+                continue;
+            };
+            let inner = [":w", ":r", ":s", ""]
+                .iter()
+                .find_map(|suffix| rest.strip_suffix(suffix)?.strip_suffix('}'));
+            if let Some(key) = inner.and_then(key_of_name) {
+                keys.push(key);
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys)
+}
+
+/// A key from its hash tag, braces decoded (see `redis_name`).
+fn key_of_name(tag: &str) -> Option<LockKey> {
+    let decoded = tag.replace("{(", "\u{1}").replace("{)", "\u{2}");
+    if decoded.contains(['{', '}']) {
+        return None;
+    }
+    LockKey::new(&decoded.replace('\u{1}', "{").replace('\u{2}', "}")).ok()
+}
+
+/// `s` with the glob's special characters escaped.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// The holders of `key`'s lock on one server.
 pub(super) async fn holders<C: ConnectionLike + Send>(
     conn: &mut C,

@@ -267,6 +267,27 @@ impl RedlockStore {
         self.nodes.len() / 2 + 1
     }
 
+    /// The answers of the instances that answered, if a majority did.
+    fn answered_by_a_majority<T>(
+        &self,
+        answers: Vec<Result<T, LockError>>,
+        doing: &str,
+    ) -> Result<Vec<T>, LockError> {
+        let answered: Vec<T> = answers.into_iter().filter_map(Result::ok).collect();
+        if answered.len() < self.quorum() {
+            return Err(LockError::backend(
+                "redlock",
+                format!(
+                    "{doing}: only {} of {} instances answered",
+                    answered.len(),
+                    self.nodes.len()
+                ),
+                None,
+            ));
+        }
+        Ok(answered)
+    }
+
     /// Runs `op` on every instance at once; the results in instance order.
     /// The futures are polled together in place: a task per instance would
     /// cost more than the work.
@@ -446,7 +467,6 @@ impl Store for RedlockStore {
         &self.releases
     }
 
-    // Every instance's connection keeps its commands in order.
     /// Each instance's holders; a holder shows when a majority has its
     /// owner, with the least time left among them (the one that bounds the
     /// lock). No token, no waiters, as on one server.
@@ -462,18 +482,7 @@ impl Store for RedlockStore {
             })
             .await;
         let quorum = self.quorum();
-        let answered: Vec<Vec<Holder>> = answers.into_iter().filter_map(Result::ok).collect();
-        if answered.len() < quorum {
-            return Err(LockError::backend(
-                "redlock",
-                format!(
-                    "inspecting a lock: only {} of {} instances answered",
-                    answered.len(),
-                    self.nodes.len()
-                ),
-                None,
-            ));
-        }
+        let answered = self.answered_by_a_majority(answers, "inspecting a lock")?;
         let mut seen: Vec<(Holder, usize)> = Vec::new();
         for holder in answered.into_iter().flatten() {
             match seen
@@ -503,6 +512,31 @@ impl Store for RedlockStore {
         })
     }
 
+    /// The keys a majority of the instances has a lock key for.
+    async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
+        let answers = self
+            .on_all(|mut conn| {
+                let (lock_prefix, prefix) = (self.prefix.clone(), prefix.clone());
+                async move {
+                    super::inspect::held_keys(&mut conn, &lock_prefix, &prefix)
+                        .await
+                        .map_err(|e| redis_error("listing locks", e))
+                }
+            })
+            .await;
+        let answered = self.answered_by_a_majority(answers, "listing locks")?;
+        let mut all: Vec<LockKey> = answered.into_iter().flatten().collect();
+        all.sort_unstable();
+        let mut keys = Vec::new();
+        for group in all.chunk_by(|a, b| a == b) {
+            if group.len() >= self.quorum() {
+                keys.push(group[0].clone());
+            }
+        }
+        Ok(keys)
+    }
+
+    // Every instance's connection keeps its commands in order.
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .exclusive_only()

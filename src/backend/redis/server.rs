@@ -124,6 +124,10 @@ impl Store for RedisStore {
     async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
         self.inspect_key(key).await
     }
+
+    async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
+        self.list_keys(prefix).await
+    }
 }
 
 impl RedisStore {

@@ -77,3 +77,71 @@ impl ZookeeperStore {
         })
     }
 }
+
+impl ZookeeperStore {
+    /// The lock nodes under the root with a contender under them: someone
+    /// holds each (the first in sequence order). One listing per lock node.
+    pub(super) async fn list_keys(
+        self: Arc<Self>,
+        prefix: String,
+    ) -> Result<Vec<LockKey>, LockError> {
+        let session = self.session().await?;
+        let names = match session.client.list_children(&self.root).await {
+            Ok(names) => names,
+            Err(zookeeper_client::Error::NoNode) => return Ok(Vec::new()),
+            Err(e) => return Err(zk_error("listing lock nodes", e)),
+        };
+        let mut keys = Vec::new();
+        for name in names {
+            let Some(key) = key_of_node(&name).filter(|k| k.as_str().starts_with(&prefix)) else {
+                continue;
+            };
+            match session
+                .client
+                .list_children(&format!("{}/{name}", self.root))
+                .await
+            {
+                Ok(children) if children.iter().any(|c| sequence(c).is_some()) => keys.push(key),
+                Ok(_) | Err(zookeeper_client::Error::NoNode) => {}
+                Err(e) => return Err(zk_error("listing lock nodes", e)),
+            }
+        }
+        keys.sort_unstable();
+        Ok(keys)
+    }
+}
+
+/// The key a lock node is named after: its name with `%XX` decoded (see
+/// `node_name`); `None` for a node that names no valid key.
+fn key_of_node(name: &str) -> Option<LockKey> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    LockKey::new(&String::from_utf8(out).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_decode_to_their_keys() {
+        for key in ["sku:42", "a%b", "caf\u{e9} 50%", "x.y"] {
+            let key = LockKey::new(key).unwrap();
+            let name = super::super::url::node_name(&key);
+            assert_eq!(key_of_node(&name), Some(key.clone()), "{name}");
+        }
+        assert_eq!(key_of_node("bad%zz"), None);
+        assert_eq!(key_of_node("cut%4"), None);
+    }
+}

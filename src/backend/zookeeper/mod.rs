@@ -399,6 +399,10 @@ impl Store for ZookeeperStore {
         self.inspect_key(key).await
     }
 
+    async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
+        self.list_keys(prefix).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .max_tokens(ZookeeperBackend::TOKEN_SPACING)
