@@ -31,7 +31,8 @@ const USAGE: &str = "usage: tower-lock inspect [URL] KEY [--json]
   URL     a backend URL (redis://, redlock://, zk://, postgres://, mysql://,
           etcd://); TOWER_LOCK_URL when left out. TOWER_LOCK_PASSWORD, if
           set, is the password of a URL that gives none.
-  KEY     the lock key, namespace included (e.g. sku:42)
+  KEY     the lock key, namespace included (e.g. sku:42); after `--` when
+          it starts with `--`
 
 exit codes: 0 answered, 2 bad usage, URL or key, 3 server unreachable or
 failing, 4 the backend cannot do it";
@@ -64,11 +65,17 @@ fn env_url() -> Result<String, String> {
 }
 
 fn parse(args: &[String]) -> Result<Command, String> {
-    let json = args.iter().any(|a| a == "--json");
-    let rest: Vec<&String> = args.iter().filter(|a| *a != "--json").collect();
+    // Options before `--`; after it, a key may start with `--`.
+    let (options, after) = match args.iter().position(|a| a == "--") {
+        Some(i) => (&args[..i], &args[i + 1..]),
+        None => (args, &[][..]),
+    };
+    let json = options.iter().any(|a| a == "--json");
+    let mut rest: Vec<&String> = options.iter().filter(|a| *a != "--json").collect();
     if let Some(flag) = rest.iter().find(|a| a.starts_with("--")) {
         return Err(format!("unknown option {flag}"));
     }
+    rest.extend(after);
     let (what, url, key) = match rest.as_slice() {
         [cmd, url, key] if cmd.as_str() == "inspect" => {
             (What::Inspect, (*url).clone(), (*key).clone())
@@ -91,8 +98,15 @@ fn parse(args: &[String]) -> Result<Command, String> {
         [cmd, ..] => return Err(format!("unknown command {cmd:?}")),
         [] => return Err("no command".into()),
     };
+    if url == "memory" || url.starts_with("memory://") {
+        return Err(
+            "the memory backend lives in one process: another sees none of its locks".into(),
+        );
+    }
     let url = match std::env::var("TOWER_LOCK_PASSWORD") {
-        Ok(password) if !password.is_empty() => with_password(&url, &password)?,
+        Ok(password) if !password.is_empty() && takes_password(&url) => {
+            with_password(&url, &password)?
+        }
         _ => url,
     };
     Ok(Command {
@@ -101,6 +115,22 @@ fn parse(args: &[String]) -> Result<Command, String> {
         key,
         json,
     })
+}
+
+/// Whether `url`'s scheme has a password (ZooKeeper and etcd URLs have
+/// none, and TOWER_LOCK_PASSWORD is left out of them).
+fn takes_password(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    matches!(
+        scheme,
+        "redis"
+            | "rediss"
+            | "redis+sentinel"
+            | "redis+cluster"
+            | "postgres"
+            | "postgresql"
+            | "mysql"
+    )
 }
 
 /// `url` with `password` as its password, unless it gives one already.
@@ -134,9 +164,13 @@ fn with_password(url: &str, password: &str) -> Result<String, String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help") {
+    if args.is_empty() {
         eprintln!("{USAGE}");
-        return ExitCode::from(if args.is_empty() { 2 } else { 0 });
+        return ExitCode::from(2);
+    }
+    if matches!(args[0].as_str(), "-h" | "--help" | "help") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
     }
     let command = match parse(&args) {
         Ok(c) => c,

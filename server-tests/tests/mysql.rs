@@ -50,6 +50,23 @@ async fn plain_backend() -> MysqlBackend {
     .await
 }
 
+/// Installs MariaDB's `metadata_lock_info` plugin (shipped with the
+/// server), which listing locks needs; installing it again is a warning.
+async fn lock_info_plugin() {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            raw()
+                .await
+                .query_drop("INSTALL SONAME 'metadata_lock_info'")
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("cannot install the metadata_lock_info plugin listing locks needs: {e}")
+                })
+        })
+        .await;
+}
+
 async fn raw() -> mysql_async::Conn {
     mysql_async::Conn::from_url(my_url()).await.unwrap()
 }
@@ -97,16 +114,12 @@ impl Mariadb {
 impl common::contract::Subject for Mariadb {
     type Backend = MysqlBackend;
 
-    /// The test servers have no `metadata_lock_info` plugin.
-    fn lists(&self) -> bool {
-        false
-    }
-
     fn namespace(&self, test: &str) -> String {
         key(test, self.mode)
     }
 
     async fn connect(&self, _test: &str) -> MysqlBackend {
+        lock_info_plugin().await;
         backend_with(self.options()).await
     }
 

@@ -196,18 +196,21 @@ pub trait Backend: Send + Sync + 'static {
     /// can tell ([`Inspection`]); for operators, not for deciding whether
     /// to lock (the answer is stale as soon as it arrives). The default,
     /// for backends that keep nothing to show, is
-    /// [`LockError::Unsupported`]. What each store fills in:
+    /// [`LockError::Unsupported`]. A PostgreSQL advisory semaphore shows as
+    /// free: its permits are locks on other hashes. Where the token is
+    /// "the server's grant", a lock this process's cohort passed on is
+    /// held under a later token. What each store fills in:
     ///
     /// | backend | token | mode | lease left | identity | waiters |
     /// |---|---|---|---|---|---|
     /// | memory | yes | yes | no lease | no | yes |
     /// | Redis (one server, Sentinel, Cluster) | no: the key keeps its owner, the fence only the last token handed out | yes (a semaphore's permits: none) | yes | the owner's random token | no: waiters retry, Redis keeps no queue |
-    /// | PostgreSQL, advisory locks | no: the server keeps none | exclusive or read | no lease: the session's | server process, client address, application name (`pg_locks`, `pg_stat_activity`) | yes, sessions waiting in the server; semaphores not shown |
+    /// | PostgreSQL, advisory locks | no: the server keeps none | exclusive or read | no lease: the session's | server process, client address, application name (`pg_locks`, `pg_stat_activity`) | yes, sessions waiting in the server |
     /// | PostgreSQL, lease table | no | exclusive | yes | the row's owner | no |
-    /// | MariaDB | no | exclusive | no lease: the connection's | connection id, user and host (`IS_USED_LOCK`, the process list) | no: the process list does not say which lock a connection waits for |
+    /// | MariaDB | no | exclusive | no lease: the connection's | connection id, and its user and host where the process list shows them (`IS_USED_LOCK`) | no: the process list does not say which lock a connection waits for |
     /// | Redlock | no | yes | the least among the instances that have it | the owner, on how many instances; only holders a majority has | no |
-    /// | ZooKeeper | yes (the node's creation zxid) | yes (a semaphore's leases: not shown) | no lease: the session's | the session id, and the node's data when another client wrote some (Curator's address, kazoo's identifier) | yes, the contenders behind |
-    /// | etcd | yes (the key's create revision) | exclusive or read | the lease's time to live | the lease id | yes, the keys behind |
+    /// | ZooKeeper | the server's grant (the node's creation zxid) | yes (a semaphore's leases: no mode) | no lease: the session's | the session id, and the node's data when another client wrote some (Curator's address, kazoo's identifier) | yes, the contenders behind (a semaphore's: those queued for its mutex) |
+    /// | etcd | the server's grant (the key's create revision) | exclusive or read | the lease's time to live | the lease id | yes, the keys behind |
     fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
         let _ = key;
         BackendFuture::ready(Err(LockError::Unsupported(format!(

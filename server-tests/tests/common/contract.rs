@@ -74,6 +74,13 @@ pub trait Subject: Sync {
         true
     }
 
+    /// Whether [`Backend::inspect`] shows a semaphore's holders, where the
+    /// store has semaphores (PostgreSQL's advisory permits are locks on
+    /// other hashes).
+    fn inspects_semaphores(&self) -> bool {
+        true
+    }
+
     /// Whether the store answers [`Backend::list`] (`Backend::list`'s docs
     /// say which do not, and why); where not, the test checks that it
     /// says so.
@@ -309,6 +316,33 @@ pub fn another_process_sees_who_holds_a_key<S: Subject>(subject: &S) {
         assert!(waiter.await.unwrap().unwrap() > token);
         a.flush().await;
         c.flush().await;
+        // Two readers, in two processes: both holders, in read mode.
+        if a.capabilities().supports(tower_lock::LockMode::Read) {
+            let r1 = a.lock(k.as_str()).read().await.unwrap();
+            let r2 = c.lock(k.as_str()).read().await.unwrap();
+            let seen = b.inspect(lock_key.clone()).await.unwrap();
+            assert_eq!(seen.holders.len(), 2, "{}: {seen:?}", a.name());
+            for h in &seen.holders {
+                assert_eq!(
+                    h.mode.unwrap_or(tower_lock::LockMode::Read),
+                    tower_lock::LockMode::Read
+                );
+            }
+            drop((r1, r2));
+            a.flush().await;
+            c.flush().await;
+        }
+        // Two permits of a semaphore, in two processes.
+        let semaphore = tower_lock::LockMode::Semaphore { permits: 2 };
+        if a.capabilities().supports(semaphore) && subject.inspects_semaphores() {
+            let p1 = a.lock(k.as_str()).mode(semaphore).await.unwrap();
+            let p2 = c.lock(k.as_str()).mode(semaphore).await.unwrap();
+            let seen = b.inspect(lock_key.clone()).await.unwrap();
+            assert_eq!(seen.holders.len(), 2, "{}: {seen:?}", a.name());
+            drop((p1, p2));
+            a.flush().await;
+            c.flush().await;
+        }
         let mut tries = 0;
         while b.inspect(lock_key.clone()).await.unwrap().is_held() {
             tries += 1;

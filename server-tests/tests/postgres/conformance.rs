@@ -36,6 +36,11 @@ impl common::contract::Subject for Advisory {
         false
     }
 
+    /// A semaphore's permits are advisory locks on other hashes.
+    fn inspects_semaphores(&self) -> bool {
+        false
+    }
+
     fn namespace(&self, test: &str) -> String {
         key(test, self.mode)
     }

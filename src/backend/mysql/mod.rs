@@ -111,6 +111,7 @@
 //! # Ok(()) }
 //! ```
 
+mod inspect;
 mod session;
 
 use std::fmt;
@@ -126,16 +127,16 @@ use self::session::{my_error, Session};
 use crate::backend::engine::lease::{check_lease, Lease, Protocol, Released};
 use crate::backend::engine::{InFlight, Store};
 use crate::backend::{
-    Acquired, Capabilities, CohortOptions, Holder, Inspection, LockRequest, RemoteBackend,
+    Acquired, Capabilities, CohortOptions, Inspection, LockRequest, RemoteBackend,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
-use crate::mode::{LockMode, Wait};
+use crate::mode::Wait;
 use crate::token::FencingToken;
 
 /// The lock name for the key given as the statement's first three
 /// parameters.
-const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, CONCAT('/', LEFT(SHA2(?, 256), 63)))";
+pub(super) const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, CONCAT('/', LEFT(SHA2(?, 256), 63)))";
 /// The texts of the two statements a lock takes, made once per backend
 /// (the driver prepares each once per connection).
 pub(super) struct Statements {
@@ -448,73 +449,12 @@ impl Store for MysqlStore {
         &self.releases
     }
 
-    /// The connection holding the key (`IS_USED_LOCK`) and its user and
-    /// host, from the process list; no token (the server keeps none per
-    /// lock) and no count of waiters (the process list shows connections
-    /// waiting on a user lock, not for which).
     async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
-        let session = self.session().await?;
-        let holder: Result<Option<(u64, String, String)>, _> = {
-            let mut conn = session.conn.lock().await;
-            let k = key.as_str();
-            conn.exec_first(
-                format!(
-                    "SELECT ID, USER, HOST FROM information_schema.PROCESSLIST \
-                     WHERE ID = IS_USED_LOCK({NAME})"
-                ),
-                (k, k, k),
-            )
-            .await
-        };
-        self.give_back(session);
-        let holders = holder
-            .map_err(|e| my_error("inspecting a lock", e))?
-            .map(|(id, user, host)| {
-                Holder::new(None)
-                    .mode(LockMode::Exclusive)
-                    .identity(format!("connection {id} of {user}@{host}"))
-            })
-            .into_iter()
-            .collect();
-        Ok(Inspection {
-            key,
-            holders,
-            waiters: None,
-        })
+        self.inspect_key(key).await
     }
 
-    /// The user locks the `metadata_lock_info` plugin lists; a name longer
-    /// than 64 characters is held under a hash, and not listed.
     async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
-        let session = self.session().await?;
-        let names: Result<Vec<String>, _> = {
-            let mut conn = session.conn.lock().await;
-            conn.query(
-                "SELECT DISTINCT LOCK_NAME FROM information_schema.METADATA_LOCK_INFO \
-                 WHERE LOCK_TYPE = 'User lock'",
-            )
-            .await
-        };
-        self.give_back(session);
-        let names = match names {
-            Ok(names) => names,
-            // ER_UNKNOWN_TABLE: the plugin is not installed.
-            Err(mysql_async::Error::Server(e)) if e.code == 1109 => {
-                return Err(LockError::Unsupported(
-                    "listing MariaDB's locks needs the metadata_lock_info plugin \
-                     (INSTALL SONAME 'metadata_lock_info')"
-                        .into(),
-                ))
-            }
-            Err(e) => return Err(my_error("listing locks", e)),
-        };
-        let mut keys: Vec<LockKey> = names
-            .iter()
-            .filter(|n| n.starts_with(prefix.as_str()))
-            .filter_map(|n| LockKey::new(n).ok())
-            .collect();
-        keys.sort_unstable();
-        Ok(keys)
+        self.list_keys(prefix).await
     }
 
     // No promised order among waiters, and a release and the next acquisition

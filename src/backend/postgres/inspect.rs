@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use tokio_postgres::types::Type;
+
 use super::session::{pg_error, Advisory};
 use super::table::LeaseTable;
 use crate::backend::{Holder, Inspection};
@@ -23,13 +25,28 @@ impl Advisory {
     /// Holders (mode and session; no token, which the server does not
     /// keep) and the sessions waiting in the server. A semaphore's permits
     /// are locks on other hashes, not shown.
+    ///
+    /// Runs on a connection of its own, not the one free locks are taken
+    /// on (whose keep-alive a slow `pg_locks` scan would hold up), in a
+    /// transaction bounded by a statement timeout.
     pub(super) async fn inspect(&self, key: LockKey) -> Result<Inspection, LockError> {
-        let session = self.shared().await?;
-        let rows = session
-            .client
-            .query(ADVISORY, &[&key.as_str()])
-            .await
-            .map_err(|e| pg_error("inspecting a lock", e))?;
+        let session = self.dedicated().await?;
+        let query = async {
+            let client = &session.client;
+            client
+                .batch_execute("BEGIN; SET LOCAL statement_timeout = 10000")
+                .await?;
+            let rows = client.query(ADVISORY, &[&key.as_str()]).await;
+            client.batch_execute("COMMIT").await?;
+            rows
+        };
+        let rows = query.await;
+        if rows.is_ok() {
+            self.give_back(session);
+        } else {
+            session.end("inspecting a lock failed");
+        }
+        let rows = rows.map_err(|e| pg_error("inspecting a lock", e))?;
         let mut holders = Vec::new();
         let mut waiters = 0u32;
         for row in rows {
@@ -67,7 +84,7 @@ impl LeaseTable {
         let conn = self.conn(prefix).await?;
         let rows = conn
             .client
-            .query(&self.sql.list, &[&prefix])
+            .query_typed(&self.sql.list, &[(&prefix, Type::TEXT)])
             .await
             .map_err(|e| pg_error("listing locks", e))?;
         Ok(rows
@@ -79,10 +96,12 @@ impl LeaseTable {
     /// The row's owner and the time its lease has left; waiters are not
     /// counted (a row keeps only whether someone wants it).
     pub(super) async fn inspect(&self, key: LockKey) -> Result<Inspection, LockError> {
+        // Unnamed statements: through a transaction pooler a named one
+        // could be prepared on one server session and run on another.
         let conn = self.conn(key.as_str()).await?;
         let rows = conn
             .client
-            .query(&self.sql.inspect, &[&key.as_str()])
+            .query_typed(&self.sql.inspect, &[(&key.as_str(), Type::TEXT)])
             .await
             .map_err(|e| pg_error("inspecting a lock", e))?;
         let holders = rows

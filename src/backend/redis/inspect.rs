@@ -85,7 +85,7 @@ pub(super) async fn held_keys<C: ConnectionLike + Send>(
     let mut keys = Vec::new();
     let mut cursor = 0u64;
     loop {
-        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+        let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
             .arg(&pattern)
@@ -93,7 +93,8 @@ pub(super) async fn held_keys<C: ConnectionLike + Send>(
             .arg(1000)
             .query_async(conn)
             .await?;
-        for name in names {
+        // A name that is not UTF-8 is no lock of ours.
+        for name in names.into_iter().filter_map(|n| String::from_utf8(n).ok()) {
             let Some(rest) = name.get(name_start..) else {
                 continue;
             };

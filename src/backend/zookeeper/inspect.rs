@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use super::recipes::{is_reader, sequence, READ_NAME, WRITE_NAME};
-use super::session::zk_error;
+use super::recipes::{is_reader, sequence, LEASES, LOCKS, READ_NAME, WRITE_NAME};
+use super::session::{zk_error, Session};
 use super::{ZookeeperBackend, ZookeeperStore};
 use crate::backend::{Holder, Inspection};
 use crate::error::LockError;
@@ -30,6 +30,9 @@ impl ZookeeperStore {
             Err(zookeeper_client::Error::NoNode) => return Ok(Inspection::free(key, Some(0))),
             Err(e) => return Err(zk_error("listing lock nodes", e)),
         };
+        if children.iter().any(|c| c == LEASES) {
+            return self.inspect_semaphore(&session, key, &dir).await;
+        }
         let mut contenders: Vec<(i64, String)> = children
             .into_iter()
             .filter_map(|name| Some((sequence(&name)?, name)))
@@ -49,7 +52,7 @@ impl ZookeeperStore {
                 Err(zookeeper_client::Error::NoNode) => continue,
                 Err(e) => return Err(zk_error("reading a lock node", e)),
             };
-            let token = stat.czxid as u64 * u64::from(ZookeeperBackend::TOKEN_SPACING);
+            let token = token_of(stat.czxid);
             let mode = if name.contains(READ_NAME) || name.contains("__rlock__") {
                 LockMode::Read
             } else if name.contains(WRITE_NAME) {
@@ -63,11 +66,7 @@ impl ZookeeperStore {
                     who = format!("{} ({who})", text.trim());
                 }
             }
-            holders.push(
-                Holder::new(Some(FencingToken::new(token)))
-                    .mode(mode)
-                    .identity(who),
-            );
+            holders.push(Holder::new(Some(token)).mode(mode).identity(who));
         }
         let waiters = u32::try_from(contenders.len() - holding).unwrap_or(u32::MAX);
         Ok(Inspection {
@@ -79,6 +78,56 @@ impl ZookeeperStore {
 }
 
 impl ZookeeperStore {
+    /// A semaphore (Curator's `InterProcessSemaphoreV2`): its holders are
+    /// the nodes under `leases`, each with its token (as a grant computes
+    /// it) and session; its waiters, the nodes queued for the `locks`
+    /// mutex that guards taking a lease.
+    async fn inspect_semaphore(
+        &self,
+        session: &Session,
+        key: LockKey,
+        dir: &str,
+    ) -> Result<Inspection, LockError> {
+        let leases_dir = format!("{dir}/{LEASES}");
+        let mut holders = Vec::new();
+        for name in self.sequenced(session, &leases_dir).await? {
+            match session
+                .client
+                .check_stat(&format!("{leases_dir}/{name}"))
+                .await
+            {
+                Ok(Some(stat)) => holders.push(
+                    Holder::new(Some(token_of(stat.czxid)))
+                        .identity(format!("session 0x{:x}", stat.ephemeral_owner)),
+                ),
+                // Released since the listing.
+                Ok(None) | Err(zookeeper_client::Error::NoNode) => {}
+                Err(e) => return Err(zk_error("reading a lease node", e)),
+            }
+        }
+        let waiting = self
+            .sequenced(session, &format!("{dir}/{LOCKS}"))
+            .await?
+            .len();
+        Ok(Inspection {
+            key,
+            holders,
+            waiters: Some(u32::try_from(waiting).unwrap_or(u32::MAX)),
+        })
+    }
+
+    /// The names of the sequential nodes under `dir`; none if it is gone.
+    async fn sequenced(&self, session: &Session, dir: &str) -> Result<Vec<String>, LockError> {
+        match session.client.list_children(dir).await {
+            Ok(children) => Ok(children
+                .into_iter()
+                .filter(|c| sequence(c).is_some())
+                .collect()),
+            Err(zookeeper_client::Error::NoNode) => Ok(Vec::new()),
+            Err(e) => Err(zk_error("listing lock nodes", e)),
+        }
+    }
+
     /// The lock nodes under the root with a contender under them: someone
     /// holds each (the first in sequence order). One listing per lock node.
     pub(super) async fn list_keys(
@@ -111,9 +160,20 @@ impl ZookeeperStore {
     }
 }
 
+/// A grant's token, from its node's creation zxid.
+fn token_of(czxid: i64) -> FencingToken {
+    FencingToken::new(czxid as u64 * u64::from(ZookeeperBackend::TOKEN_SPACING))
+}
+
 /// The key a lock node is named after: its name with `%XX` decoded (see
-/// `node_name`); `None` for a node that names no valid key.
+/// `node_name`); `None` for a node that names no valid key, or not as this
+/// backend would name it (`%41` for `A`, which lives at `A`).
 fn key_of_node(name: &str) -> Option<LockKey> {
+    let key = decode_node(name)?;
+    (super::url::node_name(&key) == name).then_some(key)
+}
+
+fn decode_node(name: &str) -> Option<LockKey> {
     let bytes = name.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -142,6 +202,7 @@ mod tests {
             assert_eq!(key_of_node(&name), Some(key.clone()), "{name}");
         }
         assert_eq!(key_of_node("bad%zz"), None);
+        assert_eq!(key_of_node("%41"), None, "not how `A` is named");
         assert_eq!(key_of_node("cut%4"), None);
     }
 }

@@ -12,6 +12,10 @@ use crate::error::LockError;
 use crate::mode::Wait;
 
 const LOCK_NAME: &str = "lock-";
+/// A semaphore's children: the mutex that guards taking a lease, and the
+/// leases (Curator's names).
+pub(super) const LOCKS: &str = "locks";
+pub(super) const LEASES: &str = "leases";
 pub(super) const READ_NAME: &str = "__READ__";
 pub(super) const WRITE_NAME: &str = "__WRIT__";
 const LEASE_NAME: &str = "lease-";
@@ -164,9 +168,9 @@ impl Session {
         wait: Wait,
     ) -> Result<Node, LockError> {
         let mutex = self
-            .lock_node(&format!("{dir}/locks"), Role::Exclusive, wait)
+            .lock_node(&format!("{dir}/{LOCKS}"), Role::Exclusive, wait)
             .await?;
-        let leases = format!("{dir}/leases");
+        let leases = format!("{dir}/{LEASES}");
         let (lease, _) = self.create_node(&leases, LEASE_NAME, false).await?;
         loop {
             let (children, watcher) = retry(self, "listing the semaphore's leases", || {

@@ -1,0 +1,124 @@
+//! Who holds a key (`IS_USED_LOCK` and the process list) and which keys
+//! are held (the `metadata_lock_info` plugin), for
+//! [`Backend::inspect`](crate::Backend::inspect) and
+//! [`Backend::list`](crate::Backend::list).
+
+use std::sync::Arc;
+
+use mysql_async::prelude::Queryable;
+
+use super::session::{my_error, MysqlStore};
+use super::NAME;
+use crate::backend::{Holder, Inspection};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::mode::LockMode;
+
+/// A holding connection's id, and its user and host if the caller sees
+/// them.
+type HolderRow = (u64, Option<String>, Option<String>);
+
+/// ER_UNKNOWN_TABLE: the plugin's table is not there.
+const UNKNOWN_TABLE: u16 = 1109;
+
+impl MysqlStore {
+    /// The connection holding the key (`IS_USED_LOCK`) and, where the
+    /// caller may see it in the process list, its user and host; no token
+    /// (the server keeps none per lock) and no count of waiters (the
+    /// process list shows connections waiting on a user lock, not for
+    /// which).
+    pub(super) async fn inspect_key(
+        self: Arc<Self>,
+        key: LockKey,
+    ) -> Result<Inspection, LockError> {
+        let session = self.session().await?;
+        let holder: Result<Option<HolderRow>, _> = {
+            let mut conn = session.conn.lock().await;
+            let k = key.as_str();
+            conn.exec_first(
+                format!(
+                    "SELECT l.id, p.USER, p.HOST FROM (SELECT IS_USED_LOCK({NAME}) id) l \
+                     LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id \
+                     WHERE l.id IS NOT NULL"
+                ),
+                (k, k, k),
+            )
+            .await
+        };
+        let holder = self.after(session, holder, "inspecting a lock")?;
+        let holders = holder
+            .map(|(id, user, host)| {
+                let who = match (user, host) {
+                    (Some(user), Some(host)) => format!("connection {id} of {user}@{host}"),
+                    // Another user's, without the PROCESS privilege.
+                    _ => format!("connection {id}"),
+                };
+                Holder::new(None).mode(LockMode::Exclusive).identity(who)
+            })
+            .into_iter()
+            .collect();
+        Ok(Inspection {
+            key,
+            holders,
+            waiters: None,
+        })
+    }
+
+    /// The user locks the `metadata_lock_info` plugin lists (a user lock's
+    /// name is its `TABLE_SCHEMA`); a key longer than 64 characters is held
+    /// under a hash, and not listed.
+    pub(super) async fn list_keys(
+        self: Arc<Self>,
+        prefix: String,
+    ) -> Result<Vec<LockKey>, LockError> {
+        let session = self.session().await?;
+        let names: Result<Vec<Option<Vec<u8>>>, _> = {
+            let mut conn = session.conn.lock().await;
+            conn.query(
+                "SELECT DISTINCT TABLE_SCHEMA FROM information_schema.METADATA_LOCK_INFO \
+                 WHERE LOCK_TYPE = 'User lock'",
+            )
+            .await
+        };
+        let names = match names {
+            Err(mysql_async::Error::Server(e)) if e.code == UNKNOWN_TABLE => {
+                self.give_back(session);
+                return Err(LockError::Unsupported(
+                    "listing MariaDB's locks needs the metadata_lock_info plugin \
+                     (INSTALL SONAME 'metadata_lock_info')"
+                        .into(),
+                ));
+            }
+            other => self.after(session, other, "listing locks")?,
+        };
+        let mut keys: Vec<LockKey> = names
+            .into_iter()
+            .flatten()
+            .filter_map(|name| String::from_utf8(name).ok())
+            .filter(|name| name.starts_with(prefix.as_str()))
+            .filter_map(|name| LockKey::new(&name).ok())
+            .collect();
+        keys.sort_unstable();
+        Ok(keys)
+    }
+
+    /// Gives a connection back after a query, or ends it if the query
+    /// failed (it may be broken).
+    fn after<T>(
+        &self,
+        session: Arc<super::session::Session>,
+        result: Result<T, mysql_async::Error>,
+        doing: &str,
+    ) -> Result<T, LockError> {
+        match result {
+            Ok(t) => {
+                self.give_back(session);
+                Ok(t)
+            }
+            Err(e) => {
+                session.end(doing);
+                Err(my_error(doing, e))
+            }
+        }
+    }
+}
