@@ -159,7 +159,7 @@ impl ProcessLocks {
                 out.push(',');
             }
             out.push_str("{\"key\":");
-            json_string(&mut out, h.key.as_str());
+            crate::json::string(&mut out, h.key.as_str());
             let _ = write!(
                 out,
                 ",\"backend\":\"{}\",\"mode\":\"{}\",\"token\":{},\"held_ms\":{},\"holders\":{}}}",
@@ -176,7 +176,7 @@ impl ProcessLocks {
                 out.push(',');
             }
             out.push_str("{\"key\":");
-            json_string(&mut out, w.key.as_str());
+            crate::json::string(&mut out, w.key.as_str());
             let _ = write!(
                 out,
                 ",\"backend\":\"{}\",\"waiting\":{}}}",
@@ -186,22 +186,6 @@ impl ProcessLocks {
         out.push_str("]}");
         out
     }
-}
-
-/// `s` as a JSON string.
-fn json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 /// An axum router answering `GET /` with this process's [`snapshot`] as

@@ -83,6 +83,7 @@ mod error;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
 mod guard;
+mod json;
 mod key;
 mod lock_future;
 mod locker;

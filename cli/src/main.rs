@@ -3,6 +3,7 @@
 //! ```text
 //! tower-lock inspect [URL] KEY [--json]
 //! tower-lock list [URL] [PREFIX] [--json]
+//! tower-lock break [URL] KEY [--force] [--json]
 //! ```
 //!
 //! `URL` is any URL `tower_lock::backend::connect` takes (`redis://…`,
@@ -13,20 +14,28 @@
 //! output shows a password.
 //!
 //! Exit codes: 0 answered (held or free); 2 bad usage, URL or key; 3 the
-//! server could not be reached or failed; 4 the backend cannot inspect.
+//! server could not be reached or failed; 4 the backend cannot do it
+//! (`break` on PostgreSQL advisory locks and MariaDB: not without
+//! `--force`).
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tower_lock::backend::Inspection;
+use tower_lock::backend::{BreakScope, Broken, Inspection};
 use tower_lock::{LockError, LockKey};
 
 const USAGE: &str = "usage: tower-lock inspect [URL] KEY [--json]
        tower-lock list [URL] [PREFIX] [--json]
+       tower-lock break [URL] KEY [--force] [--json]
 
   inspect  who holds KEY (token, mode, lease left, identity) and how many
            wait, as far as the store keeps them
   list     the keys held, those starting with PREFIX if given
+  break    frees KEY whoever holds it, after raising its fencing floor
+           above every token handed out: prints the floor, to write to
+           the fenced store so that the broken holder's writes are refused.
+           On PostgreSQL advisory locks and MariaDB it ends the holder's
+           connection (every lock it holds): only with --force
 
   URL     a backend URL (redis://, redlock://, zk://, postgres://, mysql://,
           etcd://); TOWER_LOCK_URL when left out. TOWER_LOCK_PASSWORD, if
@@ -35,7 +44,7 @@ const USAGE: &str = "usage: tower-lock inspect [URL] KEY [--json]
           it starts with `--`
 
 exit codes: 0 answered, 2 bad usage, URL or key, 3 server unreachable or
-failing, 4 the backend cannot do it";
+failing, 4 the backend cannot do it (break: not without --force)";
 
 /// What the command line asks.
 struct Command {
@@ -44,12 +53,15 @@ struct Command {
     /// The key to inspect, or the prefix to list.
     key: String,
     json: bool,
+    /// `break` may end the holder's connection.
+    force: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum What {
     Inspect,
     List,
+    Break,
 }
 
 /// Whether a lone argument of `list` is a URL rather than a prefix.
@@ -71,7 +83,11 @@ fn parse(args: &[String]) -> Result<Command, String> {
         None => (args, &[][..]),
     };
     let json = options.iter().any(|a| a == "--json");
-    let mut rest: Vec<&String> = options.iter().filter(|a| *a != "--json").collect();
+    let force = options.iter().any(|a| a == "--force");
+    let mut rest: Vec<&String> = options
+        .iter()
+        .filter(|a| *a != "--json" && *a != "--force")
+        .collect();
     if let Some(flag) = rest.iter().find(|a| a.starts_with("--")) {
         return Err(format!("unknown option {flag}"));
     }
@@ -83,6 +99,11 @@ fn parse(args: &[String]) -> Result<Command, String> {
         [cmd, key] if cmd.as_str() == "inspect" => (What::Inspect, env_url()?, (*key).clone()),
         [cmd, ..] if cmd.as_str() == "inspect" => {
             return Err("inspect takes a URL (or TOWER_LOCK_URL) and a key".into())
+        }
+        [cmd, url, key] if cmd.as_str() == "break" => (What::Break, (*url).clone(), (*key).clone()),
+        [cmd, key] if cmd.as_str() == "break" => (What::Break, env_url()?, (*key).clone()),
+        [cmd, ..] if cmd.as_str() == "break" => {
+            return Err("break takes a URL (or TOWER_LOCK_URL) and a key".into())
         }
         [cmd, url, prefix] if cmd.as_str() == "list" => {
             (What::List, (*url).clone(), (*prefix).clone())
@@ -98,6 +119,9 @@ fn parse(args: &[String]) -> Result<Command, String> {
         [cmd, ..] => return Err(format!("unknown command {cmd:?}")),
         [] => return Err("no command".into()),
     };
+    if force && what != What::Break {
+        return Err("--force is an option of break".into());
+    }
     if url == "memory" || url.starts_with("memory://") {
         return Err(
             "the memory backend lives in one process: another sees none of its locks".into(),
@@ -114,6 +138,7 @@ fn parse(args: &[String]) -> Result<Command, String> {
         url,
         key,
         json,
+        force,
     })
 }
 
@@ -186,9 +211,16 @@ fn main() -> ExitCode {
     let result = match command.what {
         What::Inspect => runtime.block_on(inspect(&command)).map(|seen| {
             if command.json {
-                format!("{}\n", json(&seen))
+                format!("{}\n", seen.to_json())
             } else {
                 table(&seen)
+            }
+        }),
+        What::Break => runtime.block_on(break_lock(&command)).map(|broken| {
+            if command.json {
+                format!("{}\n", broken.to_json())
+            } else {
+                broken_table(&broken)
             }
         }),
         What::List => runtime.block_on(list(&command)).map(|keys| {
@@ -247,6 +279,20 @@ async fn list(command: &Command) -> Result<Vec<LockKey>, LockError> {
     .await
 }
 
+/// Frees the key, ending the holder's connection only with `--force`.
+async fn break_lock(command: &Command) -> Result<Broken, LockError> {
+    let key = LockKey::new(&command.key)?;
+    let scope = if command.force {
+        BreakScope::Sessions
+    } else {
+        BreakScope::LocksOnly
+    };
+    on_backend(&command.url, |backend| async move {
+        backend.break_lock(key, scope).await
+    })
+    .await
+}
+
 /// Who holds the key.
 async fn inspect(command: &Command) -> Result<Inspection, LockError> {
     let key = LockKey::new(&command.key)?;
@@ -269,7 +315,13 @@ fn table(seen: &Inspection) -> String {
         Some(n) => format!("waiters  {n}\n"),
         None => "waiters  not known (the store keeps no queue)\n".to_owned(),
     };
-    for h in &seen.holders {
+    out += &holder_lines(&seen.holders);
+    out
+}
+
+fn holder_lines(holders: &[tower_lock::backend::Holder]) -> String {
+    let mut out = String::new();
+    for h in holders {
         let token = h.token.map_or("-".to_owned(), |t| t.to_string());
         let mode = h.mode.map_or("-".to_owned(), |m| m.to_string());
         let left = h
@@ -281,29 +333,22 @@ fn table(seen: &Inspection) -> String {
     out
 }
 
-fn json(seen: &Inspection) -> String {
-    let mut out = format!("{{\"key\":{},\"holders\":[", string(seen.key.as_str()));
-    for (i, h) in seen.holders.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out += &format!(
-            "{{\"token\":{},\"mode\":{},\"lease_left_ms\":{},\"identity\":{}}}",
-            h.token.map_or("null".into(), |t| t.get().to_string()),
-            h.mode.map_or("null".into(), |m| string(&m.to_string())),
-            h.lease_left
-                .map_or("null".into(), |l| l.as_millis().to_string()),
-            h.identity.as_deref().map_or("null".into(), string),
-        );
-    }
+fn broken_table(broken: &Broken) -> String {
+    let mut out = format!("key      {}\n", broken.key);
+    out += &match broken.holders.len() {
+        0 => "freed    nothing: the key was free\n".to_owned(),
+        n => format!("freed    {n} holder(s)\n"),
+    };
+    out += &holder_lines(&broken.holders);
     out += &format!(
-        "],\"waiters\":{}}}",
-        seen.waiters.map_or("null".into(), |n| n.to_string())
+        "floor    {}: every token handed out before the break is below it; write it to\n         \
+         the fenced store to refuse the broken holder's writes at once\n",
+        broken.floor
     );
     out
 }
 
-/// `s` as a JSON string.
+/// `s` as a JSON string (a listed key).
 fn string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');

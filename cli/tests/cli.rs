@@ -39,6 +39,14 @@ fn bad_usage_urls_and_keys_exit_2_saying_why() {
         ),
         (&["inspect", "nosuch://host", "k"][..], "misconfigured"),
         (
+            &["inspect", "memory", "k", "--force"][..],
+            "--force is an option of break",
+        ),
+        (
+            &["break"][..],
+            "break takes a URL (or TOWER_LOCK_URL) and a key",
+        ),
+        (
             &["inspect", "redis://127.0.0.1:1", "a/b"][..],
             "invalid lock key",
         ),
@@ -188,4 +196,86 @@ async fn inspect_shows_the_holder_another_process_took_on_every_backend() {
         );
         println!("{name}: {json}");
     }
+}
+
+/// The number after `"floor":` in `break --json`'s output.
+fn floor_of(json: &str) -> u64 {
+    let rest = &json[json.find("\"floor\":").expect(json) + 8..];
+    rest[..rest.find('}').expect(json)].parse().expect(json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_frees_the_holder_and_fences_its_writes_on_every_backend() {
+    for (name, url) in urls() {
+        let holder = tower_lock::backend::connect(&url).await.unwrap();
+        let next = tower_lock::backend::connect(&url).await.unwrap();
+        let key = format!("cli-break:{name}:{}", std::process::id());
+        let held = holder.lock(key.as_str()).await.unwrap();
+        let breaking = |args: Vec<String>| {
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                run(&args, &[])
+            })
+        };
+        let args = |extra: &[&str]| {
+            let mut a = vec!["break".to_owned(), url.clone(), key.clone()];
+            a.extend(extra.iter().map(|s| (*s).to_owned()));
+            a
+        };
+        let ends_sessions = matches!(name, "postgres" | "mysql");
+        if ends_sessions {
+            // Ending the holder's connection ends all its locks: asked for.
+            let out = breaking(args(&["--json"])).await.unwrap();
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(4), "{name}: {stderr}");
+            assert!(stderr.contains("--force"), "{name}: {stderr}");
+        }
+        let out = breaking(args(&["--force", "--json"][usize::from(!ends_sessions)..]))
+            .await
+            .unwrap();
+        let json = text(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+        assert_eq!(json.matches("\"identity\":").count(), 1, "{name}: {json}");
+        let floor = floor_of(&json);
+        let old = held.token().get();
+        assert!(
+            floor > old,
+            "{name}: floor {floor} under the holder's {old}"
+        );
+        // A fenced store told the floor refuses the broken holder's write.
+        let mut fence = floor;
+        let mut write = |token: u64| {
+            let accepted = token >= fence;
+            fence = fence.max(token);
+            accepted
+        };
+        assert!(
+            !write(old),
+            "{name}: the broken holder's write was accepted"
+        );
+        let after = next
+            .lock(key.as_str())
+            .wait(std::time::Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the key stayed held: {e}"));
+        assert!(
+            write(after.token().get()),
+            "{name}: the next holder was refused"
+        );
+        drop(held);
+        holder.flush().await;
+        after.release().await.unwrap();
+        next.flush().await;
+        println!("{name}: {json}");
+    }
+    // The table, for people.
+    let (_, url) = urls().remove(0);
+    let out = run(&["break", &url, "cli-break:free"], &[]);
+    let table = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        table.contains("freed    nothing: the key was free"),
+        "{table}"
+    );
+    assert!(table.contains("floor    "), "{table}");
 }

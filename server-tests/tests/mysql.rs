@@ -118,6 +118,11 @@ impl common::contract::Subject for Mariadb {
         key(test, self.mode)
     }
 
+    /// The server frees a user lock only for its connection.
+    fn breaks_with(&self) -> Option<tower_lock::backend::BreakScope> {
+        Some(tower_lock::backend::BreakScope::Sessions)
+    }
+
     async fn connect(&self, _test: &str) -> MysqlBackend {
         lock_info_plugin().await;
         backend_with(self.options()).await

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{BackendFuture, Capabilities, Inspection};
+use super::{BackendFuture, BreakScope, Broken, Capabilities, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::LostSignal;
@@ -236,6 +236,39 @@ pub trait Backend: Send + Sync + 'static {
             self.name()
         ))))
     }
+
+    /// Frees `key` whoever holds it, for an operator whose holder is stuck
+    /// (a process hung with its session alive): first raises the key's
+    /// fencing floor above every token handed out for it, then frees every
+    /// holder, and returns the floor ([`Broken`]). The broken holders are
+    /// not told at once; where the store lets them see it (a renewal that
+    /// finds its lease gone, a session ended), their lost signal fires.
+    ///
+    /// Breaking does not stop a broken holder that still runs: a fenced
+    /// store does, once it has seen the floor or a later holder's token.
+    /// The default is [`LockError::Unsupported`]. What each store does:
+    ///
+    /// | backend | frees | floor |
+    /// |---|---|---|
+    /// | Redis (one server, Sentinel, Cluster) | the key's lock keys, in the script that raises the fence; waiters are woken | the fencing counter, raised by one |
+    /// | Redlock | the same, on every instance that answers; a majority must answer | the highest of the instances' counters |
+    /// | ZooKeeper | the holders' nodes | a write to the key's directory: its zxid |
+    /// | etcd | the holders' keys, in one transaction | that transaction's revision |
+    /// | PostgreSQL, lease table | the key's row | the token sequence's next value |
+    /// | PostgreSQL, advisory locks | only with [`BreakScope::Sessions`]: the holders' server processes (`pg_terminate_backend`) | the token sequence's next value |
+    /// | MariaDB | only with [`BreakScope::Sessions`]: the holder's connection (`KILL CONNECTION`) | the token sequence's next value |
+    /// | memory | not supported: drop the guard | |
+    fn break_lock(
+        &self,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> BackendFuture<Result<Broken, LockError>> {
+        let _ = (key, scope);
+        BackendFuture::ready(Err(LockError::Unsupported(format!(
+            "the {} backend cannot break its locks",
+            self.name()
+        ))))
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -259,6 +292,13 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
         (**self).inspect(key)
+    }
+    fn break_lock(
+        &self,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> BackendFuture<Result<Broken, LockError>> {
+        (**self).break_lock(key, scope)
     }
     fn flush(&self) -> BackendFuture<()> {
         (**self).flush()
@@ -286,6 +326,13 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
         (**self).inspect(key)
+    }
+    fn break_lock(
+        &self,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> BackendFuture<Result<Broken, LockError>> {
+        (**self).break_lock(key, scope)
     }
     fn flush(&self) -> BackendFuture<()> {
         (**self).flush()

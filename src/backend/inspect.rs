@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::json;
 use crate::key::LockKey;
 use crate::mode::LockMode;
 use crate::token::FencingToken;
@@ -55,6 +56,53 @@ impl Inspection {
     pub fn is_held(&self) -> bool {
         !self.holders.is_empty()
     }
+
+    /// As JSON: `{"key", "holders": [{"token", "mode", "lease_left_ms",
+    /// "identity"}], "waiters"}`, `null` where the store does not tell.
+    ///
+    /// ```
+    /// use tower_lock::backend::Inspection;
+    /// use tower_lock::LockKey;
+    ///
+    /// let free = Inspection::free(LockKey::new("sku:1").unwrap(), None);
+    /// assert_eq!(free.to_json(), r#"{"key":"sku:1","holders":[],"waiters":null}"#);
+    /// ```
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{\"key\":");
+        json::string(&mut out, self.key.as_str());
+        out.push_str(",\"holders\":");
+        holders_json(&mut out, &self.holders);
+        out.push_str(",\"waiters\":");
+        json::number(&mut out, self.waiters);
+        out.push('}');
+        out
+    }
+}
+
+/// Appends `holders` as a JSON array.
+fn holders_json(out: &mut String, holders: &[Holder]) {
+    out.push('[');
+    for (i, h) in holders.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str("{\"token\":");
+        json::number(out, h.token);
+        out.push_str(",\"mode\":");
+        match h.mode {
+            Some(m) => json::string(out, &m.to_string()),
+            None => out.push_str("null"),
+        }
+        out.push_str(",\"lease_left_ms\":");
+        json::number(out, h.lease_left.map(|l| l.as_millis()));
+        out.push_str(",\"identity\":");
+        match &h.identity {
+            Some(who) => json::string(out, who),
+            None => out.push_str("null"),
+        }
+        out.push('}');
+    }
+    out.push(']');
 }
 
 /// One holder of a key, as its store keeps it.
@@ -126,5 +174,55 @@ impl fmt::Display for Holder {
             f.write_str("a holder the store does not describe")?;
         }
         Ok(())
+    }
+}
+
+/// How far [`Backend::break_lock`](crate::Backend::break_lock) may go to
+/// free a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum BreakScope {
+    /// Free the key's locks and nothing else. Where only ending the
+    /// holder's session frees a lock (PostgreSQL advisory locks, MariaDB),
+    /// breaking is refused with [`LockError::Unsupported`](crate::LockError::Unsupported)
+    /// saying so.
+    #[default]
+    LocksOnly,
+    /// Also end the holders' sessions where that is the only way to free
+    /// the lock: every other lock those sessions hold is freed with it, and
+    /// the user needs the right to end them (PostgreSQL's
+    /// `pg_signal_backend`, MariaDB's `CONNECTION ADMIN`).
+    Sessions,
+}
+
+/// What [`Backend::break_lock`](crate::Backend::break_lock) did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Broken {
+    /// The key.
+    pub key: LockKey,
+    /// The holders freed, as [`Inspection::holders`] shows them: none when
+    /// the key was free.
+    pub holders: Vec<Holder>,
+    /// The key's fencing floor, raised before anything was freed: above
+    /// every token handed out for the key before the break, and at most
+    /// every token handed out after it. Write it to the fenced store (as a holder's write
+    /// would) and the broken holders' later writes are refused, even
+    /// before a new holder writes.
+    pub floor: FencingToken,
+}
+
+impl Broken {
+    /// As JSON: `{"key", "holders": [..], "floor"}`, the holders as in
+    /// [`Inspection::to_json`].
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{\"key\":");
+        json::string(&mut out, self.key.as_str());
+        out.push_str(",\"holders\":");
+        holders_json(&mut out, &self.holders);
+        out.push_str(",\"floor\":");
+        json::number(&mut out, Some(self.floor));
+        out.push('}');
+        out
     }
 }

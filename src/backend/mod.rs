@@ -154,5 +154,5 @@ pub use crate::lost::{HasLostState, LostState, LostTrigger};
 pub use contract::{Acquired, LeaseHandle, LockRequest, DEFAULT_LEASE};
 pub use engine::{Cohort, CohortOptions};
 pub use future::BackendFuture;
-pub use inspect::{Holder, Inspection};
+pub use inspect::{BreakScope, Broken, Holder, Inspection};
 pub use registry::connect;

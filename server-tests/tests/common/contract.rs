@@ -88,6 +88,17 @@ pub trait Subject: Sync {
         true
     }
 
+    /// How [`Backend::break_lock`] frees a held key: with
+    /// [`BreakScope::LocksOnly`](tower_lock::backend::BreakScope) where
+    /// the lock alone can be freed; with `Sessions` where only ending the
+    /// holder's session frees it (PostgreSQL advisory locks, MariaDB),
+    /// and the test checks that `LocksOnly` is refused, saying so; `None`
+    /// where the backend cannot break (in-process ones), and the test
+    /// checks that it says so.
+    fn breaks_with(&self) -> Option<tower_lock::backend::BreakScope> {
+        Some(tower_lock::backend::BreakScope::LocksOnly)
+    }
+
     /// Whether waiters in one process get a key in the order they asked:
     /// a cohort queues them so, and without one only a server queue fed
     /// in order does (the guarantees document says which).
@@ -135,6 +146,10 @@ impl<B: Backend + Clone + KeysKept> Subject for InProcess<B> {
 
     fn lists(&self) -> bool {
         self.0.inspects()
+    }
+
+    fn breaks_with(&self) -> Option<tower_lock::backend::BreakScope> {
+        None
     }
 
     async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {
@@ -353,6 +368,83 @@ pub fn another_process_sees_who_holds_a_key<S: Subject>(subject: &S) {
     })
 }
 
+/// An operator breaks a key held by another process: the floor returned
+/// is above the holder's token, a fenced store that has seen it refuses
+/// the broken holder's write, the next holder's token is at or above it,
+/// and the broken holder's release frees nobody else's lock.
+pub fn a_broken_holder_is_fenced_out<S: Subject>(subject: &S) {
+    const TEST: &str = "break";
+    runtime(true).block_on(async {
+        use tower_lock::backend::BreakScope;
+        use tower_lock::{BackendExt, LockError, LockKey};
+        let (a, b, c) = (
+            subject.connect(TEST).await,
+            subject.connect(TEST).await,
+            subject.connect(TEST).await,
+        );
+        let k = key(subject, TEST, "k");
+        let lock_key = LockKey::new(&k).unwrap();
+        let Some(scope) = subject.breaks_with() else {
+            let e = b.break_lock(lock_key, BreakScope::LocksOnly).await;
+            assert!(matches!(e, Err(LockError::Unsupported(_))), "{e:?}");
+            return;
+        };
+        let held = a
+            .lock(k.as_str())
+            .lease(Duration::from_secs(10))
+            .await
+            .unwrap();
+        let old = held.token();
+        if scope == BreakScope::Sessions {
+            let e = b.break_lock(lock_key.clone(), BreakScope::LocksOnly).await;
+            match e {
+                Err(LockError::Unsupported(m)) => assert!(m.contains("--force"), "{m}"),
+                e => panic!("{}: broken without ending a session: {e:?}", a.name()),
+            }
+            assert!(b.inspect(lock_key.clone()).await.unwrap().is_held());
+        }
+        let broken = b.break_lock(lock_key.clone(), scope).await.unwrap();
+        assert_eq!(broken.holders.len(), 1, "{}: {broken:?}", a.name());
+        assert!(
+            broken.floor > old,
+            "{}: floor {} under {old}",
+            a.name(),
+            broken.floor
+        );
+        // The fenced store, told the floor as the operator would: the
+        // broken holder's write is refused, the next holder's accepted.
+        let mut fence = broken.floor;
+        let mut write = |token: tower_lock::FencingToken| {
+            let ok = token >= fence;
+            fence = fence.max(token);
+            ok
+        };
+        assert!(!write(old), "{}: the broken holder wrote", a.name());
+        let next = b
+            .lock(k.as_str())
+            .wait(Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|e| panic!("{}: not free once broken: {e}", a.name()));
+        assert!(next.token() >= broken.floor, "{}", a.name());
+        assert!(write(next.token()));
+        // The broken holder lets go: the new holder keeps the key.
+        drop(held);
+        a.flush().await;
+        let seen = c.inspect(lock_key.clone()).await.unwrap();
+        assert_eq!(seen.holders.len(), 1, "{}: {seen:?}", a.name());
+        let again = c.lock(k.as_str()).fail_fast().await;
+        assert!(
+            again.is_err(),
+            "{}: the broken holder freed the next",
+            a.name()
+        );
+        drop(next);
+        b.flush().await;
+        c.flush().await;
+        assert_left_free(subject, TEST, &[k]).await;
+    })
+}
+
 /// Another process lists the keys held under a prefix, and none once
 /// they are released.
 pub fn another_process_lists_the_held_keys<S: Subject>(subject: &S) {
@@ -543,6 +635,7 @@ pub fn every_contract_test<S: Subject>(subject: &S) {
     the_waiter_past_the_cap_is_refused(subject);
     another_process_sees_who_holds_a_key(subject);
     another_process_lists_the_held_keys(subject);
+    a_broken_holder_is_fenced_out(subject);
 }
 
 /// The suite for one subject (an expression whose type is a [`Subject`]):
@@ -569,6 +662,10 @@ macro_rules! conformance {
         #[test]
         fn another_process_lists_the_held_keys() {
             $crate::common::contract::another_process_lists_the_held_keys(&$subject);
+        }
+        #[test]
+        fn a_broken_holder_is_fenced_out() {
+            $crate::common::contract::a_broken_holder_is_fenced_out(&$subject);
         }
         #[test]
         fn a_request_reenters_its_own_lock() {

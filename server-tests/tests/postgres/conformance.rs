@@ -41,6 +41,11 @@ impl common::contract::Subject for Advisory {
         false
     }
 
+    /// The server frees an advisory lock only for its session.
+    fn breaks_with(&self) -> Option<tower_lock::backend::BreakScope> {
+        Some(tower_lock::backend::BreakScope::Sessions)
+    }
+
     fn namespace(&self, test: &str) -> String {
         key(test, self.mode)
     }

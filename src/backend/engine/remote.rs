@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use super::{Cohort, CohortOptions, InFlight};
 use crate::Backend;
-use crate::backend::{Acquired, BackendFuture, Capabilities, Inspection, LockRequest};
+use crate::backend::{
+    Acquired, BackendFuture, BreakScope, Broken, Capabilities, Inspection, LockRequest,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 
@@ -51,6 +53,20 @@ pub(crate) trait Store: Send + Sync + 'static {
         let _ = prefix;
         std::future::ready(Err(LockError::Unsupported(format!(
             "the {} backend cannot list its locks",
+            Self::NAME
+        ))))
+    }
+
+    /// Frees `key`, as [`Backend::break_lock`] describes; by default not
+    /// supported.
+    fn break_lock(
+        self: Arc<Self>,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> impl Future<Output = Result<Broken, LockError>> + Send + 'static {
+        let _ = (key, scope);
+        std::future::ready(Err(LockError::Unsupported(format!(
+            "the {} backend cannot break its locks",
             Self::NAME
         ))))
     }
@@ -137,6 +153,14 @@ impl<S: Store> Backend for RemoteBackend<S> {
 
     fn list(&self, prefix: &str) -> BackendFuture<Result<Vec<LockKey>, LockError>> {
         BackendFuture::new(self.cohort.inner().0.clone().list(prefix.to_owned()))
+    }
+
+    fn break_lock(
+        &self,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> BackendFuture<Result<Broken, LockError>> {
+        BackendFuture::new(self.cohort.inner().0.clone().break_lock(key, scope))
     }
 }
 

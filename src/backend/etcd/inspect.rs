@@ -4,12 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{GetOptions, SortOrder, SortTarget};
+use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 
 use super::contender::is_reader;
 use super::session::etcd_error;
 use super::{EtcdBackend, EtcdStore};
-use crate::backend::{Holder, Inspection};
+use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
@@ -26,22 +26,88 @@ impl EtcdStore {
         key: LockKey,
     ) -> Result<Inspection, LockError> {
         let session = self.session().await?;
-        let prefix = format!("{}/", self.name(&key));
+        let (holding, waiters, _) = self.holding(&session.client, &key).await?;
+        Ok(Inspection {
+            key,
+            holders: holding.into_iter().map(|h| h.holder).collect(),
+            waiters: Some(waiters),
+        })
+    }
+
+    /// Deletes the holders' keys in one transaction, if each still has
+    /// the create revision read (else reads again), whose revision is the
+    /// floor: above every key made before, below every key made after. A
+    /// holder is not told: its lease lives on, and its release finds its
+    /// key gone.
+    pub(super) async fn break_key(self: Arc<Self>, key: LockKey) -> Result<Broken, LockError> {
+        let session = self.session().await?;
+        let spacing = u64::from(EtcdBackend::TOKEN_SPACING);
+        loop {
+            let (holding, _, revision) = self.holding(&session.client, &key).await?;
+            if holding.is_empty() {
+                // Tokens made so far are below the next revision's.
+                return Ok(Broken {
+                    key,
+                    holders: Vec::new(),
+                    floor: FencingToken::new((revision as u64 + 1) * spacing),
+                });
+            }
+            let txn = Txn::new()
+                .when(
+                    holding
+                        .iter()
+                        .map(|h| {
+                            Compare::create_revision(h.name.clone(), CompareOp::Equal, h.created)
+                        })
+                        .collect::<Vec<_>>(),
+                )
+                .and_then(
+                    holding
+                        .iter()
+                        .map(|h| TxnOp::delete(h.name.clone(), None))
+                        .collect::<Vec<_>>(),
+                );
+            let answer = session
+                .client
+                .kv_client()
+                .txn(txn)
+                .await
+                .map_err(|e| etcd_error("deleting lock keys", e))?;
+            if answer.succeeded() {
+                let revision = answer.header().map_or(0, |h| h.revision());
+                return Ok(Broken {
+                    key,
+                    holders: holding.into_iter().map(|h| h.holder).collect(),
+                    floor: FencingToken::new(revision as u64 * spacing),
+                });
+            }
+        }
+    }
+
+    /// The holders are the first key, or the readers before the first
+    /// writer; the others wait. Also the revision read at.
+    async fn holding(
+        &self,
+        client: &etcd_client::Client,
+        key: &LockKey,
+    ) -> Result<(Vec<Holding>, u32, i64), LockError> {
+        let prefix = format!("{}/", self.name(key));
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let mut kv = session.client.kv_client();
-        let answer = kv
+        let answer = client
+            .kv_client()
             .get(prefix.as_str(), Some(options))
             .await
             .map_err(|e| etcd_error("listing lock keys", e))?;
+        let revision = answer.header().map_or(0, |h| h.revision());
         let kvs = answer.kvs();
         let holding = match kvs.first() {
             None => 0,
             Some(first) if !is_reader(first.value()) => 1,
             Some(_) => kvs.iter().take_while(|kv| is_reader(kv.value())).count(),
         };
-        let mut lease = session.client.lease_client();
+        let mut lease = client.lease_client();
         let mut holders = Vec::with_capacity(holding);
         for kv in &kvs[..holding] {
             let token = kv.create_revision() as u64 * u64::from(EtcdBackend::TOKEN_SPACING);
@@ -62,15 +128,22 @@ impl EtcdStore {
                 // -1: the lease has just expired.
                 holder = holder.lease_left(Duration::from_secs(u64::try_from(ttl).unwrap_or(0)));
             }
-            holders.push(holder);
+            holders.push(Holding {
+                name: kv.key().to_vec(),
+                created: kv.create_revision(),
+                holder,
+            });
         }
         let waiters = u32::try_from(kvs.len() - holding).unwrap_or(u32::MAX);
-        Ok(Inspection {
-            key,
-            holders,
-            waiters: Some(waiters),
-        })
+        Ok((holders, waiters, revision))
     }
+}
+
+/// A holder's key, its create revision, and what it shows.
+struct Holding {
+    name: Vec<u8>,
+    created: i64,
+    holder: Holder,
 }
 
 impl EtcdStore {

@@ -147,7 +147,8 @@ pub use self::session::EtcdStore;
 use crate::backend::engine::lease::Lease;
 use crate::backend::engine::{InFlight, Store};
 use crate::backend::{
-    Acquired, Capabilities, CohortOptions, Inspection, LockRequest, RemoteBackend,
+    Acquired, BreakScope, Broken, Capabilities, CohortOptions, Inspection, LockRequest,
+    RemoteBackend,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -455,6 +456,14 @@ impl Store for EtcdStore {
 
     async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
         self.list_keys(prefix).await
+    }
+
+    async fn break_lock(
+        self: Arc<Self>,
+        key: LockKey,
+        _scope: BreakScope,
+    ) -> Result<Broken, LockError> {
+        self.break_key(key).await
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -8,15 +8,37 @@ use std::sync::Arc;
 use mysql_async::prelude::Queryable;
 
 use super::session::{my_error, MysqlStore};
-use super::NAME;
-use crate::backend::{Holder, Inspection};
+use super::{MysqlBackend, NAME};
+use crate::backend::{BreakScope, Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
+use crate::token::FencingToken;
 
 /// A holding connection's id, and its user and host if the caller sees
 /// them.
 type HolderRow = (u64, Option<String>, Option<String>);
+
+/// The connection holding a key (arguments: the key three times), and
+/// its user and host where the process list shows them.
+fn holder_query() -> String {
+    format!(
+        "SELECT l.id, p.USER, p.HOST FROM (SELECT IS_USED_LOCK({NAME}) id) l \
+         LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id WHERE l.id IS NOT NULL"
+    )
+}
+
+fn holder_of((id, user, host): HolderRow) -> Holder {
+    let who = match (user, host) {
+        (Some(user), Some(host)) => format!("connection {id} of {user}@{host}"),
+        // Another user's, without the PROCESS privilege.
+        _ => format!("connection {id}"),
+    };
+    Holder::new(None).mode(LockMode::Exclusive).identity(who)
+}
+
+/// ER_NO_SUCH_THREAD: `KILL` of a connection that has ended.
+const UNKNOWN_THREAD: u16 = 1094;
 
 /// ER_UNKNOWN_TABLE: the plugin's table is not there.
 const UNKNOWN_TABLE: u16 = 1109;
@@ -35,33 +57,62 @@ impl MysqlStore {
         let holder: Result<Option<HolderRow>, _> = {
             let mut conn = session.conn.lock().await;
             let k = key.as_str();
-            conn.exec_first(
-                format!(
-                    "SELECT l.id, p.USER, p.HOST FROM (SELECT IS_USED_LOCK({NAME}) id) l \
-                     LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id \
-                     WHERE l.id IS NOT NULL"
-                ),
-                (k, k, k),
-            )
-            .await
+            conn.exec_first(holder_query(), (k, k, k)).await
         };
         let holder = self.after(session, holder, "inspecting a lock")?;
-        let holders = holder
-            .map(|(id, user, host)| {
-                let who = match (user, host) {
-                    (Some(user), Some(host)) => format!("connection {id} of {user}@{host}"),
-                    // Another user's, without the PROCESS privilege.
-                    _ => format!("connection {id}"),
-                };
-                Holder::new(None).mode(LockMode::Exclusive).identity(who)
-            })
-            .into_iter()
-            .collect();
+        let holders = holder.map(holder_of).into_iter().collect();
         Ok(Inspection {
             key,
             holders,
             waiters: None,
         })
+    }
+
+    /// Ends the holder's connection (`KILL CONNECTION`), after drawing the
+    /// floor from the token sequence; only with [`BreakScope::Sessions`],
+    /// as the server frees a user lock only for its connection.
+    pub(super) async fn break_key(
+        self: Arc<Self>,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> Result<Broken, LockError> {
+        let session = self.session().await?;
+        let outcome: Result<Result<Broken, LockError>, mysql_async::Error> = async {
+            let mut conn = session.conn.lock().await;
+            let k = key.as_str();
+            let held: Option<HolderRow> = conn.exec_first(holder_query(), (k, k, k)).await?;
+            if let (Some((id, ..)), BreakScope::LocksOnly) = (&held, scope) {
+                return Ok(Err(LockError::Unsupported(format!(
+                    "MariaDB frees a lock only when its holder releases it or its connection \
+                     ends: breaking it ends connection {id} and frees every lock it holds \
+                     (needs CONNECTION ADMIN or SUPER for another user's); ask for that with \
+                     --force (BreakScope::Sessions)"
+                ))));
+            }
+            let next: Option<i64> = conn
+                .query_first(format!("SELECT NEXTVAL({})", self.sequence))
+                .await?;
+            let floor = FencingToken::new(
+                (next.unwrap_or(0).max(0) as u64)
+                    .saturating_mul(u64::from(MysqlBackend::TOKEN_SPACING)),
+            );
+            let mut holders = Vec::new();
+            if let Some(row) = held {
+                match conn.query_drop(format!("KILL CONNECTION {}", row.0)).await {
+                    Ok(()) => holders.push(holder_of(row)),
+                    // Gone since it was read: nothing to free.
+                    Err(mysql_async::Error::Server(e)) if e.code == UNKNOWN_THREAD => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Ok(Broken {
+                key,
+                holders,
+                floor,
+            }))
+        }
+        .await;
+        self.after(session, outcome, "breaking a lock")?
     }
 
     /// The user locks the `metadata_lock_info` plugin lists (a user lock's

@@ -127,7 +127,8 @@ use self::session::{my_error, Session};
 use crate::backend::engine::lease::{check_lease, Lease, Protocol, Released};
 use crate::backend::engine::{InFlight, Store};
 use crate::backend::{
-    Acquired, Capabilities, CohortOptions, Inspection, LockRequest, RemoteBackend,
+    Acquired, BreakScope, Broken, Capabilities, CohortOptions, Inspection, LockRequest,
+    RemoteBackend,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -455,6 +456,14 @@ impl Store for MysqlStore {
 
     async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
         self.list_keys(prefix).await
+    }
+
+    async fn break_lock(
+        self: Arc<Self>,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> Result<Broken, LockError> {
+        self.break_key(key, scope).await
     }
 
     // No promised order among waiters, and a release and the next acquisition

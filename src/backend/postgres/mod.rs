@@ -201,7 +201,8 @@ use self::table::LeaseTable;
 use crate::backend::engine::lease::check_lease;
 use crate::backend::engine::{InFlight, Store};
 use crate::backend::{
-    Acquired, Capabilities, CohortOptions, Inspection, LockRequest, RemoteBackend,
+    Acquired, BreakScope, Broken, Capabilities, CohortOptions, Inspection, LockRequest,
+    RemoteBackend,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -408,6 +409,17 @@ impl Store for PostgresStore {
                     .into(),
             )),
             Mode::Table(table) => table.list(&prefix).await,
+        }
+    }
+
+    async fn break_lock(
+        self: Arc<Self>,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> Result<Broken, LockError> {
+        match &self.mode {
+            Mode::Advisory(pg) => pg.break_key(key, scope).await,
+            Mode::Table(table) => table.break_key(key).await,
         }
     }
 

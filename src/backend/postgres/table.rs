@@ -86,7 +86,7 @@ pub(super) struct LeaseTable {
     pub(super) target: String,
     connect_timeout: Duration,
     /// The token sequence's name.
-    sequence: String,
+    pub(super) sequence: String,
     pub(super) sql: Sql,
     /// The statement connections, each opened again when it breaks. A key
     /// always uses the same one, so that a release sent lands before the

@@ -7,26 +7,46 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use super::layout::{redis_error, redis_name};
-use super::server::RedisStore;
-use crate::backend::{Holder, Inspection};
+use super::scripts::{fence, FENCE_TTL};
+use super::server::{sentinel_floor, RedisStore};
+use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
+use crate::token::FencingToken;
 
 /// The exclusive lock's owner and time left, the writer's, the readers'
 /// and the semaphore's holders with their expiry, and the server's clock
 /// in ms. A missing string reads as empty (a Lua array ends at its first
-/// nil).
-const INSPECT: &str = r"
+/// nil). KEYS: lock, writer, readers, permits.
+const HOLDERS: &str = r"
 local function s(v) if v then return v else return '' end end
-local t = redis.call('TIME')
-return {
-  s(redis.call('GET', KEYS[1])), redis.call('PTTL', KEYS[1]),
-  s(redis.call('GET', KEYS[2])), redis.call('PTTL', KEYS[2]),
-  redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES'),
-  redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES'),
-  tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-}";
+local function holders()
+  local t = redis.call('TIME')
+  return {
+    s(redis.call('GET', KEYS[1])), redis.call('PTTL', KEYS[1]),
+    s(redis.call('GET', KEYS[2])), redis.call('PTTL', KEYS[2]),
+    redis.call('ZRANGE', KEYS[3], 0, -1, 'WITHSCORES'),
+    redis.call('ZRANGE', KEYS[4], 0, -1, 'WITHSCORES'),
+    tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  }
+end
+";
+
+/// The holders, then, in one script: the fence raised past every token
+/// handed out, every lock key deleted and the release published, and the
+/// floor last. KEYS: lock, writer, readers, permits, fence. ARGV: fence
+/// ttl ms, fence floor (as the acquire scripts take it), channel,
+/// `PUBLISH` or `SPUBLISH`.
+const BREAK: &str = r"
+local floor = floor_of(ARGV[2])
+local h = holders()
+local f = fence(KEYS[5], ARGV[1], 1, floor)
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.pcall(ARGV[4], ARGV[3], 'released')
+h[8] = f
+return h
+";
 
 type Answer = (String, i64, String, i64, Vec<String>, Vec<String>, i64);
 
@@ -47,6 +67,26 @@ impl RedisStore {
             key,
             holders,
             waiters: None,
+        })
+    }
+}
+
+impl RedisStore {
+    /// One script raises the fence, frees every holder and wakes the
+    /// waiters; the holders find it at their next renewal.
+    pub(super) async fn break_key(self: Arc<Self>, key: LockKey) -> Result<Broken, LockError> {
+        let (mut conn, _, epoch) = self.conn.for_locking(self.response_timeout).await?;
+        let (floor, publish) = match self.conn.is_cluster() {
+            true => ("cluster".to_owned(), "SPUBLISH"),
+            false => (sentinel_floor(epoch)?.to_string(), "PUBLISH"),
+        };
+        let (holders, floor) = break_on(&mut conn, &self.prefix, &key, &floor, publish)
+            .await
+            .map_err(|e| redis_error("breaking a lock", e))?;
+        Ok(Broken {
+            key,
+            holders,
+            floor: FencingToken::new(floor),
         })
     }
 }
@@ -143,14 +183,57 @@ pub(super) async fn holders<C: ConnectionLike + Send>(
     key: &LockKey,
 ) -> Result<Vec<Holder>, redis::RedisError> {
     let base = redis_name(prefix, key.as_str());
-    let (exclusive, exclusive_ttl, writer, writer_ttl, readers, permits, now): Answer =
-        redis::Script::new(INSPECT)
-            .key(&base)
-            .key(format!("{base}:w"))
-            .key(format!("{base}:r"))
-            .key(format!("{base}:s"))
-            .invoke_async(conn)
-            .await?;
+    let answer: Answer = redis::Script::new(&[HOLDERS, "return holders()"].concat())
+        .key(&base)
+        .key(format!("{base}:w"))
+        .key(format!("{base}:r"))
+        .key(format!("{base}:s"))
+        .invoke_async(conn)
+        .await?;
+    Ok(holders_of(answer))
+}
+
+/// Breaks `key`'s lock on one server, as [`BREAK`] does: the holders freed
+/// and the fencing floor. `floor` is what the acquire scripts take: a
+/// number, or `cluster`.
+pub(super) async fn break_on<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    key: &LockKey,
+    floor: &str,
+    publish: &str,
+) -> Result<(Vec<Holder>, u64), redis::RedisError> {
+    let base = redis_name(prefix, key.as_str());
+    let (a, b, c, d, e, f, now, fence): (
+        String,
+        i64,
+        String,
+        i64,
+        Vec<String>,
+        Vec<String>,
+        i64,
+        i64,
+    ) = redis::Script::new(&[&fence(), HOLDERS, BREAK].concat())
+        .key(&base)
+        .key(format!("{base}:w"))
+        .key(format!("{base}:r"))
+        .key(format!("{base}:s"))
+        .key(format!("{base}:fence"))
+        .arg(FENCE_TTL.as_millis() as u64)
+        .arg(floor)
+        .arg(format!("{base}:rel"))
+        .arg(publish)
+        .invoke_async(conn)
+        .await?;
+    Ok((
+        holders_of((a, b, c, d, e, f, now)),
+        u64::try_from(fence).unwrap_or(0),
+    ))
+}
+
+/// The holders in an answer of [`HOLDERS`].
+fn holders_of(answer: Answer) -> Vec<Holder> {
+    let (exclusive, exclusive_ttl, writer, writer_ttl, readers, permits, now) = answer;
     let ms = |n: i64| Duration::from_millis(u64::try_from(n).unwrap_or(0));
     let mut holders = Vec::new();
     for (owner, ttl, mode) in [
@@ -174,7 +257,7 @@ pub(super) async fn holders<C: ConnectionLike + Send>(
             });
         }
     }
-    Ok(holders)
+    holders
 }
 
 fn owned(owner: &str, left: Duration) -> Holder {

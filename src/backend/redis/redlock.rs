@@ -72,7 +72,8 @@ use crate::backend::engine::lease::{
 };
 use crate::backend::engine::{InFlight, Store};
 use crate::backend::{
-    Acquired, Capabilities, CohortOptions, Holder, Inspection, LockRequest, RemoteBackend,
+    Acquired, BreakScope, Broken, Capabilities, CohortOptions, Holder, Inspection, LockRequest,
+    RemoteBackend,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -288,6 +289,32 @@ impl RedlockStore {
         Ok(answered)
     }
 
+    /// The holders seen on at least `least` instances, once each, with the
+    /// least time left among them and on how many instances they are.
+    fn tally(&self, answered: Vec<Vec<Holder>>, least: usize) -> Vec<Holder> {
+        let mut seen: Vec<(Holder, usize)> = Vec::new();
+        for holder in answered.into_iter().flatten() {
+            match seen
+                .iter_mut()
+                .find(|(h, _)| h.identity == holder.identity && h.mode == holder.mode)
+            {
+                Some((h, n)) => {
+                    *n += 1;
+                    h.lease_left = h.lease_left.min(holder.lease_left);
+                }
+                None => seen.push((holder, 1)),
+            }
+        }
+        let n = self.nodes.len();
+        seen.into_iter()
+            .filter(|(_, on)| *on >= least)
+            .map(|(h, on)| {
+                let who = h.identity.clone().unwrap_or_default();
+                h.identity(format!("{who} on {on} of {n} instances"))
+            })
+            .collect()
+    }
+
     /// Runs `op` on every instance at once; the results in instance order.
     /// The futures are polled together in place: a task per instance would
     /// cost more than the work.
@@ -481,30 +508,8 @@ impl Store for RedlockStore {
                 }
             })
             .await;
-        let quorum = self.quorum();
         let answered = self.answered_by_a_majority(answers, "inspecting a lock")?;
-        let mut seen: Vec<(Holder, usize)> = Vec::new();
-        for holder in answered.into_iter().flatten() {
-            match seen
-                .iter_mut()
-                .find(|(h, _)| h.identity == holder.identity && h.mode == holder.mode)
-            {
-                Some((h, n)) => {
-                    *n += 1;
-                    h.lease_left = h.lease_left.min(holder.lease_left);
-                }
-                None => seen.push((holder, 1)),
-            }
-        }
-        let n = self.nodes.len();
-        let holders = seen
-            .into_iter()
-            .filter(|(_, on)| *on >= quorum)
-            .map(|(h, on)| {
-                let who = h.identity.clone().unwrap_or_default();
-                h.identity(format!("{who} on {on} of {n} instances"))
-            })
-            .collect();
+        let holders = self.tally(answered, self.quorum());
         Ok(Inspection {
             key,
             holders,
@@ -534,6 +539,35 @@ impl Store for RedlockStore {
             }
         }
         Ok(keys)
+    }
+
+    /// Breaks the lock on every instance; a majority must answer. The
+    /// floor is the highest of their raised counters: above the tokens
+    /// handed out before as far as Redlock's tokens rise at all (see
+    /// [Fencing tokens](self#fencing-tokens)).
+    async fn break_lock(
+        self: Arc<Self>,
+        key: LockKey,
+        _scope: BreakScope,
+    ) -> Result<Broken, LockError> {
+        let answers = self
+            .on_all(|mut conn| {
+                let (prefix, key) = (self.prefix.clone(), key.clone());
+                async move {
+                    super::inspect::break_on(&mut conn, &prefix, &key, "0", "PUBLISH")
+                        .await
+                        .map_err(|e| redis_error("breaking a lock", e))
+                }
+            })
+            .await;
+        let answered = self.answered_by_a_majority(answers, "breaking a lock")?;
+        let floor = answered.iter().map(|(_, fence)| *fence).max().unwrap_or(0);
+        let holders = self.tally(answered.into_iter().map(|(h, _)| h).collect(), 1);
+        Ok(Broken {
+            key,
+            holders,
+            floor: FencingToken::new(floor),
+        })
     }
 
     // Every instance's connection keeps its commands in order.

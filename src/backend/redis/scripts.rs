@@ -49,7 +49,7 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 /// counter, and at least one: a key would need more than a million grants
 /// a second (no Redis serves that many on one key) to run ahead. Lua
 /// numbers are doubles: exact below 2^53.
-fn fence() -> String {
+pub(super) fn fence() -> String {
     format!(
         r#"
 local function floor_of(arg)

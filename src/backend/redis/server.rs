@@ -16,7 +16,7 @@ use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::{Acquired, Capabilities, Inspection, LockRequest};
+use crate::backend::{Acquired, BreakScope, Broken, Capabilities, Inspection, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::Deadline;
@@ -127,6 +127,14 @@ impl Store for RedisStore {
 
     async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
         self.list_keys(prefix).await
+    }
+
+    async fn break_lock(
+        self: Arc<Self>,
+        key: LockKey,
+        _scope: BreakScope,
+    ) -> Result<Broken, LockError> {
+        self.break_key(key).await
     }
 }
 
@@ -296,7 +304,7 @@ impl Protocol for RedisLock {
 
 /// The fencing floor for a master the Sentinels named under `epoch` (0
 /// without Sentinel): see `EPOCH_STRIDE`.
-fn sentinel_floor(epoch: u64) -> Result<u64, LockError> {
+pub(super) fn sentinel_floor(epoch: u64) -> Result<u64, LockError> {
     epoch
         .checked_mul(EPOCH_STRIDE)
         .filter(|f| *f <= MAX_FLOOR)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::recipes::{is_reader, sequence, LEASES, LOCKS, READ_NAME, WRITE_NAME};
 use super::session::{zk_error, Session};
 use super::{ZookeeperBackend, ZookeeperStore};
-use crate::backend::{Holder, Inspection};
+use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
@@ -25,13 +25,70 @@ impl ZookeeperStore {
     ) -> Result<Inspection, LockError> {
         let session = self.session().await?;
         let dir = self.dir(&key);
-        let children = match session.client.list_children(&dir).await {
+        let (holders, waiters) = self.holding(&session, &dir).await?;
+        Ok(Inspection {
+            key,
+            holders: holders.into_iter().map(|(_, h)| h).collect(),
+            waiters: Some(waiters),
+        })
+    }
+
+    /// Raises the floor with a write to the key's directory (made if it is
+    /// gone: an empty container, which the server removes), whose zxid is
+    /// above every node's made under it so far, then deletes the holders'
+    /// nodes. A holder is not told: its session lives on, and its release
+    /// finds its node gone.
+    pub(super) async fn break_key(self: Arc<Self>, key: LockKey) -> Result<Broken, LockError> {
+        use zookeeper_client::Error as E;
+        let session = self.session().await?;
+        let dir = self.dir(&key);
+        let floor = loop {
+            match session.client.get_data(&dir).await {
+                // The same data back: only its version and zxid move.
+                Ok((data, stat)) => match session
+                    .client
+                    .set_data(&dir, &data, Some(stat.version))
+                    .await
+                {
+                    Ok(stat) => break token_of(stat.mzxid),
+                    Err(E::BadVersion | E::NoNode) => {}
+                    Err(e) => return Err(zk_error("raising the fencing floor", e)),
+                },
+                Err(E::NoNode) => session.make_dir(&dir).await?,
+                Err(e) => return Err(zk_error("raising the fencing floor", e)),
+            }
+        };
+        let (holding, _) = self.holding(&session, &dir).await?;
+        let mut holders = Vec::with_capacity(holding.len());
+        for (path, holder) in holding {
+            match session.client.delete(&path, None).await {
+                Ok(()) => holders.push(holder),
+                // Released since the listing.
+                Err(E::NoNode) => {}
+                Err(e) => return Err(zk_error("deleting a lock node", e)),
+            }
+        }
+        Ok(Broken {
+            key,
+            holders,
+            floor,
+        })
+    }
+
+    /// The holders' nodes under `dir` with what they show, and how many
+    /// wait.
+    async fn holding(
+        &self,
+        session: &Session,
+        dir: &str,
+    ) -> Result<(Vec<(String, Holder)>, u32), LockError> {
+        let children = match session.client.list_children(dir).await {
             Ok(children) => children,
-            Err(zookeeper_client::Error::NoNode) => return Ok(Inspection::free(key, Some(0))),
+            Err(zookeeper_client::Error::NoNode) => return Ok((Vec::new(), 0)),
             Err(e) => return Err(zk_error("listing lock nodes", e)),
         };
         if children.iter().any(|c| c == LEASES) {
-            return self.inspect_semaphore(&session, key, &dir).await;
+            return self.semaphore_holding(session, dir).await;
         }
         let mut contenders: Vec<(i64, String)> = children
             .into_iter()
@@ -66,14 +123,10 @@ impl ZookeeperStore {
                     who = format!("{} ({who})", text.trim());
                 }
             }
-            holders.push(Holder::new(Some(token)).mode(mode).identity(who));
+            holders.push((path, Holder::new(Some(token)).mode(mode).identity(who)));
         }
         let waiters = u32::try_from(contenders.len() - holding).unwrap_or(u32::MAX);
-        Ok(Inspection {
-            key,
-            holders,
-            waiters: Some(waiters),
-        })
+        Ok((holders, waiters))
     }
 }
 
@@ -82,24 +135,21 @@ impl ZookeeperStore {
     /// the nodes under `leases`, each with its token (as a grant computes
     /// it) and session; its waiters, the nodes queued for the `locks`
     /// mutex that guards taking a lease.
-    async fn inspect_semaphore(
+    async fn semaphore_holding(
         &self,
         session: &Session,
-        key: LockKey,
         dir: &str,
-    ) -> Result<Inspection, LockError> {
+    ) -> Result<(Vec<(String, Holder)>, u32), LockError> {
         let leases_dir = format!("{dir}/{LEASES}");
         let mut holders = Vec::new();
         for name in self.sequenced(session, &leases_dir).await? {
-            match session
-                .client
-                .check_stat(&format!("{leases_dir}/{name}"))
-                .await
-            {
-                Ok(Some(stat)) => holders.push(
+            let path = format!("{leases_dir}/{name}");
+            match session.client.check_stat(&path).await {
+                Ok(Some(stat)) => holders.push((
+                    path,
                     Holder::new(Some(token_of(stat.czxid)))
                         .identity(format!("session 0x{:x}", stat.ephemeral_owner)),
-                ),
+                )),
                 // Released since the listing.
                 Ok(None) | Err(zookeeper_client::Error::NoNode) => {}
                 Err(e) => return Err(zk_error("reading a lease node", e)),
@@ -109,11 +159,7 @@ impl ZookeeperStore {
             .sequenced(session, &format!("{dir}/{LOCKS}"))
             .await?
             .len();
-        Ok(Inspection {
-            key,
-            holders,
-            waiters: Some(u32::try_from(waiting).unwrap_or(u32::MAX)),
-        })
+        Ok((holders, u32::try_from(waiting).unwrap_or(u32::MAX)))
     }
 
     /// The names of the sequential nodes under `dir`; none if it is gone.

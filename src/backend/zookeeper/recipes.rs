@@ -251,7 +251,7 @@ impl Session {
     }
 
     /// Creates `dir` and its missing parents as container nodes.
-    async fn make_dir(&self, dir: &str) -> Result<(), LockError> {
+    pub(super) async fn make_dir(&self, dir: &str) -> Result<(), LockError> {
         retry(self, "creating the lock's parent nodes", || {
             self.client.mkdir(dir, &CONTAINER)
         })
