@@ -127,9 +127,14 @@ impl common::contract::Subject for Etcd {
     type Backend = EtcdBackend;
 
     async fn connect(&self, test: &str) -> EtcdBackend {
-        let options =
-            options(&format!("{test}-{}", self.mode)).cohort(common::contract::cohort(self.cohort));
+        let options = options(&format!("{test}-{}", self.mode))
+            .label("conformance")
+            .cohort(common::contract::cohort(self.cohort));
         backend_with(&etcd_url(), options).await
+    }
+
+    fn holder_identity(&self, _test: &str) -> Option<String> {
+        Some(format!("conformance, pid {} on ", std::process::id()))
     }
 
     async fn connect_through_proxy(&self, test: &str) -> Option<(Vec<FaultProxy>, EtcdBackend)> {

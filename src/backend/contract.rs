@@ -204,13 +204,13 @@ pub trait Backend: Send + Sync + 'static {
     /// | backend | token | mode | lease left | identity | waiters |
     /// |---|---|---|---|---|---|
     /// | memory | yes | yes | no lease | no | yes |
-    /// | Redis (one server, Sentinel, Cluster) | no: the key keeps its owner, the fence only the last token handed out | yes (a semaphore's permits: none) | yes | the owner's random token | no: waiters retry, Redis keeps no queue |
-    /// | PostgreSQL, advisory locks | no: the server keeps none | exclusive or read | no lease: the session's | server process, client address, application name (`pg_locks`, `pg_stat_activity`) | yes, sessions waiting in the server |
+    /// | Redis (one server, Sentinel, Cluster) | no: the key keeps its owner, the fence only the last token handed out | yes (a semaphore's permits: none) | yes | the owner's random token (the key holds only that; a label would travel in every renewal) | no: waiters retry, Redis keeps no queue |
+    /// | PostgreSQL, advisory locks | no: the server keeps none | exclusive or read | no lease: the session's | server process, client address, application name: the label, process id and host ([`PostgresOptions::label`](crate::backend::postgres::PostgresOptions::label)) unless the URL names it (`pg_locks`, `pg_stat_activity`) | yes, sessions waiting in the server |
     /// | PostgreSQL, lease table | no | exclusive | yes | the row's owner | no |
     /// | MariaDB | no | exclusive | no lease: the connection's | connection id, and its user and host where the process list shows them (`IS_USED_LOCK`) | no: the process list does not say which lock a connection waits for |
     /// | Redlock | no | yes | the least among the instances that have it | the owner, on how many instances; only holders a majority has | no |
-    /// | ZooKeeper | the server's grant (the node's creation zxid) | yes (a semaphore's leases: no mode) | no lease: the session's | the session id, and the node's data when another client wrote some (Curator's address, kazoo's identifier) | yes, the contenders behind (a semaphore's: those queued for its mutex) |
-    /// | etcd | the server's grant (the key's create revision) | exclusive or read | the lease's time to live | the lease id | yes, the keys behind |
+    /// | ZooKeeper | the server's grant (the node's creation zxid) | yes (a semaphore's leases: no mode) | no lease: the session's | the session id, and the node's data: the label, process id and host ([`ZookeeperOptions::label`](crate::backend::zookeeper::ZookeeperOptions::label)); another client's (Curator's address, kazoo's identifier) | yes, the contenders behind (a semaphore's: those queued for its mutex) |
+    /// | etcd | the server's grant (the key's create revision) | exclusive or read | the lease's time to live | the lease id, and the label, process id and host in the key's value ([`EtcdOptions::label`](crate::backend::etcd::EtcdOptions::label)) | yes, the keys behind |
     fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
         let _ = key;
         BackendFuture::ready(Err(LockError::Unsupported(format!(

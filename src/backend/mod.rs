@@ -118,6 +118,8 @@ mod engine;
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub mod etcd;
 mod future;
+#[cfg(any(feature = "zookeeper", feature = "postgres", feature = "etcd"))]
+mod identity;
 mod inspect;
 pub(crate) mod memory;
 #[cfg(feature = "mysql")]

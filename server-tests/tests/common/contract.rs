@@ -88,6 +88,14 @@ pub trait Subject: Sync {
         true
     }
 
+    /// What [`Backend::inspect`] shows in the identity of a holder this
+    /// subject's backend opened for `test` (its label and process where
+    /// the store carries them); `None` where it shows nothing of the kind.
+    fn holder_identity(&self, test: &str) -> Option<String> {
+        let _ = test;
+        None
+    }
+
     /// How [`Backend::break_lock`] frees a held key: with
     /// [`BreakScope::LocksOnly`](tower_lock::backend::BreakScope) where
     /// the lock alone can be freed; with `Sessions` where only ending the
@@ -303,6 +311,10 @@ pub fn another_process_sees_who_holds_a_key<S: Subject>(subject: &S) {
         let seen = b.inspect(lock_key.clone()).await.unwrap();
         assert_eq!(seen.holders.len(), 1, "{}: {seen:?}", a.name());
         let holder = &seen.holders[0];
+        if let Some(who) = subject.holder_identity(TEST) {
+            let shown = holder.identity.as_deref().unwrap_or_default();
+            assert!(shown.contains(&who), "{}: {shown:?} for {who:?}", a.name());
+        }
         if let Some(token) = holder.token {
             assert_eq!(token, held.token(), "{}", a.name());
         }

@@ -41,6 +41,11 @@ impl common::contract::Subject for Advisory {
         false
     }
 
+    /// The URL's `application_name`, which the backend keeps.
+    fn holder_identity(&self, test: &str) -> Option<String> {
+        Some(format!("({})", self.namespace(test)))
+    }
+
     /// The server frees an advisory lock only for its session.
     fn breaks_with(&self) -> Option<tower_lock::backend::BreakScope> {
         Some(tower_lock::backend::BreakScope::Sessions)

@@ -628,3 +628,43 @@ async fn child_entry() {
         other => panic!("unknown child role {other}"),
     }
 }
+
+/// A holder's session is named after the backend's label, its process
+/// and host (`application_name`), unless the URL names it and no label
+/// is set; `inspect` shows it.
+#[tokio::test]
+async fn inspect_names_the_holders_label_and_process() {
+    use tower_lock::LockKey;
+    let pid = std::process::id();
+    for (label, url_name, shows) in [
+        (Some("orders"), None, format!("(orders, pid {pid} on ")),
+        (None, None, format!("(pid {pid} on ")),
+        (None, Some("from-url"), "(from-url)".to_owned()),
+        (
+            Some("orders"),
+            Some("from-url"),
+            format!("(orders, pid {pid} on "),
+        ),
+    ] {
+        let mut url = pg_url();
+        if let Some(name) = url_name {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            url = format!("{url}{sep}application_name={name}");
+        }
+        let mut options = PostgresOptions::default();
+        if let Some(label) = label {
+            options = options.label(label);
+        }
+        let pg = PostgresBackend::connect_with(&url, options).await.unwrap();
+        let k = key("identity", "k");
+        let held = pg.lock(k.as_str()).await.unwrap();
+        let seen = backend()
+            .await
+            .inspect(LockKey::new(&k).unwrap())
+            .await
+            .unwrap();
+        let who = seen.holders[0].identity.clone().unwrap_or_default();
+        assert!(who.contains(&shows), "{label:?}, {url_name:?}: {who}");
+        held.release().await.unwrap();
+    }
+}

@@ -18,6 +18,7 @@ impl Zookeeper {
         let options = ZookeeperOptions::default()
             .root(self.root(test))
             .session_timeout(Duration::from_secs(4))
+            .label("conformance")
             .cohort(common::contract::cohort(self.cohort));
         ZookeeperBackend::connect_with(&format!("zk://{addr}"), options)
             .await
@@ -39,6 +40,10 @@ impl common::contract::Subject for Zookeeper {
         let proxy = FaultProxy::start(zk_addr().parse().unwrap()).await.unwrap();
         let backend = self.at(&proxy.addr().to_string(), test).await;
         Some((vec![proxy], backend))
+    }
+
+    fn holder_identity(&self, _test: &str) -> Option<String> {
+        Some(format!("conformance, pid {} on ", std::process::id()))
     }
 
     async fn assert_nothing_left(&self, test: &str, _keys: &[String]) {

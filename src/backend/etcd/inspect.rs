@@ -118,7 +118,7 @@ impl EtcdStore {
             };
             let mut holder = Holder::new(Some(FencingToken::new(token)))
                 .mode(mode)
-                .identity(format!("lease {:x}", kv.lease()));
+                .identity(who(kv.value(), kv.lease()));
             if kv.lease() != 0 {
                 let ttl = lease
                     .time_to_live(kv.lease(), None)
@@ -136,6 +136,21 @@ impl EtcdStore {
         }
         let waiters = u32::try_from(kvs.len() - holding).unwrap_or(u32::MAX);
         Ok((holders, waiters, revision))
+    }
+}
+
+/// A key's holder: the identity this backend writes after the number in
+/// the value (`[read ]<n> <identity>`), and the lease; other clients'
+/// values (`etcdctl lock` writes none) show the lease alone.
+fn who(value: &[u8], lease: i64) -> String {
+    let lease = format!("lease {lease:x}");
+    let text = std::str::from_utf8(value).unwrap_or_default();
+    let text = text.strip_prefix("read ").unwrap_or(text);
+    match text.split_once(' ') {
+        Some((_, identity)) if !identity.trim().is_empty() => {
+            format!("{} ({lease})", identity.trim())
+        }
+        _ => lease,
     }
 }
 

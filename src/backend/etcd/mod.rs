@@ -146,6 +146,7 @@ use std::time::Duration;
 pub use self::session::EtcdStore;
 use crate::backend::engine::lease::Lease;
 use crate::backend::engine::{InFlight, Store};
+use crate::backend::identity::holder_identity;
 use crate::backend::{
     Acquired, BreakScope, Broken, Capabilities, CohortOptions, Inspection, LockRequest,
     RemoteBackend,
@@ -179,6 +180,7 @@ pub struct EtcdOptions {
     lease_ttl: Duration,
     connect_timeout: Duration,
     cohort: CohortOptions,
+    label: Option<String>,
 }
 
 impl Default for EtcdOptions {
@@ -188,6 +190,7 @@ impl Default for EtcdOptions {
             lease_ttl: EtcdOptions::DEFAULT_LEASE_TTL,
             connect_timeout: EtcdOptions::DEFAULT_CONNECT_TIMEOUT,
             cohort: CohortOptions::default(),
+            label: None,
         }
     }
 }
@@ -219,6 +222,15 @@ impl EtcdOptions {
     /// default, [`CohortOptions::off`] gives each acquisition a key.
     pub fn cohort(mut self, cohort: CohortOptions) -> Self {
         self.cohort = cohort;
+        self
+    }
+
+    /// A label for this process (a service name, say), written with its
+    /// process id and host name in each lock key's value, where
+    /// [`Backend::inspect`](crate::Backend::inspect) and `tower-lock
+    /// inspect` show it. Default none: the process id and host name alone.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
         self
     }
 
@@ -356,6 +368,7 @@ impl EtcdBackend {
             opening: tokio::sync::Mutex::new(()),
             releases: Arc::default(),
             next: AtomicU64::new(0),
+            identity: holder_identity(options.label.as_deref()),
         };
         store.session().await?;
         Ok(RemoteBackend::new(store, options.cohort))
@@ -418,9 +431,9 @@ impl Store for EtcdStore {
         let prefix = format!("{}/", self.name(&request.key));
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let value = if reader {
-            format!("read {n:x}")
+            format!("read {n:x} {}", self.identity)
         } else {
-            format!("{n:x}")
+            format!("{n:x} {}", self.identity)
         };
         let contender = session
             .contend(&prefix, value.into_bytes(), request.wait)

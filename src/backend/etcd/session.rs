@@ -35,6 +35,8 @@ pub struct EtcdStore {
     /// Numbers the contender keys' values, unique per acquisition: a
     /// create sent again finds by it whether the key is its own.
     pub(super) next: std::sync::atomic::AtomicU64,
+    /// Who holds a key, after the number in its value, for `inspect`.
+    pub(super) identity: String,
 }
 
 /// One etcd lease and the locks attached to it.

@@ -30,7 +30,7 @@
 //!   and goes back to a small pool after the release.
 //! - Waiters in this process queue in front of the server ([`Cohort`](crate::backend::Cohort)): a
 //!   held lock passes to the next local waiter without a round trip, within
-//!   [`CohortOptions`]' bounds.
+//!   [`CohortOptions`](crate::backend::CohortOptions)' bounds.
 //! - Releasing is `pg_advisory_unlock`, one round trip.
 //!
 //! # Fencing tokens
@@ -187,6 +187,7 @@
 
 mod advisory;
 mod inspect;
+mod options;
 mod session;
 mod table;
 mod table_sql;
@@ -194,157 +195,18 @@ mod table_sql;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
+pub use self::options::PostgresOptions;
 use self::session::Advisory;
 use self::table::LeaseTable;
 use crate::backend::engine::lease::check_lease;
 use crate::backend::engine::{InFlight, Store};
+use crate::backend::identity::holder_identity;
 use crate::backend::{
-    Acquired, BreakScope, Broken, Capabilities, CohortOptions, Inspection, LockRequest,
-    RemoteBackend,
+    Acquired, BreakScope, Broken, Capabilities, Inspection, LockRequest, RemoteBackend,
 };
 use crate::error::LockError;
 use crate::key::LockKey;
-
-/// Settings of a [`PostgresBackend`].
-///
-/// # Examples
-///
-/// ```no_run
-/// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-/// use std::time::Duration;
-/// use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
-///
-/// let options = PostgresOptions::default()
-///     .session_lease(Duration::from_secs(5))
-///     .max_connections(8)
-///     .sequence("locks.tokens");
-/// let pg = PostgresBackend::connect_with("postgres://app@db:5432/orders", options).await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct PostgresOptions {
-    lease: Duration,
-    connect_timeout: Duration,
-    max_connections: usize,
-    sequence: String,
-    lease_table: Option<String>,
-    listen_url: Option<String>,
-    cohort: CohortOptions,
-}
-
-impl Default for PostgresOptions {
-    fn default() -> Self {
-        PostgresOptions {
-            lease: PostgresOptions::DEFAULT_SESSION_LEASE,
-            connect_timeout: PostgresOptions::DEFAULT_CONNECT_TIMEOUT,
-            max_connections: PostgresOptions::DEFAULT_MAX_CONNECTIONS,
-            sequence: PostgresOptions::DEFAULT_SEQUENCE.to_owned(),
-            lease_table: None,
-            listen_url: None,
-            cohort: CohortOptions::default(),
-        }
-    }
-}
-
-impl PostgresOptions {
-    /// How long a session is known alive after a request it sent was answered.
-    pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(10);
-    /// How long connecting may take before the acquisition fails.
-    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-    /// The most connections one backend opens.
-    pub const DEFAULT_MAX_CONNECTIONS: usize = 32;
-    /// The token sequence used when none is named.
-    pub const DEFAULT_SEQUENCE: &str = "tower_lock_tokens";
-    /// The lease table's name in a URL's `?lease_table` without a value.
-    pub const DEFAULT_LEASE_TABLE: &str = "tower_lock_leases";
-
-    /// How long a connection is known alive after a request it sent was
-    /// answered (see the [module docs](self)); a lock request's own lease
-    /// does not apply. Default [`PostgresOptions::DEFAULT_SESSION_LEASE`]; the server keeps a silent
-    /// connection (and its locks) at least this long, so a dead holder's
-    /// locks behind a partition are freed about twice this after it went
-    /// silent.
-    pub fn session_lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// How long opening a connection may take. Default
-    /// [`PostgresOptions::DEFAULT_CONNECT_TIMEOUT`].
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// The most connections this backend opens. Default
-    /// [`PostgresOptions::DEFAULT_MAX_CONNECTIONS`].
-    pub fn max_connections(mut self, max: usize) -> Self {
-        self.max_connections = max;
-        self
-    }
-
-    /// The sequence fencing tokens are drawn from, optionally
-    /// schema-qualified (`schema.name`, lower-case letters, digits and
-    /// `_`). Created on first use if missing; a role that may not create it
-    /// needs it made once: `CREATE SEQUENCE tower_lock_tokens`. Default
-    /// [`PostgresOptions::DEFAULT_SEQUENCE`].
-    ///
-    /// One made by hand must hand out its values in the order they are
-    /// drawn: `CACHE 1` (the default; with more, each session draws from a
-    /// block of its own, and a later grant can get a lower token), `NO
-    /// CYCLE` and a positive `INCREMENT`. Any other is refused with a
-    /// [`LockError::Config`] that gives the `ALTER SEQUENCE` to run.
-    pub fn sequence(mut self, name: impl Into<String>) -> Self {
-        self.sequence = name.into();
-        self
-    }
-
-    /// Locks rows of this table instead of taking advisory locks: the
-    /// [lease-table mode](self#the-lease-table-mode), for a connection
-    /// through a pooler in transaction mode. Optionally schema-qualified,
-    /// as [`sequence`](Self::sequence); created on first use if missing.
-    /// A URL selects it with `?lease_table=name` (or `?lease_table` for
-    /// [`PostgresOptions::DEFAULT_LEASE_TABLE`]).
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # #[tokio::main] async fn main() -> Result<(), tower_lock::LockError> {
-    /// use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
-    ///
-    /// // Statements through PgBouncer in transaction mode; notifications
-    /// // of releases straight from the server.
-    /// let options = PostgresOptions::default()
-    ///     .lease_table("tower_lock_leases")
-    ///     .listen_url("postgres://app@db:5432/orders");
-    /// let pg = PostgresBackend::connect_with("postgres://app@pgbouncer:6432/orders", options).await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn lease_table(mut self, name: impl Into<String>) -> Self {
-        self.lease_table = Some(name.into());
-        self
-    }
-
-    /// In the lease-table mode, where the connection that listens for
-    /// releases goes (`LISTEN` needs a session of its own, which a pooler
-    /// in transaction mode does not keep): the server itself, or a pooler
-    /// in session mode. Default: the backend's URL; where notifications
-    /// do not arrive there, waiters look again every 50 ms instead.
-    pub fn listen_url(mut self, url: impl Into<String>) -> Self {
-        self.listen_url = Some(url.into());
-        self
-    }
-
-    /// How this process's waiters share a lock (see [`Cohort`](crate::backend::Cohort)): on by
-    /// default, up to [`CohortOptions::DEFAULT_MAX_GRANTS`] holders (at most
-    /// [`PostgresBackend::TOKEN_SPACING`]) or [`CohortOptions::DEFAULT_MAX_HOLD`] per grant.
-    pub fn cohort(mut self, cohort: CohortOptions) -> Self {
-        self.cohort = cohort;
-        self
-    }
-}
 
 /// Locks held as PostgreSQL session-level advisory locks.
 ///
@@ -476,7 +338,10 @@ impl PostgresBackend {
 
     /// Connects with explicit [options](PostgresOptions).
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, LockError> {
-        let (config, from_url) = parse_url(url)?;
+        let (mut config, from_url) = parse_url(url)?;
+        if options.label.is_some() || config.get_application_name().is_none() {
+            config.application_name(holder_identity(options.label.as_deref()));
+        }
         check_lease(options.lease, "PostgreSQL")?;
         super::sql::check_name(&options.sequence, "PostgresOptions::sequence")?;
         if let Some(table) = options.lease_table.clone().or(from_url) {
@@ -669,6 +534,7 @@ fn target(config: &tokio_postgres::Config) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn urls_are_checked_before_connecting() {

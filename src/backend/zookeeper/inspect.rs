@@ -117,13 +117,12 @@ impl ZookeeperStore {
             } else {
                 LockMode::Exclusive
             };
-            let mut who = format!("session 0x{:x}", stat.ephemeral_owner);
-            if let Ok(text) = std::str::from_utf8(&data) {
-                if !text.trim().is_empty() {
-                    who = format!("{} ({who})", text.trim());
-                }
-            }
-            holders.push((path, Holder::new(Some(token)).mode(mode).identity(who)));
+            holders.push((
+                path,
+                Holder::new(Some(token))
+                    .mode(mode)
+                    .identity(who(&data, &stat)),
+            ));
         }
         let waiters = u32::try_from(contenders.len() - holding).unwrap_or(u32::MAX);
         Ok((holders, waiters))
@@ -144,14 +143,13 @@ impl ZookeeperStore {
         let mut holders = Vec::new();
         for name in self.sequenced(session, &leases_dir).await? {
             let path = format!("{leases_dir}/{name}");
-            match session.client.check_stat(&path).await {
-                Ok(Some(stat)) => holders.push((
+            match session.client.get_data(&path).await {
+                Ok((data, stat)) => holders.push((
                     path,
-                    Holder::new(Some(token_of(stat.czxid)))
-                        .identity(format!("session 0x{:x}", stat.ephemeral_owner)),
+                    Holder::new(Some(token_of(stat.czxid))).identity(who(&data, &stat)),
                 )),
                 // Released since the listing.
-                Ok(None) | Err(zookeeper_client::Error::NoNode) => {}
+                Err(zookeeper_client::Error::NoNode) => {}
                 Err(e) => return Err(zk_error("reading a lease node", e)),
             }
         }
@@ -203,6 +201,17 @@ impl ZookeeperStore {
         }
         keys.sort_unstable();
         Ok(keys)
+    }
+}
+
+/// A node's holder: its data where some client wrote text (this backend
+/// its label, process id and host; Curator its address; kazoo its
+/// identifier), and its session.
+fn who(data: &[u8], stat: &zookeeper_client::Stat) -> String {
+    let session = format!("session 0x{:x}", stat.ephemeral_owner);
+    match std::str::from_utf8(data).map(str::trim) {
+        Ok(text) if !text.is_empty() => format!("{text} ({session})"),
+        _ => session,
     }
 }
 

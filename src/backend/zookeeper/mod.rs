@@ -169,6 +169,7 @@ pub use self::url::node_name;
 use self::url::{check_root, parse_url};
 use crate::backend::engine::lease::Lease;
 use crate::backend::engine::{InFlight, Store};
+use crate::backend::identity::holder_identity;
 use crate::backend::{
     Acquired, BreakScope, Broken, Capabilities, CohortOptions, Inspection, LockRequest,
     RemoteBackend,
@@ -202,6 +203,7 @@ pub struct ZookeeperOptions {
     session_timeout: Duration,
     connect_timeout: Duration,
     cohort: CohortOptions,
+    label: Option<String>,
 }
 
 impl Default for ZookeeperOptions {
@@ -211,6 +213,7 @@ impl Default for ZookeeperOptions {
             session_timeout: ZookeeperOptions::DEFAULT_SESSION_TIMEOUT,
             connect_timeout: ZookeeperOptions::DEFAULT_CONNECT_TIMEOUT,
             cohort: CohortOptions::default(),
+            label: None,
         }
     }
 }
@@ -244,6 +247,16 @@ impl ZookeeperOptions {
     /// own, as Curator does.
     pub fn cohort(mut self, cohort: CohortOptions) -> Self {
         self.cohort = cohort;
+        self
+    }
+
+    /// A label for this process (a service name, say), written with its
+    /// process id and host name as each lock node's data, where
+    /// [`Backend::inspect`](crate::Backend::inspect) and `tower-lock
+    /// inspect` show it (Curator writes its address there). Default none:
+    /// the process id and host name alone.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
         self
     }
 
@@ -316,6 +329,9 @@ impl ZookeeperBackend {
             root,
             session_timeout: options.session_timeout,
             connect_timeout: options.connect_timeout,
+            identity: holder_identity(options.label.as_deref())
+                .into_bytes()
+                .into(),
             current: Mutex::new(None),
             opening: tokio::sync::Mutex::new(()),
             releases: Arc::default(),

@@ -206,7 +206,9 @@ impl Session {
         let prefix = format!("{dir}/{protected}{name}");
         let mut node = Node::new(self.clone(), dir.to_owned(), protected);
         loop {
-            let create = self.client.create(&prefix, &[], &EPHEMERAL_SEQUENTIAL);
+            let create = self
+                .client
+                .create(&prefix, &self.identity, &EPHEMERAL_SEQUENTIAL);
             let listing = list.then(|| self.client.list_children(dir));
             match create.await {
                 Ok((stat, seq)) => {

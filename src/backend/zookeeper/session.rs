@@ -25,6 +25,8 @@ pub struct ZookeeperStore {
     pub(super) root: String,
     pub(super) session_timeout: Duration,
     pub(super) connect_timeout: Duration,
+    /// Each lock node's data: who holds it, for `inspect`.
+    pub(super) identity: Arc<[u8]>,
     pub(super) current: Mutex<Option<Arc<Session>>>,
     /// One session opening at a time.
     pub(super) opening: tokio::sync::Mutex<()>,
@@ -50,6 +52,8 @@ pub(super) struct Session {
     pub(super) holds: Holds<String, bool>,
     /// The backend's deletes in flight.
     pub(super) releases: Arc<InFlight>,
+    /// Each lock node's data (the store's `identity`).
+    pub(super) identity: Arc<[u8]>,
 }
 
 impl Session {
@@ -132,6 +136,7 @@ impl ZookeeperStore {
             ended_notify: tokio::sync::Notify::new(),
             holds: Holds::new(),
             releases: self.releases.clone(),
+            identity: self.identity.clone(),
         });
         tokio::spawn(watch_session(Arc::downgrade(&session), states));
         tokio::spawn(keep_alive(Arc::downgrade(&session), known_alive));
