@@ -35,7 +35,10 @@ const USAGE: &str = "usage: tower-lock inspect [URL] KEY [--json]
            above every token handed out: prints the floor, to write to
            the fenced store so that the broken holder's writes are refused.
            On PostgreSQL advisory locks and MariaDB it ends the holder's
-           connection (every lock it holds): only with --force
+           connection (every lock it holds): only with --force. There the
+           floor comes from the token sequence: add ?sequence=name to the
+           URL if the application names its own. ZooKeeper semaphores are
+           not broken; a PostgreSQL advisory semaphore's permits show free
 
   URL     a backend URL (redis://, redlock://, zk://, postgres://, mysql://,
           etcd://); TOWER_LOCK_URL when left out. TOWER_LOCK_PASSWORD, if

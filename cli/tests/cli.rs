@@ -279,3 +279,49 @@ async fn break_frees_the_holder_and_fences_its_writes_on_every_backend() {
     );
     assert!(table.contains("floor    "), "{table}");
 }
+
+/// Tokens from the application's own sequence: `break` is told it with
+/// `?sequence=`, and refuses a floor from a sequence never drawn from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_draws_the_floor_from_the_sequence_the_url_names() {
+    use tower_lock::backend::postgres::{PostgresBackend, PostgresOptions};
+    let url = urls()
+        .into_iter()
+        .find(|(name, _)| *name == "postgres")
+        .unwrap()
+        .1;
+    let pid = std::process::id();
+    let (own, fresh) = (format!("cli_tokens_{pid}"), format!("cli_fresh_{pid}"));
+    let holder =
+        PostgresBackend::connect_with(&url, PostgresOptions::default().sequence(own.as_str()))
+            .await
+            .unwrap();
+    let key = format!("cli-sequence:{pid}");
+    let held = holder.lock(key.as_str()).await.unwrap();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let with = |sequence: &str| format!("{url}{sep}sequence={sequence}");
+    let run_break = |url: String| {
+        let key = key.clone();
+        tokio::task::spawn_blocking(move || run(&["break", &url, &key, "--force", "--json"], &[]))
+    };
+    let out = run_break(with(&fresh)).await.unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("?sequence="), "{stderr}");
+    let out = run_break(with(&own)).await.unwrap();
+    let json = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(floor_of(&json) > held.token().get(), "{json}");
+    drop(held);
+    holder.flush().await;
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute(&format!(
+            "DROP SEQUENCE IF EXISTS {own}; DROP SEQUENCE IF EXISTS {fresh}"
+        ))
+        .await
+        .unwrap();
+}

@@ -246,17 +246,23 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// Breaking does not stop a broken holder that still runs: a fenced
     /// store does, once it has seen the floor or a later holder's token.
-    /// The default is [`LockError::Unsupported`]. What each store does:
+    /// On the SQL stores a grant in flight at the break (its statement
+    /// holding the lock, or writing its row, but not yet past drawing its
+    /// token, microseconds) may end up on the wrong side of the floor; a
+    /// sequence the application names must be named to the backend that
+    /// breaks (`?sequence=` in the URL), and one never drawn from is
+    /// refused. The default is [`LockError::Unsupported`]. What each store
+    /// does:
     ///
     /// | backend | frees | floor |
     /// |---|---|---|
-    /// | Redis (one server, Sentinel, Cluster) | the key's lock keys, in the script that raises the fence; waiters are woken | the fencing counter, raised by one |
-    /// | Redlock | the same, on every instance that answers; a majority must answer | the highest of the instances' counters |
-    /// | ZooKeeper | the holders' nodes | a write to the key's directory: its zxid |
-    /// | etcd | the holders' keys, in one transaction | that transaction's revision |
-    /// | PostgreSQL, lease table | the key's row | the token sequence's next value |
-    /// | PostgreSQL, advisory locks | only with [`BreakScope::Sessions`]: the holders' server processes (`pg_terminate_backend`) | the token sequence's next value |
-    /// | MariaDB | only with [`BreakScope::Sessions`]: the holder's connection (`KILL CONNECTION`) | the token sequence's next value |
+    /// | Redis (one server, Sentinel, Cluster) | the key's lock keys, in the script that raises the fence; waiters are woken | the fencing counter, raised past every token reserved |
+    /// | Redlock | the same, on every instance that answers; a majority must answer | the highest of their counters: above earlier tokens as far as Redlock's tokens rise at all (see its module docs) |
+    /// | ZooKeeper | the holders' nodes (not a semaphore's: a waiter's pending lease looks like a holder's) | the first token past the newest holder's node: a waiter's token is fixed when its node is made, and stays valid |
+    /// | etcd | the holders' keys, in one transaction | the first token past the newest holder's key, for the same reason |
+    /// | PostgreSQL, lease table | the key's row | the token sequence, drawn after the row is read |
+    /// | PostgreSQL, advisory locks | only with [`BreakScope::Sessions`]: the holders' server processes (`pg_terminate_backend`, PostgreSQL 14+); a semaphore's permits are locks on other hashes, not found | the token sequence, drawn after the holders are read |
+    /// | MariaDB | only with [`BreakScope::Sessions`]: the holder's connection (`KILL CONNECTION`) | the token sequence, drawn after the holder is read |
     /// | memory | not supported: drop the guard | |
     fn break_lock(
         &self,

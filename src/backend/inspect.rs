@@ -204,9 +204,11 @@ pub struct Broken {
     /// The holders freed, as [`Inspection::holders`] shows them: none when
     /// the key was free.
     pub holders: Vec<Holder>,
-    /// The key's fencing floor, raised before anything was freed: above
-    /// every token handed out for the key before the break, and at most
-    /// every token handed out after it. Write it to the fenced store (as a holder's write
+    /// The key's fencing floor: above every token the store granted for
+    /// the key before the break, and at most every token it grants after
+    /// (a waiter queued in the server included). A broken process may
+    /// still pass on tokens from a block it reserved before: they are
+    /// below the floor, and refused. Write it to the fenced store (as a holder's write
     /// would) and the broken holders' later writes are refused, even
     /// before a new holder writes.
     pub floor: FencingToken,

@@ -73,8 +73,8 @@ const REGISTRY: &[Row] = &[
 /// | `redlock://h1:p1,h2:p2,h3:p3` | [`RedlockBackend`] (feature `redis`) |
 /// | `redlocks://h1:p1,h2:p2,h3:p3[#insecure]` | [`RedlockBackend`] over TLS (feature `redis-tls`) |
 /// | `zk://host:port[,host:port...][/root]` | ZooKeeper (feature `zookeeper`) |
-/// | `postgres://user@host:port/db` (or `postgresql://`) | PostgreSQL advisory locks, or rows of a lease table with `?lease_table[=name]` (feature `postgres`) |
-/// | `mysql://user@host:port/db` (or `mariadb://`) | MariaDB `GET_LOCK` (feature `mysql`) |
+/// | `postgres://user@host:port/db` (or `postgresql://`) | PostgreSQL advisory locks, or rows of a lease table with `?lease_table[=name]`; `?sequence=name` names the token sequence (feature `postgres`) |
+/// | `mysql://user@host:port/db` (or `mariadb://`) | MariaDB `GET_LOCK`; `?sequence=name` names the token sequence (feature `mysql`) |
 /// | `etcd://host:port[,host:port...][/root]` | etcd's lock protocol (feature `etcd`) |
 ///
 /// # Errors

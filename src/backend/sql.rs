@@ -135,8 +135,45 @@ pub(crate) fn check_name(name: &str, option: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// `url` without its query parameter `name` (which the driver does not
+/// know), and the parameter's value: `Some("")` for a bare `name`.
+pub(crate) fn take_param(url: &str, name: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut value = None;
+    let mut rest = Vec::new();
+    for param in query.split('&').filter(|p| !p.is_empty()) {
+        match param.split_once('=') {
+            Some((n, v)) if n == name => value = Some(v.to_owned()),
+            None if param == name => value = Some(String::new()),
+            _ => rest.push(param),
+        }
+    }
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, value)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_parameter_is_taken_out_of_the_url() {
+        use super::take_param;
+        assert_eq!(
+            take_param("pg://h/db?a=1&sequence=s.t&b", "sequence"),
+            ("pg://h/db?a=1&b".to_owned(), Some("s.t".to_owned()))
+        );
+        assert_eq!(
+            take_param("pg://h/db?lease_table", "lease_table"),
+            ("pg://h/db".to_owned(), Some(String::new()))
+        );
+        assert_eq!(take_param("pg://h/db", "x"), ("pg://h/db".to_owned(), None));
+    }
+
     #[test]
     fn only_plain_names_go_into_sql() {
         for good in ["tower_lock_tokens", "locks.tokens", "t2"] {

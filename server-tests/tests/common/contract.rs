@@ -407,6 +407,19 @@ pub fn a_broken_holder_is_fenced_out<S: Subject>(subject: &S) {
             .await
             .unwrap();
         let old = held.token();
+        // A waiter in a third process, queued in the server where it
+        // queues: its token may be fixed before the break.
+        let waiter = tokio::spawn({
+            let (c, k) = (c.clone(), k.clone());
+            async move { c.lock(k.as_str()).wait(Duration::from_secs(20)).await }
+        });
+        let mut tries = 0;
+        while b.inspect(lock_key.clone()).await.unwrap().waiters == Some(0) {
+            tries += 1;
+            assert!(tries < 500, "{}: the waiter never showed", a.name());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
         if scope == BreakScope::Sessions {
             let e = b.break_lock(lock_key.clone(), BreakScope::LocksOnly).await;
             match e {
@@ -432,19 +445,24 @@ pub fn a_broken_holder_is_fenced_out<S: Subject>(subject: &S) {
             ok
         };
         assert!(!write(old), "{}: the broken holder wrote", a.name());
-        let next = b
-            .lock(k.as_str())
-            .wait(Duration::from_secs(20))
+        let next = waiter
             .await
+            .unwrap()
             .unwrap_or_else(|e| panic!("{}: not free once broken: {e}", a.name()));
-        assert!(next.token() >= broken.floor, "{}", a.name());
+        assert!(
+            next.token() >= broken.floor,
+            "{}: the waiter's token {} under the floor {}",
+            a.name(),
+            next.token(),
+            broken.floor
+        );
         assert!(write(next.token()));
         // The broken holder lets go: the new holder keeps the key.
         drop(held);
         a.flush().await;
-        let seen = c.inspect(lock_key.clone()).await.unwrap();
+        let seen = b.inspect(lock_key.clone()).await.unwrap();
         assert_eq!(seen.holders.len(), 1, "{}: {seen:?}", a.name());
-        let again = c.lock(k.as_str()).fail_fast().await;
+        let again = b.lock(k.as_str()).fail_fast().await;
         assert!(
             again.is_err(),
             "{}: the broken holder freed the next",

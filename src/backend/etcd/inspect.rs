@@ -35,10 +35,11 @@ impl EtcdStore {
     }
 
     /// Deletes the holders' keys in one transaction, if each still has
-    /// the create revision read (else reads again), whose revision is the
-    /// floor: above every key made before, below every key made after. A
-    /// holder is not told: its lease lives on, and its release finds its
-    /// key gone.
+    /// the create revision read (else reads again). A token is fixed when
+    /// its key is made, so the floor is the first token past the newest
+    /// holder's key: above every token granted so far, and at most every
+    /// queued or later key's. A holder is not told: its lease lives on,
+    /// and its release finds its key gone.
     pub(super) async fn break_key(self: Arc<Self>, key: LockKey) -> Result<Broken, LockError> {
         let session = self.session().await?;
         let spacing = u64::from(EtcdBackend::TOKEN_SPACING);
@@ -74,11 +75,13 @@ impl EtcdStore {
                 .await
                 .map_err(|e| etcd_error("deleting lock keys", e))?;
             if answer.succeeded() {
-                let revision = answer.header().map_or(0, |h| h.revision());
+                // A token is fixed when its key is made: a waiter queued
+                // behind the holders has its own already, past theirs.
+                let newest = holding.iter().map(|h| h.created).max().unwrap_or(0);
                 return Ok(Broken {
                     key,
                     holders: holding.into_iter().map(|h| h.holder).collect(),
-                    floor: FencingToken::new(revision as u64 * spacing),
+                    floor: FencingToken::new((newest as u64 + 1) * spacing),
                 });
             }
         }

@@ -68,9 +68,16 @@ impl MysqlStore {
         })
     }
 
-    /// Ends the holder's connection (`KILL CONNECTION`), after drawing the
-    /// floor from the token sequence; only with [`BreakScope::Sessions`],
-    /// as the server frees a user lock only for its connection.
+    /// Ends the holder's connection (`KILL CONNECTION`, in the statement
+    /// that checks it still holds the key: a connection that let go may
+    /// hold other locks); only with [`BreakScope::Sessions`], as the server
+    /// frees a user lock only for its connection. The floor is drawn from
+    /// the token sequence before the read for a key found free, after it
+    /// for a holder (whose token its `GET_LOCK` statement drew), and the
+    /// read is done again if the holder let go meanwhile. A `GET_LOCK`
+    /// statement that had the lock but had not yet drawn its token when
+    /// the floor was drawn (microseconds apart) may get one above it; its
+    /// connection is ended all the same.
     pub(super) async fn break_key(
         self: Arc<Self>,
         key: LockKey,
@@ -80,36 +87,59 @@ impl MysqlStore {
         let outcome: Result<Result<Broken, LockError>, mysql_async::Error> = async {
             let mut conn = session.conn.lock().await;
             let k = key.as_str();
-            let held: Option<HolderRow> = conn.exec_first(holder_query(), (k, k, k)).await?;
-            if let (Some((id, ..)), BreakScope::LocksOnly) = (&held, scope) {
-                return Ok(Err(LockError::Unsupported(format!(
-                    "MariaDB frees a lock only when its holder releases it or its connection \
-                     ends: breaking it ends connection {id} and frees every lock it holds \
-                     (needs CONNECTION ADMIN or SUPER for another user's); ask for that with \
-                     --force (BreakScope::Sessions)"
-                ))));
-            }
-            let next: Option<i64> = conn
-                .query_first(format!("SELECT NEXTVAL({})", self.sequence))
-                .await?;
-            let floor = FencingToken::new(
-                (next.unwrap_or(0).max(0) as u64)
-                    .saturating_mul(u64::from(MysqlBackend::TOKEN_SPACING)),
-            );
-            let mut holders = Vec::new();
-            if let Some(row) = held {
-                match conn.query_drop(format!("KILL CONNECTION {}", row.0)).await {
-                    Ok(()) => holders.push(holder_of(row)),
-                    // Gone since it was read: nothing to free.
-                    Err(mysql_async::Error::Server(e)) if e.code == UNKNOWN_THREAD => {}
-                    Err(e) => return Err(e),
+            let next = format!("SELECT NEXTVAL({})", self.sequence);
+            let spaced = |n: Option<i64>| {
+                FencingToken::new(
+                    (n.unwrap_or(0).max(0) as u64)
+                        .saturating_mul(u64::from(MysqlBackend::TOKEN_SPACING)),
+                )
+            };
+            // The key, for the statement that checks its holder and kills.
+            conn.exec_drop("SET @tower_lock_break = ?", (k,)).await?;
+            let check_and_kill = |id: u64| {
+                let name = NAME.replace('?', "@tower_lock_break");
+                format!(
+                    "BEGIN NOT ATOMIC IF IS_USED_LOCK({name}) = {id} THEN \
+                     KILL CONNECTION {id}; SELECT 1; ELSE SELECT 0; END IF; END"
+                )
+            };
+            loop {
+                // Drawn before the read: a lock taken after it draws later.
+                let before = spaced(conn.query_first(&next).await?);
+                let held: Option<HolderRow> = conn.exec_first(holder_query(), (k, k, k)).await?;
+                let Some(row) = held else {
+                    return Ok(Ok(Broken {
+                        key,
+                        holders: Vec::new(),
+                        floor: before,
+                    }));
+                };
+                if scope == BreakScope::LocksOnly {
+                    return Ok(Err(LockError::Unsupported(format!(
+                        "MariaDB frees a lock only when its holder releases it or its \
+                         connection ends: breaking it ends connection {} and frees every lock \
+                         it holds (needs CONNECTION ADMIN or SUPER for another user's); ask \
+                         for that with --force (BreakScope::Sessions)",
+                        row.0
+                    ))));
                 }
+                // Drawn after: above the token its GET_LOCK statement drew.
+                let floor = spaced(conn.query_first(&next).await?);
+                let killed: Option<i64> = match conn.query_first(check_and_kill(row.0)).await {
+                    Ok(killed) => killed,
+                    // Ended since it was read.
+                    Err(mysql_async::Error::Server(e)) if e.code == UNKNOWN_THREAD => None,
+                    Err(e) => return Err(e),
+                };
+                if killed == Some(1) {
+                    return Ok(Ok(Broken {
+                        key,
+                        holders: vec![holder_of(row)],
+                        floor,
+                    }));
+                }
+                // It let go between the read and the kill: look again.
             }
-            Ok(Ok(Broken {
-                key,
-                holders,
-                floor,
-            }))
         }
         .await;
         self.after(session, outcome, "breaking a lock")?

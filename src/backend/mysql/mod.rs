@@ -242,7 +242,9 @@ impl MysqlOptions {
     /// each connection lifts it to the server's clock in microseconds (see
     /// [Fencing tokens](self#fencing-tokens)), and
     /// [`connect_with`](MysqlBackend::connect_with) refuses another with
-    /// [`LockError::Config`]. Default [`MysqlOptions::DEFAULT_SEQUENCE`].
+    /// [`LockError::Config`]. Default [`MysqlOptions::DEFAULT_SEQUENCE`], or
+    /// the URL's `?sequence=name` (which is how the `tower-lock` command,
+    /// that takes only a URL, is told the application's).
     pub fn sequence(mut self, name: impl Into<String>) -> Self {
         self.sequence = name.into();
         self
@@ -299,8 +301,14 @@ impl MysqlBackend {
     }
 
     /// Connects with explicit [options](MysqlOptions).
-    pub async fn connect_with(url: &str, options: MysqlOptions) -> Result<Self, LockError> {
-        let opts = parse_url(url)?;
+    pub async fn connect_with(url: &str, mut options: MysqlOptions) -> Result<Self, LockError> {
+        let (url, sequence) = super::sql::take_param(url, "sequence");
+        if let Some(sequence) = sequence.filter(|s| !s.is_empty()) {
+            if options.sequence == MysqlOptions::DEFAULT_SEQUENCE {
+                options.sequence = sequence;
+            }
+        }
+        let opts = parse_url(&url)?;
         check_lease(options.lease, "MariaDB")?;
         super::sql::check_name(&options.sequence, "MysqlOptions::sequence")?;
         if options.max_connections == 0 {

@@ -23,6 +23,16 @@ const ADVISORY: &str = "SELECT l.granted, l.mode, a.pid, a.client_addr::text, a.
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($1, 0)";
 
+/// Ends the sessions among `$2` that still hold an advisory lock on key
+/// `$1`, in the statement that checks it (a session that let go in between
+/// may hold other locks), waiting up to 5 s for each (PostgreSQL 14+): each
+/// one's pid and whether it ended.
+const TERMINATE: &str = "SELECT pid, pg_terminate_backend(pid, 5000) FROM (SELECT DISTINCT l.pid \
+     FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+     AND l.pid = ANY($2) \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended($1, 0)) held";
+
 impl Advisory {
     /// Holders (mode and session; no token, which the server does not
     /// keep) and the sessions waiting in the server. A semaphore's permits
@@ -48,49 +58,82 @@ impl Advisory {
         })
     }
 
-    /// Ends the holders' sessions (`pg_terminate_backend`, waiting up to
-    /// 5 s for each to end), after drawing the floor from the token
-    /// sequence; only with [`BreakScope::Sessions`], as the server frees an
-    /// advisory lock only for its session. On a connection of its own, as
-    /// [`inspect`](Self::inspect).
+    /// Ends the holders' sessions ([`TERMINATE`]); only with
+    /// [`BreakScope::Sessions`], as the server frees an advisory lock only
+    /// for its session. The floor is drawn from the token sequence before
+    /// the listing for a key found free, after it for holders (whose tokens
+    /// their lock statement drew), and the listing is done again if a holder
+    /// let go meanwhile. A lock statement that had taken its lock but not
+    /// yet drawn its token when the floor was drawn (microseconds apart)
+    /// may get a token above the floor; its session is ended all the same.
+    /// On a connection of its own, as [`inspect`](Self::inspect).
     pub(super) async fn break_key(
         &self,
         key: LockKey,
         scope: BreakScope,
     ) -> Result<Broken, LockError> {
         let session = self.dedicated().await?;
+        let next = format!("SELECT nextval('{}')", self.sequence);
         let run = async {
             let client = &session.client;
-            let rows = advisory_rows(client, key.as_str()).await?;
-            let held: Vec<(i32, Holder)> = rows.iter().filter_map(holder_of).collect();
-            if !held.is_empty() && scope == BreakScope::LocksOnly {
-                let pids: Vec<String> = held.iter().map(|(pid, _)| pid.to_string()).collect();
-                return Ok(Err(LockError::Unsupported(format!(
-                    "PostgreSQL frees an advisory lock only when its holder unlocks it or its \
-                     session ends: breaking it ends server process {} and frees every lock it \
-                     holds (needs pg_signal_backend); ask for that with --force \
-                     (BreakScope::Sessions)",
-                    pids.join(", ")
-                ))));
-            }
-            let floor: i64 = client
-                .query_one(&format!("SELECT nextval('{}')", self.sequence), &[])
-                .await?
-                .get(0);
-            let mut holders = Vec::with_capacity(held.len());
-            for (pid, holder) in held {
-                let ended = client
-                    .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
-                    .await?;
-                if ended.get::<_, bool>(0) {
-                    holders.push(holder);
+            let mut freed = Vec::new();
+            loop {
+                // Drawn before the listing: a lock taken after it draws later.
+                let before: i64 = client.query_one(&next, &[]).await?.get(0);
+                let rows = advisory_rows(client, key.as_str()).await?;
+                let held: Vec<(i32, Holder)> = rows.iter().filter_map(holder_of).collect();
+                if held.is_empty() {
+                    return Ok(Ok(Broken {
+                        key,
+                        holders: freed,
+                        floor: spaced(before),
+                    }));
+                }
+                if before == 1 {
+                    return Ok(Err(unused_sequence(&self.sequence)));
+                }
+                let pids: Vec<i32> = held.iter().map(|(pid, _)| *pid).collect();
+                if scope == BreakScope::LocksOnly {
+                    let pids: Vec<String> = pids.iter().map(i32::to_string).collect();
+                    return Ok(Err(LockError::Unsupported(format!(
+                        "PostgreSQL frees an advisory lock only when its holder unlocks it or \
+                         its session ends: breaking it ends server process {} and frees every \
+                         lock it holds (needs pg_signal_backend); ask for that with --force \
+                         (BreakScope::Sessions)",
+                        pids.join(", ")
+                    ))));
+                }
+                // Drawn after the listing: above the holders' tokens, drawn
+                // in the statement that took their lock.
+                let floor: i64 = client.query_one(&next, &[]).await?.get(0);
+                let ended = client.query(TERMINATE, &[&key.as_str(), &pids]).await?;
+                let mut all = true;
+                for (pid, holder) in held {
+                    match ended.iter().find(|row| row.get::<_, i32>(0) == pid) {
+                        Some(row) if row.get::<_, bool>(1) => freed.push(holder),
+                        Some(_) => {
+                            return Ok(Err(LockError::backend(
+                                "postgres",
+                                format!(
+                                    "server process {pid} did not end within 5 s of \
+                                     pg_terminate_backend (the floor is {}): break again",
+                                    spaced(floor)
+                                ),
+                                None,
+                            )))
+                        }
+                        // It let go between the listing and now.
+                        None => all = false,
+                    }
+                }
+                if all {
+                    return Ok(Ok(Broken {
+                        key,
+                        holders: freed,
+                        floor: spaced(floor),
+                    }));
                 }
             }
-            Ok(Ok(Broken {
-                key,
-                holders,
-                floor: spaced(floor),
-            }))
         };
         let outcome: Result<_, tokio_postgres::Error> = run.await;
         if outcome.is_ok() {
@@ -151,6 +194,17 @@ fn table_holder(row: &tokio_postgres::Row) -> (String, Holder) {
     (owner.to_owned(), holder)
 }
 
+/// A key is held, but the token sequence had never been drawn from: the
+/// holder's tokens come from another, and a floor from this one would be
+/// below them.
+fn unused_sequence(sequence: &str) -> LockError {
+    LockError::Config(format!(
+        "the token sequence {sequence} had never been drawn from, so the holder's tokens come \
+         from another: name the application's with ?sequence=name in the URL \
+         (PostgresOptions::sequence)"
+    ))
+}
+
 /// A sequence value as the floor of the tokens a grant draws with it.
 fn spaced(value: i64) -> FencingToken {
     FencingToken::new(
@@ -192,36 +246,49 @@ impl LeaseTable {
         })
     }
 
-    /// Deletes the row if it still has the owner read, after drawing the
-    /// floor from the token sequence (a grant draws after writing its row,
-    /// so every grant of the owner read drew before), and notifies its
-    /// waiters as a release does; reads again if the owner changed.
+    /// Deletes the row if it still has the owner read, and notifies its
+    /// waiters as a release does; reads again if the owner changed. The
+    /// floor is drawn from the token sequence after the read for a holder
+    /// (its grant drew its token before its row could be read), before it
+    /// for a key found free (a later grant draws later). A grant whose
+    /// statement ran across both (it drew before the floor and committed
+    /// after the read, microseconds apart) gets a token below the floor.
     pub(super) async fn break_key(&self, key: LockKey) -> Result<Broken, LockError> {
         let conn = self.conn(key.as_str()).await?;
         let next = format!("SELECT nextval('{}')", self.sequence);
         let fail = |e| pg_error("breaking a lock", e);
+        // Unnamed statements, as every one through a transaction pooler.
+        let draw = || async {
+            let drawn = conn.client.query_typed(&next, &[]).await.map_err(fail)?;
+            match drawn.first() {
+                Some(row) => Ok(spaced(row.get::<_, i64>(0))),
+                None => Err(LockError::backend(
+                    "postgres",
+                    "nextval answered no row",
+                    None,
+                )),
+            }
+        };
         loop {
+            // Drawn before the read: a grant after it draws later.
+            let before = draw().await?;
             let rows = conn
                 .client
                 .query_typed(&self.sql.inspect, &[(&key.as_str(), Type::TEXT)])
                 .await
                 .map_err(fail)?;
-            // Unnamed, as every statement through a transaction pooler.
-            let drawn = conn.client.query_typed(&next, &[]).await.map_err(fail)?;
-            let Some(floor) = drawn.first().map(|row| row.get::<_, i64>(0)) else {
-                return Err(LockError::backend(
-                    "postgres",
-                    "nextval answered no row",
-                    None,
-                ));
-            };
             let Some((owner, holder)) = rows.first().map(table_holder) else {
                 return Ok(Broken {
                     key,
                     holders: Vec::new(),
-                    floor: spaced(floor),
+                    floor: before,
                 });
             };
+            if before == spaced(1) {
+                return Err(unused_sequence(&self.sequence));
+            }
+            // Drawn after: the holder's grant drew before writing its row.
+            let floor = draw().await?;
             let deleted = conn
                 .client
                 .query_typed(
@@ -234,7 +301,7 @@ impl LeaseTable {
                 return Ok(Broken {
                     key,
                     holders: vec![holder],
-                    floor: spaced(floor),
+                    floor,
                 });
             }
         }

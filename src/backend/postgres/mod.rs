@@ -199,6 +199,7 @@ use std::sync::{Arc, Mutex};
 pub use self::options::PostgresOptions;
 use self::session::Advisory;
 use self::table::LeaseTable;
+use super::sql::take_param;
 use crate::backend::engine::lease::check_lease;
 use crate::backend::engine::{InFlight, Store};
 use crate::backend::identity::holder_identity;
@@ -337,8 +338,13 @@ impl PostgresBackend {
     }
 
     /// Connects with explicit [options](PostgresOptions).
-    pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<Self, LockError> {
-        let (mut config, from_url) = parse_url(url)?;
+    pub async fn connect_with(url: &str, mut options: PostgresOptions) -> Result<Self, LockError> {
+        let (mut config, from_url, sequence) = parse_url(url)?;
+        if let Some(sequence) =
+            sequence.filter(|_| options.sequence == PostgresOptions::DEFAULT_SEQUENCE)
+        {
+            options.sequence = sequence;
+        }
         if options.label.is_some() || config.get_application_name().is_none() {
             config.application_name(holder_identity(options.label.as_deref()));
         }
@@ -453,9 +459,12 @@ impl fmt::Debug for PostgresBackend {
     }
 }
 
-/// The driver's settings, and the lease table a `?lease_table[=name]`
-/// parameter names (taken out: the driver knows no such parameter).
-fn parse_url(url: &str) -> Result<(tokio_postgres::Config, Option<String>), LockError> {
+/// The driver's settings, and the lease table and token sequence the
+/// `?lease_table[=name]` and `?sequence=name` parameters name (taken out:
+/// the driver knows no such parameter).
+fn parse_url(
+    url: &str,
+) -> Result<(tokio_postgres::Config, Option<String>, Option<String>), LockError> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(LockError::Config(format!(
             "not a PostgreSQL URL: {url:?} (expected postgres://user@host:port/database)"
@@ -466,13 +475,13 @@ fn parse_url(url: &str) -> Result<(tokio_postgres::Config, Option<String>), Lock
             "not a PostgreSQL URL: {url:?} (expected postgres:// or postgresql://)"
         )));
     }
-    let (url, table) = split_url(url);
+    let (url, table, sequence) = split_url(url);
     let config = tokio_postgres::Config::from_str(&url)
         .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))?;
-    Ok((config, table))
+    Ok((config, table, sequence))
 }
 
-/// `url` without this crate's own parameter (`lease_table`), as the
+/// `url` without this crate's own parameters (`lease_table`, `sequence`), as the
 /// driver takes it: for a connection of the application's own to the same
 /// database.
 ///
@@ -488,28 +497,16 @@ pub fn driver_url(url: &str) -> String {
     split_url(url).0
 }
 
-/// The driver's URL, and the lease table a `lease_table` parameter names.
-fn split_url(url: &str) -> (String, Option<String>) {
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut table = None;
-    let mut rest = Vec::new();
-    for param in query.split('&').filter(|p| !p.is_empty()) {
-        match param.split_once('=') {
-            Some(("lease_table", name)) if !name.is_empty() => table = Some(name.to_owned()),
-            Some(("lease_table", _)) | None
-                if param == "lease_table" || param == "lease_table=" =>
-            {
-                table = Some(PostgresOptions::DEFAULT_LEASE_TABLE.to_owned())
-            }
-            _ => rest.push(param),
-        }
-    }
-    let url = if rest.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", rest.join("&"))
-    };
-    (url, table)
+/// The driver's URL, the lease table a `lease_table` parameter names and
+/// the sequence a `sequence` parameter names.
+fn split_url(url: &str) -> (String, Option<String>, Option<String>) {
+    let (url, table) = take_param(url, "lease_table");
+    let (url, sequence) = take_param(&url, "sequence");
+    let table = table.map(|t| match t.is_empty() {
+        true => PostgresOptions::DEFAULT_LEASE_TABLE.to_owned(),
+        false => t,
+    });
+    (url, table, sequence.filter(|s| !s.is_empty()))
 }
 
 /// `host:port/database`, for messages: never the password.
@@ -542,13 +539,13 @@ mod tests {
         assert!(parse_url("postgresql://app:secret@db/orders").is_ok());
         assert!(parse_url("mysql://app@db/orders").is_err());
         assert!(parse_url("postgres://app@db:port/orders").is_err());
-        let (config, table) = parse_url("postgres://app:secret@db:6543/orders").unwrap();
+        let (config, table, sequence) = parse_url("postgres://app:secret@db:6543/orders").unwrap();
         assert_eq!(target(&config), "db:6543/orders");
-        assert_eq!(table, None);
+        assert_eq!((table, sequence), (None, None));
     }
 
     #[test]
-    fn a_url_may_name_the_lease_table() {
+    fn a_url_may_name_the_lease_table_and_the_sequence() {
         let table = |url: &str| parse_url(url).unwrap().1;
         assert_eq!(
             table("postgres://app@db/orders?lease_table=locks.leases"),
@@ -558,9 +555,11 @@ mod tests {
             table("postgres://app@db/orders?connect_timeout=2&lease_table"),
             Some(PostgresOptions::DEFAULT_LEASE_TABLE.to_owned())
         );
-        let (config, _) =
-            parse_url("postgres://app@db/orders?lease_table=t&connect_timeout=2").unwrap();
+        let (config, _, sequence) =
+            parse_url("postgres://app@db/orders?lease_table=t&sequence=s.t&connect_timeout=2")
+                .unwrap();
         assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(2)));
+        assert_eq!(sequence.as_deref(), Some("s.t"));
         assert!(parse_url("postgres://app@db/orders?no_such_thing=1").is_err());
     }
 }

@@ -92,7 +92,9 @@ impl PostgresOptions {
     /// schema-qualified (`schema.name`, lower-case letters, digits and
     /// `_`). Created on first use if missing; a role that may not create it
     /// needs it made once: `CREATE SEQUENCE tower_lock_tokens`. Default
-    /// [`PostgresOptions::DEFAULT_SEQUENCE`].
+    /// [`PostgresOptions::DEFAULT_SEQUENCE`], or the URL's `?sequence=name`
+    /// (which is how the `tower-lock` command, that takes only a URL, is
+    /// told the application's).
     ///
     /// One made by hand must hand out its values in the order they are
     /// drawn: `CACHE 1` (the default; with more, each session draws from a

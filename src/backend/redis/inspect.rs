@@ -1,13 +1,14 @@
 //! Who holds a key: its keys read in one script (one slot, one round
 //! trip), for [`Backend::inspect`](crate::Backend::inspect).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
 use super::layout::{redis_error, redis_name};
-use super::scripts::{fence, FENCE_TTL};
+use super::replicas::Acked;
+use super::scripts::{fence, Lua, FENCE_TTL};
 use super::server::{sentinel_floor, RedisStore};
 use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
@@ -75,14 +76,41 @@ impl RedisStore {
     /// One script raises the fence, frees every holder and wakes the
     /// waiters; the holders find it at their next renewal.
     pub(super) async fn break_key(self: Arc<Self>, key: LockKey) -> Result<Broken, LockError> {
-        let (mut conn, _, epoch) = self.conn.for_locking(self.response_timeout).await?;
+        let (mut conn, breaks, epoch) = self.conn.for_locking(self.response_timeout).await?;
         let (floor, publish) = match self.conn.is_cluster() {
             true => ("cluster".to_owned(), "SPUBLISH"),
             false => (sentinel_floor(epoch)?.to_string(), "PUBLISH"),
         };
-        let (holders, floor) = break_on(&mut conn, &self.prefix, &key, &floor, publish)
-            .await
-            .map_err(|e| redis_error("breaking a lock", e))?;
+        let fail = |e| redis_error("breaking a lock", e);
+        let broken = match self.replicas {
+            None => break_on(&mut conn, &self.prefix, &key, &floor, publish)
+                .await
+                .map_err(fail),
+            Some(replicas) => {
+                // Acknowledged by the replicas, as a grant is: a failover
+                // must not bring the broken lock back.
+                let mut acked = Acked::new(&mut conn, replicas);
+                let broken = break_on(&mut acked, &self.prefix, &key, &floor, publish).await;
+                broken
+                    .map_err(fail)
+                    .and_then(|b| acked.check("the break").map(|()| b))
+            }
+        };
+        // Reconnected meanwhile, maybe to a master the Sentinels replaced,
+        // whose grants are not the new master's: not trusted.
+        let broken = broken.and_then(|b| match self.conn.broke_since(breaks) {
+            true => Err(LockError::backend(
+                "redis",
+                "the connection to the master broke during the break: inspect the key and \
+                 break again",
+                None,
+            )),
+            false => Ok(b),
+        });
+        if broken.is_err() {
+            self.conn.suspect();
+        }
+        let (holders, floor) = broken?;
         Ok(Broken {
             key,
             holders,
@@ -183,15 +211,21 @@ pub(super) async fn holders<C: ConnectionLike + Send>(
     key: &LockKey,
 ) -> Result<Vec<Holder>, redis::RedisError> {
     let base = redis_name(prefix, key.as_str());
-    let answer: Answer = redis::Script::new(&[HOLDERS, "return holders()"].concat())
+    static INSPECT: OnceLock<Lua> = OnceLock::new();
+    let inspect = INSPECT.get_or_init(|| Lua::new([HOLDERS, "return holders()"].concat()));
+    let answer: Answer = inspect
         .key(&base)
         .key(format!("{base}:w"))
         .key(format!("{base}:r"))
         .key(format!("{base}:s"))
-        .invoke_async(conn)
+        .invoke(conn)
         .await?;
     Ok(holders_of(answer))
 }
+
+/// [`BREAK`], loaded once: `EVAL` where the server lacks it, never `SCRIPT
+/// LOAD`, which a Redis Cluster sends to every node (one down fails it).
+static BREAK_LUA: OnceLock<Lua> = OnceLock::new();
 
 /// Breaks `key`'s lock on one server, as [`BREAK`] does: the holders freed
 /// and the fencing floor. `floor` is what the acquire scripts take: a
@@ -213,7 +247,8 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
         Vec<String>,
         i64,
         i64,
-    ) = redis::Script::new(&[&fence(), HOLDERS, BREAK].concat())
+    ) = BREAK_LUA
+        .get_or_init(|| Lua::new([fence().as_str(), HOLDERS, BREAK].concat()))
         .key(&base)
         .key(format!("{base}:w"))
         .key(format!("{base}:r"))
@@ -223,7 +258,7 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
         .arg(floor)
         .arg(format!("{base}:rel"))
         .arg(publish)
-        .invoke_async(conn)
+        .invoke(conn)
         .await?;
     Ok((
         holders_of((a, b, c, d, e, f, now)),

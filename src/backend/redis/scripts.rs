@@ -227,7 +227,7 @@ pub(super) struct Lua {
 }
 
 impl Lua {
-    fn new(body: String) -> Self {
+    pub(super) fn new(body: String) -> Self {
         let hash = Script::new(&body).get_hash().to_owned();
         Lua { body, hash }
     }

@@ -33,39 +33,68 @@ impl ZookeeperStore {
         })
     }
 
-    /// Raises the floor with a write to the key's directory (made if it is
-    /// gone: an empty container, which the server removes), whose zxid is
-    /// above every node's made under it so far, then deletes the holders'
-    /// nodes. A holder is not told: its session lives on, and its release
-    /// finds its node gone.
+    /// Deletes the holders' nodes. A token is fixed when its node is
+    /// made, so a waiter queued behind them already has its own: the floor
+    /// is the first token past the newest holder's node, above every token
+    /// granted so far and at most every queued or later node's. With no
+    /// holder (and so no node), it is past the last change of the
+    /// directory's children (or, with it gone, the root's), which every
+    /// node made under it preceded. A holder is not told: its session lives
+    /// on, and its release finds its node gone.
+    ///
+    /// A semaphore is not broken: the lease a waiter makes while it holds
+    /// the semaphore's mutex cannot be told from a holder's.
     pub(super) async fn break_key(self: Arc<Self>, key: LockKey) -> Result<Broken, LockError> {
         use zookeeper_client::Error as E;
         let session = self.session().await?;
         let dir = self.dir(&key);
-        let floor = loop {
-            match session.client.get_data(&dir).await {
-                // The same data back: only its version and zxid move.
-                Ok((data, stat)) => match session
-                    .client
-                    .set_data(&dir, &data, Some(stat.version))
-                    .await
-                {
-                    Ok(stat) => break token_of(stat.mzxid),
-                    Err(E::BadVersion | E::NoNode) => {}
-                    Err(e) => return Err(zk_error("raising the fencing floor", e)),
-                },
-                Err(E::NoNode) => session.make_dir(&dir).await?,
-                Err(e) => return Err(zk_error("raising the fencing floor", e)),
+        let (holding, floor) = loop {
+            match session.client.list_children(&dir).await {
+                Ok(children) if children.iter().any(|c| c == LEASES) => {
+                    return Err(LockError::Unsupported(
+                        "breaking a ZooKeeper semaphore is not supported: a waiter's pending \
+                         lease cannot be told from a holder's"
+                            .into(),
+                    ))
+                }
+                Ok(_) | Err(E::NoNode) => {}
+                Err(e) => return Err(zk_error("listing lock nodes", e)),
+            }
+            let (holding, waiting) = self.holding(&session, &dir).await?;
+            let newest = holding.iter().filter_map(|(_, h)| h.token).max();
+            match newest {
+                Some(token) => break (holding, past(token)),
+                // The holder went between the listing and its read: the
+                // next is granted, or about to be. Look again.
+                None if waiting > 0 => continue,
+                None => {
+                    let changed = match session.client.check_stat(&dir).await {
+                        Ok(Some(stat)) => stat.pzxid,
+                        Ok(None) | Err(E::NoNode) => {
+                            match session.client.check_stat(&self.root).await {
+                                Ok(Some(stat)) => stat.pzxid,
+                                Ok(None) | Err(E::NoNode) => 0,
+                                Err(e) => return Err(zk_error("reading the lock root", e)),
+                            }
+                        }
+                        Err(e) => return Err(zk_error("reading a lock node", e)),
+                    };
+                    break (Vec::new(), token_of(changed + 1));
+                }
             }
         };
-        let (holding, _) = self.holding(&session, &dir).await?;
         let mut holders = Vec::with_capacity(holding.len());
         for (path, holder) in holding {
             match session.client.delete(&path, None).await {
                 Ok(()) => holders.push(holder),
                 // Released since the listing.
                 Err(E::NoNode) => {}
-                Err(e) => return Err(zk_error("deleting a lock node", e)),
+                Err(e) => {
+                    return Err(zk_error(
+                        &format!("deleting a lock node (the floor was {floor}; break again)"),
+                        e,
+                    ))
+                }
             }
         }
         Ok(Broken {
@@ -213,6 +242,12 @@ fn who(data: &[u8], stat: &zookeeper_client::Stat) -> String {
         Ok(text) if !text.is_empty() => format!("{text} ({session})"),
         _ => session,
     }
+}
+
+/// The first token of the node after the one `token` was granted for.
+fn past(token: FencingToken) -> FencingToken {
+    let spacing = u64::from(ZookeeperBackend::TOKEN_SPACING);
+    FencingToken::new((token.get() / spacing + 1) * spacing)
 }
 
 /// A grant's token, from its node's creation zxid.

@@ -253,7 +253,7 @@ impl Session {
     }
 
     /// Creates `dir` and its missing parents as container nodes.
-    pub(super) async fn make_dir(&self, dir: &str) -> Result<(), LockError> {
+    async fn make_dir(&self, dir: &str) -> Result<(), LockError> {
         retry(self, "creating the lock's parent nodes", || {
             self.client.mkdir(dir, &CONTAINER)
         })

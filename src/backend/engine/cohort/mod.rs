@@ -10,7 +10,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::InFlight;
-use crate::backend::{Acquired, BackendFuture, Capabilities, LeaseHandle, LockRequest};
+use crate::backend::{
+    Acquired, BackendFuture, BreakScope, Broken, Capabilities, Inspection, LeaseHandle, LockRequest,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -230,6 +232,23 @@ impl<B: Backend> Backend for Cohort<B> {
     fn capabilities(&self) -> Capabilities {
         // Local grants take one token each.
         self.shared.capabilities.max_tokens(1)
+    }
+
+    // The store's view: a lock this cohort passes on shows as its grant.
+    fn inspect(&self, key: LockKey) -> BackendFuture<Result<Inspection, LockError>> {
+        self.shared.backend.inspect(key)
+    }
+
+    fn list(&self, prefix: &str) -> BackendFuture<Result<Vec<LockKey>, LockError>> {
+        self.shared.backend.list(prefix)
+    }
+
+    fn break_lock(
+        &self,
+        key: LockKey,
+        scope: BreakScope,
+    ) -> BackendFuture<Result<Broken, LockError>> {
+        self.shared.backend.break_lock(key, scope)
     }
 }
 
