@@ -403,11 +403,6 @@ struct OnTheCluster<'a> {
 impl common::contract::Subject for OnTheCluster<'_> {
     type Backend = RedisBackend;
 
-    /// Listing a Cluster is not supported yet.
-    fn lists(&self) -> bool {
-        false
-    }
-
     async fn connect(&self, _test: &str) -> RedisBackend {
         let options = RedisOptions::default().cohort(common::contract::cohort(self.cohort));
         backend(&self.cluster.url(""), options).await

@@ -226,7 +226,7 @@ pub trait Backend: Send + Sync + 'static {
     /// | backend | lists |
     /// |---|---|
     /// | memory, Redis (one server, Sentinel), Redlock (keys on a majority), ZooKeeper, etcd, PostgreSQL's lease table | held keys |
-    /// | Redis Cluster | not yet: each master would be scanned |
+    /// | Redis Cluster | held keys, each master scanned in turn (`CLUSTER SLOTS`); a slot moving meanwhile may show its keys twice (listed once) or not at all |
     /// | PostgreSQL, advisory locks | no: the server keeps only a hash of each key (`pg_locks`); inspect a key by name |
     /// | MariaDB | held keys of up to 64 characters, with the `metadata_lock_info` plugin installed (`INSTALL SONAME 'metadata_lock_info'`); without it, no |
     fn list(&self, prefix: &str) -> BackendFuture<Result<Vec<LockKey>, LockError>> {

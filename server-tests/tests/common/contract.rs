@@ -488,7 +488,11 @@ pub fn another_process_lists_the_held_keys<S: Subject>(subject: &S) {
             assert!(matches!(e, LockError::Unsupported(_)), "{e:?}");
             return;
         }
-        let keys = [key(subject, TEST, "k1"), key(subject, TEST, "k{2}")];
+        // Several, so that a Redis Cluster holds them on several masters.
+        let keys: Vec<String> = ["k1", "k{2}", "k3", "k4", "k5", "k6"]
+            .iter()
+            .map(|k| key(subject, TEST, k))
+            .collect();
         let held = a.lock_all(keys.iter()).await.unwrap();
         let listed: Vec<String> = b
             .list(&prefix)
@@ -497,7 +501,7 @@ pub fn another_process_lists_the_held_keys<S: Subject>(subject: &S) {
             .iter()
             .map(|k| k.to_string())
             .collect();
-        let mut want = keys.to_vec();
+        let mut want = keys.clone();
         want.sort();
         assert_eq!(listed, want, "{}", a.name());
         held.release().await.unwrap();

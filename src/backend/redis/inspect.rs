@@ -5,7 +5,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
+use super::connection::Link;
 use super::layout::{redis_error, redis_name};
 use super::replicas::Acked;
 use super::scripts::{fence, Lua, FENCE_TTL};
@@ -121,22 +124,84 @@ impl RedisStore {
 
 impl RedisStore {
     /// The keys whose lock keys exist, by `SCAN` on the one server (or the
-    /// master); not on a Cluster, whose masters would each be scanned.
+    /// master), or on each master of a Cluster in turn.
     pub(super) async fn list_keys(
         self: Arc<Self>,
         prefix: String,
     ) -> Result<Vec<LockKey>, LockError> {
-        if self.conn.is_cluster() {
-            return Err(LockError::Unsupported(
-                "listing the locks of a Redis Cluster is not supported yet: inspect a key by name"
-                    .into(),
-            ));
-        }
-        let mut conn = self.conn.get();
-        held_keys(&mut conn, &self.prefix, &prefix)
-            .await
-            .map_err(|e| redis_error("listing locks", e))
+        let listed = match self.conn.get() {
+            Link::Cluster(mut cluster) => {
+                cluster_held_keys(&mut cluster, &self.prefix, &prefix).await
+            }
+            mut conn => held_keys(&mut conn, &self.prefix, &prefix).await,
+        };
+        listed.map_err(|e| redis_error("listing locks", e))
     }
+}
+
+/// The keys starting with `key_prefix` held on a Redis Cluster: each
+/// master (from `CLUSTER SLOTS`) scanned in turn. A
+/// slot moving meanwhile may show its keys twice (once listed) or not at
+/// all, as any scan of a changing keyspace.
+async fn cluster_held_keys(
+    conn: &mut ClusterConnection,
+    prefix: &str,
+    key_prefix: &str,
+) -> Result<Vec<LockKey>, redis::RedisError> {
+    let slots = conn
+        .route_command(
+            redis::cmd("CLUSTER").arg("SLOTS").clone(),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+        .await?;
+    let mut keys = Vec::new();
+    for (host, port) in masters(&slots) {
+        let mut cursor = 0u64;
+        loop {
+            let answer = conn
+                .route_command(
+                    scan(cursor, prefix, key_prefix),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port,
+                    }),
+                )
+                .await?;
+            let (next, names): (u64, Vec<Vec<u8>>) = redis::from_redis_value(answer)?;
+            keys_named(prefix, names, &mut keys);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    Ok(keys)
+}
+
+/// The address of each master serving slots, from `CLUSTER SLOTS`
+/// (`[[start, end, [host, port, id, ..], replicas..], ..]`): the addresses
+/// the cluster client knows its nodes by.
+fn masters(slots: &redis::Value) -> Vec<(String, u16)> {
+    use redis::Value;
+    let items = |v: &Value| match v {
+        Value::Array(items) => Some(items.clone()),
+        _ => None,
+    };
+    let mut masters: Vec<(String, u16)> = items(slots)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|range| {
+            let master = items(items(range)?.get(2)?)?;
+            let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
+            let port: u16 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
+            Some((host, port))
+        })
+        .collect();
+    masters.sort();
+    masters.dedup();
+    masters
 }
 
 /// The keys starting with `key_prefix` that have a lock key on one server,
@@ -146,33 +211,12 @@ pub(super) async fn held_keys<C: ConnectionLike + Send>(
     prefix: &str,
     key_prefix: &str,
 ) -> Result<Vec<LockKey>, redis::RedisError> {
-    let start = redis_name(prefix, key_prefix);
-    // `prefix{key}` with its closing brace dropped, as a glob.
-    let pattern = format!("{}*", glob_escape(&start[..start.len() - 1]));
-    let name_start = prefix.len() + 1;
     let mut keys = Vec::new();
     let mut cursor = 0u64;
     loop {
-        let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
-        // A name that is not UTF-8 is no lock of ours.
-        for name in names.into_iter().filter_map(|n| String::from_utf8(n).ok()) {
-            let Some(rest) = name.get(name_start..) else {
-                continue;
-            };
-            let inner = [":w", ":r", ":s", ""]
-                .iter()
-                .find_map(|suffix| rest.strip_suffix(suffix)?.strip_suffix('}'));
-            if let Some(key) = inner.and_then(key_of_name) {
-                keys.push(key);
-            }
-        }
+        let (next, names): (u64, Vec<Vec<u8>>) =
+            scan(cursor, prefix, key_prefix).query_async(conn).await?;
+        keys_named(prefix, names, &mut keys);
         if next == 0 {
             break;
         }
@@ -181,6 +225,38 @@ pub(super) async fn held_keys<C: ConnectionLike + Send>(
     keys.sort_unstable();
     keys.dedup();
     Ok(keys)
+}
+
+/// One `SCAN` step for the lock keys of keys starting with `key_prefix`.
+fn scan(cursor: u64, prefix: &str, key_prefix: &str) -> redis::Cmd {
+    let start = redis_name(prefix, key_prefix);
+    // `prefix{key}` with its closing brace dropped, as a glob.
+    let pattern = format!("{}*", glob_escape(&start[..start.len() - 1]));
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000);
+    cmd
+}
+
+/// The lock keys among `names` (a lock's own key or its writer's,
+/// readers' or permits'), as keys, pushed onto `keys`.
+fn keys_named(prefix: &str, names: Vec<Vec<u8>>, keys: &mut Vec<LockKey>) {
+    let name_start = prefix.len() + 1;
+    // A name that is not UTF-8 is no lock of ours.
+    for name in names.into_iter().filter_map(|n| String::from_utf8(n).ok()) {
+        let Some(rest) = name.get(name_start..) else {
+            continue;
+        };
+        let inner = [":w", ":r", ":s", ""]
+            .iter()
+            .find_map(|suffix| rest.strip_suffix(suffix)?.strip_suffix('}'));
+        if let Some(key) = inner.and_then(key_of_name) {
+            keys.push(key);
+        }
+    }
 }
 
 /// A key from its hash tag, braces decoded (see `redis_name`).
@@ -299,4 +375,34 @@ fn owned(owner: &str, left: Duration) -> Holder {
     Holder::new(None)
         .lease_left(left)
         .identity(format!("owner {owner}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn masters_serving_slots_are_read_from_cluster_slots() {
+        use redis::Value::{Array, BulkString, Int};
+        let node = |host: &str, port: i64| {
+            Array(vec![
+                BulkString(host.into()),
+                Int(port),
+                BulkString(b"id".to_vec()),
+            ])
+        };
+        let slots = Array(vec![
+            Array(vec![
+                Int(0),
+                Int(5460),
+                node("10.0.0.1", 7000),
+                node("10.0.0.4", 7003),
+            ]),
+            Array(vec![Int(5461), Int(10922), node("10.0.0.2", 7001)]),
+            Array(vec![Int(10923), Int(12000), node("10.0.0.1", 7000)]),
+            Array(vec![Int(12001), Int(16383)]),
+        ]);
+        assert_eq!(
+            super::masters(&slots),
+            [("10.0.0.1".to_owned(), 7000), ("10.0.0.2".to_owned(), 7001)]
+        );
+    }
 }
