@@ -240,10 +240,15 @@ ROUTES = {
 
 def instructions_table(path):
     rows = result_lines(path, first="route=")
-    out = ["| route | what | instructions per request | over the bare route |", "|---|---|---|---|"]
+    out = ["| route | what | instructions per request | over the bare route "
+           "| heap allocations per request | over the bare route |",
+           "|---|---|---|---|---|---|"]
     for r in rows:
+        allocations = r.get("allocations_per_request", "–")
+        over = r.get("allocations_over_bare", "–")
         out.append(f"| `{r['route']}` | {ROUTES.get(r['route'], '')} "
-                   f"| {number(r['instructions_per_request'])} | {number(r['over_bare'])} |")
+                   f"| {number(r['instructions_per_request'])} | {number(r['over_bare'])} "
+                   f"| {allocations} | {over} |")
     return out
 
 

@@ -3,8 +3,11 @@
 # workload, called through tower in one process (bench/src/bin/http_instructions.rs),
 # with valgrind's callgrind: a count that does not drift with the machine's
 # load, unlike the bench's rates. Each route runs N and 2N requests; the
-# difference over N is the cost per request, start-up excluded. Prints one
-# line per route, and its cost over the bare route's.
+# difference over N is the cost per request, start-up excluded. Then, in a
+# process apart (its bookkeeping would inflate the instruction count), the
+# heap allocations per request, counted by a global allocator
+# (bench/src/bin/http_allocations.rs). Prints one line per route, each cost
+# and its excess over the bare route's.
 #
 # Usage: scripts/count-instructions.sh [N]     (default 10000)
 set -euo pipefail
@@ -14,8 +17,10 @@ n=${1:-10000}
 die() { echo "count-instructions: $*" >&2; exit 1; }
 [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "N must be a positive number, not '$n'"
 command -v valgrind >/dev/null || die "needs valgrind (apt-get install valgrind)"
-cargo build -q --release -p tower-lock-bench --bin http_instructions
+cargo build -q --release -p tower-lock-bench --bin http_instructions --bin http_allocations
 bin=${CARGO_TARGET_DIR:-target}/release/http_instructions
+allocations=$("${CARGO_TARGET_DIR:-target}/release/http_allocations" "$n") ||
+    die "counting allocations failed"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -35,5 +40,7 @@ for route in $("$bin" --routes); do
     two=$(count "$route" $((2 * n)))
     per=$(((two - one) / n))
     bare=${bare:-$per}
-    echo "route=$route requests=$n instructions_per_request=$per over_bare=$((per - bare))"
+    allocs=$(sed -n "s/^route=$route requests=[0-9]* \(allocations_per_request=[0-9.]*\) over_bare=\([0-9.-]*\)$/\1 allocations_over_bare=\2/p" <<<"$allocations")
+    [ -n "$allocs" ] || die "no allocation count for $route: $allocations"
+    echo "route=$route requests=$n instructions_per_request=$per over_bare=$((per - bare)) $allocs"
 done

@@ -35,7 +35,9 @@ pub const MAX_KEY_LEN: usize = 256;
 ///   which scripts and emoji need, are allowed inside a key.)
 ///
 /// Everything else is accepted: any script, spaces inside, punctuation,
-/// `a..b`, `%`. Cloning is a reference-count increment.
+/// `a..b`, `%`. A key of up to 23 bytes (most: `sku:42`,
+/// `orders:7f3a9c`) is kept in place, without a heap allocation; a longer
+/// one is shared, and cloning it is a reference-count increment.
 ///
 /// # Examples
 ///
@@ -47,8 +49,37 @@ pub const MAX_KEY_LEN: usize = 256;
 /// assert!(LockKey::new("a/b").is_err());
 /// assert_eq!(LockKey::namespaced("orders", "sku-42").unwrap().as_str(), "orders:sku-42");
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockKey(Arc<str>);
+#[derive(Clone)]
+pub struct LockKey(Repr);
+
+/// The longest key kept in place: the size of the shared form, less the
+/// length byte. Every request makes a key; most fit.
+const INLINE: usize = 23;
+
+#[derive(Clone)]
+enum Repr {
+    /// Its text is `bytes[..len]`.
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE],
+    },
+    Shared(Arc<str>),
+}
+
+impl Repr {
+    /// `key`'s text, in place if it fits.
+    fn of(key: &str) -> Self {
+        if key.len() > INLINE {
+            return Repr::Shared(Arc::from(key));
+        }
+        let mut bytes = [0; INLINE];
+        bytes[..key.len()].copy_from_slice(key.as_bytes());
+        Repr::Inline {
+            len: key.len() as u8,
+            bytes,
+        }
+    }
+}
 
 impl LockKey {
     /// Validates `key` and makes a lock key of it.
@@ -58,7 +89,7 @@ impl LockKey {
     /// [`KeyError`] says which rule the text broke.
     pub fn new(key: &str) -> Result<Self, KeyError> {
         validate(key)?;
-        Ok(LockKey(Arc::from(key)))
+        Ok(LockKey(Repr::of(key)))
     }
 
     /// Makes the key `namespace:key`, validating the whole.
@@ -86,24 +117,68 @@ impl LockKey {
             });
         }
         validate(key)?;
-        // Joined on the stack, so that the key costs one allocation (the
-        // `Arc`), not two: this runs for every request.
+        // Joined on the stack, so that the key costs no allocation (kept in
+        // place) or one (shared), not two: this runs for every request.
         let mut joined = [0u8; MAX_KEY_LEN];
         joined[..namespace.len()].copy_from_slice(namespace.as_bytes());
         joined[namespace.len()] = b':';
         joined[prefix..len].copy_from_slice(key.as_bytes());
         let joined = std::str::from_utf8(&joined[..len]).expect("two strs and a ':'");
-        Ok(LockKey(Arc::from(joined)))
+        Ok(LockKey(Repr::of(joined)))
     }
 
     /// The key as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            Repr::Inline { len, bytes } => inline_str(&bytes[..usize::from(*len)]),
+            Repr::Shared(text) => text,
+        }
     }
 
-    /// Whether both are the same allocation (and so equal).
+    /// Whether both share one allocation (and so are equal); false for
+    /// keys kept in place, which compare cheaply.
     pub(crate) fn ptr_eq(&self, other: &LockKey) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        match (&self.0, &other.0) {
+            (Repr::Shared(a), Repr::Shared(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+/// The text of a key kept in place.
+#[allow(unsafe_code)]
+fn inline_str(bytes: &[u8]) -> &str {
+    debug_assert!(std::str::from_utf8(bytes).is_ok());
+    // SAFETY: `Repr::of` copied these bytes from a `&str`, whole (its
+    // length is the `str`'s), so they are valid UTF-8; nothing writes them
+    // after. Checking again on every read would cost each hash and compare.
+    unsafe { std::str::from_utf8_unchecked(bytes) }
+}
+
+impl PartialEq for LockKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.ptr_eq(other) || self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for LockKey {}
+
+// As `str`'s, which `Borrow<str>` needs.
+impl std::hash::Hash for LockKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
+
+impl PartialOrd for LockKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LockKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
     }
 }
 
@@ -243,25 +318,25 @@ fn blank(c: char) -> bool {
 
 impl fmt::Debug for LockKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(self.as_str(), f)
     }
 }
 
 impl fmt::Display for LockKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl AsRef<str> for LockKey {
     fn as_ref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl Borrow<str> for LockKey {
     fn borrow(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
@@ -276,7 +351,10 @@ impl TryFrom<String> for LockKey {
     type Error = KeyError;
     fn try_from(key: String) -> Result<Self, KeyError> {
         validate(&key)?;
-        Ok(LockKey(Arc::from(key)))
+        Ok(LockKey(match key.len() > INLINE {
+            true => Repr::Shared(Arc::from(key)),
+            false => Repr::of(&key),
+        }))
     }
 }
 
@@ -404,6 +482,29 @@ impl std::error::Error for KeyError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_keys_are_kept_in_place_and_long_ones_shared_alike() {
+        let short = "k".repeat(INLINE);
+        let long = "k".repeat(INLINE + 1);
+        let (a, b) = (LockKey::new(&short).unwrap(), LockKey::new(&long).unwrap());
+        assert!(matches!(a.0, Repr::Inline { .. }));
+        assert!(matches!(b.0, Repr::Shared(_)));
+        assert_eq!((a.as_str(), b.as_str()), (short.as_str(), long.as_str()));
+        let joined = LockKey::namespaced("ns", "café").unwrap();
+        assert!(matches!(joined.0, Repr::Inline { .. }));
+        assert_eq!(joined, LockKey::try_from("ns:café".to_owned()).unwrap());
+        assert!(a < b && b.clone() == b && b.ptr_eq(&b.clone()));
+        let mut map = std::collections::HashMap::new();
+        map.insert(a.clone(), 1);
+        map.insert(b.clone(), 2);
+        // Looked up by text: the hash is the text's.
+        assert_eq!(
+            (map.get(short.as_str()), map.get(long.as_str())),
+            (Some(&1), Some(&2))
+        );
+        assert_eq!(format!("{a}|{b:?}"), format!("{short}|{long:?}"));
+    }
 
     #[test]
     fn accepts_unicode_and_punctuation() {
