@@ -52,8 +52,8 @@ pub const MAX_KEY_LEN: usize = 256;
 #[derive(Clone)]
 pub struct LockKey(Repr);
 
-/// The longest key kept in place: the size of the shared form, less the
-/// length byte. Every request makes a key; most fit.
+/// The longest key kept in place: with its length byte, 24 bytes. Every
+/// request makes a key; most fit.
 const INLINE: usize = 23;
 
 #[derive(Clone)]

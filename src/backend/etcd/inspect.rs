@@ -9,6 +9,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, Tx
 use super::contender::is_reader;
 use super::session::etcd_error;
 use super::{EtcdBackend, EtcdStore};
+use crate::backend::identity::shown;
 use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -151,7 +152,7 @@ fn who(value: &[u8], lease: i64) -> String {
     let text = text.strip_prefix("read ").unwrap_or(text);
     match text.split_once(' ') {
         Some((_, identity)) if !identity.trim().is_empty() => {
-            format!("{} ({lease})", identity.trim())
+            format!("{} ({lease})", shown(identity.trim()))
         }
         _ => lease,
     }

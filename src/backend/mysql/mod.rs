@@ -303,10 +303,16 @@ impl MysqlBackend {
     /// Connects with explicit [options](MysqlOptions).
     pub async fn connect_with(url: &str, mut options: MysqlOptions) -> Result<Self, LockError> {
         let (url, sequence) = super::sql::take_param(url, "sequence");
-        if let Some(sequence) = sequence.filter(|s| !s.is_empty()) {
-            if options.sequence == MysqlOptions::DEFAULT_SEQUENCE {
-                options.sequence = sequence;
+        match sequence {
+            Some(name) if name.is_empty() => {
+                return Err(LockError::Config(
+                    "the URL's sequence parameter needs a name: ?sequence=db.name".into(),
+                ))
             }
+            Some(name) if options.sequence == MysqlOptions::DEFAULT_SEQUENCE => {
+                options.sequence = name
+            }
+            _ => {}
         }
         let opts = parse_url(&url)?;
         check_lease(options.lease, "MariaDB")?;
@@ -576,7 +582,8 @@ fn parse_url(url: &str) -> Result<Opts, LockError> {
         Some(("mariadb", rest)) => format!("mysql://{rest}"),
         _ => {
             return Err(LockError::Config(format!(
-                "not a MariaDB URL: {url:?} (expected mysql://user@host:port/database)"
+                "not a MariaDB URL: {:?} (expected mysql://user@host:port/database)",
+                crate::redact::redact(url)
             )))
         }
     };

@@ -76,6 +76,13 @@ impl Advisory {
         let next = format!("SELECT nextval('{}')", self.sequence);
         let run = async {
             let client = &session.client;
+            let drawn: Option<i64> = client
+                .query_one(&drawn_before(&self.sequence), &[])
+                .await?
+                .get(0);
+            if drawn.is_none() {
+                return Ok(Err(unused_sequence(&self.sequence)));
+            }
             let mut freed = Vec::new();
             loop {
                 // Drawn before the listing: a lock taken after it draws later.
@@ -88,9 +95,6 @@ impl Advisory {
                         holders: freed,
                         floor: spaced(before),
                     }));
-                }
-                if before == 1 {
-                    return Ok(Err(unused_sequence(&self.sequence)));
                 }
                 let pids: Vec<i32> = held.iter().map(|(pid, _)| *pid).collect();
                 if scope == BreakScope::LocksOnly {
@@ -194,9 +198,14 @@ fn table_holder(row: &tokio_postgres::Row) -> (String, Holder) {
     (owner.to_owned(), holder)
 }
 
-/// A key is held, but the token sequence had never been drawn from: the
-/// holder's tokens come from another, and a floor from this one would be
-/// below them.
+/// The last value drawn from `sequence`, NULL if none ever was.
+fn drawn_before(sequence: &str) -> String {
+    format!("SELECT pg_sequence_last_value('{sequence}'::regclass)")
+}
+
+/// The token sequence had never been drawn from (connecting may just have
+/// made it): the application's tokens come from another, and a floor from
+/// this one would be below them.
 fn unused_sequence(sequence: &str) -> LockError {
     LockError::Config(format!(
         "the token sequence {sequence} had never been drawn from, so the holder's tokens come \
@@ -269,6 +278,18 @@ impl LeaseTable {
                 )),
             }
         };
+        let drawn = conn
+            .client
+            .query_typed(&drawn_before(&self.sequence), &[])
+            .await
+            .map_err(fail)?;
+        if drawn
+            .first()
+            .and_then(|row| row.get::<_, Option<i64>>(0))
+            .is_none()
+        {
+            return Err(unused_sequence(&self.sequence));
+        }
         loop {
             // Drawn before the read: a grant after it draws later.
             let before = draw().await?;
@@ -284,9 +305,6 @@ impl LeaseTable {
                     floor: before,
                 });
             };
-            if before == spaced(1) {
-                return Err(unused_sequence(&self.sequence));
-            }
             // Drawn after: the holder's grant drew before writing its row.
             let floor = draw().await?;
             let deleted = conn

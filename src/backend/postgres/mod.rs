@@ -202,7 +202,7 @@ use self::table::LeaseTable;
 use super::sql::take_param;
 use crate::backend::engine::lease::check_lease;
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::identity::holder_identity;
+use crate::backend::identity::holder_identity_within;
 use crate::backend::{
     Acquired, BreakScope, Broken, Capabilities, Inspection, LockRequest, RemoteBackend,
 };
@@ -346,7 +346,8 @@ impl PostgresBackend {
             options.sequence = sequence;
         }
         if options.label.is_some() || config.get_application_name().is_none() {
-            config.application_name(holder_identity(options.label.as_deref()));
+            // PostgreSQL keeps 63 bytes of it.
+            config.application_name(holder_identity_within(options.label.as_deref(), 63));
         }
         check_lease(options.lease, "PostgreSQL")?;
         super::sql::check_name(&options.sequence, "PostgresOptions::sequence")?;
@@ -467,15 +468,22 @@ fn parse_url(
 ) -> Result<(tokio_postgres::Config, Option<String>, Option<String>), LockError> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(LockError::Config(format!(
-            "not a PostgreSQL URL: {url:?} (expected postgres://user@host:port/database)"
+            "not a PostgreSQL URL: {:?} (expected postgres://user@host:port/database)",
+            crate::redact::redact(url)
         )));
     };
     if scheme != "postgres" && scheme != "postgresql" {
         return Err(LockError::Config(format!(
-            "not a PostgreSQL URL: {url:?} (expected postgres:// or postgresql://)"
+            "not a PostgreSQL URL: {:?} (expected postgres:// or postgresql://)",
+            crate::redact::redact(url)
         )));
     }
     let (url, table, sequence) = split_url(url);
+    if sequence.as_deref() == Some("") {
+        return Err(LockError::Config(
+            "the URL's sequence parameter needs a name: ?sequence=schema.name".into(),
+        ));
+    }
     let config = tokio_postgres::Config::from_str(&url)
         .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))?;
     Ok((config, table, sequence))
@@ -506,7 +514,7 @@ fn split_url(url: &str) -> (String, Option<String>, Option<String>) {
         true => PostgresOptions::DEFAULT_LEASE_TABLE.to_owned(),
         false => t,
     });
-    (url, table, sequence.filter(|s| !s.is_empty()))
+    (url, table, sequence)
 }
 
 /// `host:port/database`, for messages: never the password.

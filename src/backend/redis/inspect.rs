@@ -155,7 +155,7 @@ async fn cluster_held_keys(
         )
         .await?;
     let mut keys = Vec::new();
-    for (host, port) in masters(&slots) {
+    for (host, port) in masters(&slots)? {
         let mut cursor = 0u64;
         loop {
             let answer = conn
@@ -183,25 +183,46 @@ async fn cluster_held_keys(
 /// The address of each master serving slots, from `CLUSTER SLOTS`
 /// (`[[start, end, [host, port, id, ..], replicas..], ..]`): the addresses
 /// the cluster client knows its nodes by.
-fn masters(slots: &redis::Value) -> Vec<(String, u16)> {
+fn masters(slots: &redis::Value) -> Result<Vec<(String, u16)>, redis::RedisError> {
     use redis::Value;
-    let items = |v: &Value| match v {
-        Value::Array(items) => Some(items.clone()),
-        _ => None,
+    let unreadable = || {
+        redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "CLUSTER SLOTS names a master without an address this client can reach \
+             (an empty or unknown endpoint): its keys cannot be listed",
+        ))
     };
-    let mut masters: Vec<(String, u16)> = items(slots)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|range| {
-            let master = items(items(range)?.get(2)?)?;
-            let host: String = redis::from_redis_value(master.first()?.clone()).ok()?;
-            let port: u16 = redis::from_redis_value(master.get(1)?.clone()).ok()?;
-            Some((host, port))
-        })
-        .collect();
+    let Value::Array(ranges) = slots else {
+        return Err(unreadable());
+    };
+    let mut masters = Vec::with_capacity(ranges.len());
+    for range in ranges {
+        let Value::Array(range) = range else {
+            return Err(unreadable());
+        };
+        let Some(Value::Array(master)) = range.get(2) else {
+            return Err(unreadable());
+        };
+        let host: Option<String> = master
+            .first()
+            .and_then(|h| redis::from_redis_value(h.clone()).ok());
+        let port: Option<u16> = master
+            .get(1)
+            .and_then(|p| redis::from_redis_value(p.clone()).ok());
+        match (host, port) {
+            (Some(host), Some(port))
+                if !host.is_empty() && !matches!(host.as_str(), "?" | "0.0.0.0" | "::") =>
+            {
+                masters.push((host, port))
+            }
+            // An address redis-rs would fill in from the node that answered,
+            // which this listing cannot know: never skipped silently.
+            _ => return Err(unreadable()),
+        }
+    }
     masters.sort();
     masters.dedup();
-    masters
+    Ok(masters)
 }
 
 /// The keys starting with `key_prefix` that have a lock key on one server,
@@ -397,12 +418,24 @@ mod tests {
                 node("10.0.0.4", 7003),
             ]),
             Array(vec![Int(5461), Int(10922), node("10.0.0.2", 7001)]),
-            Array(vec![Int(10923), Int(12000), node("10.0.0.1", 7000)]),
-            Array(vec![Int(12001), Int(16383)]),
+            Array(vec![Int(10923), Int(16383), node("10.0.0.1", 7000)]),
         ]);
         assert_eq!(
-            super::masters(&slots),
+            super::masters(&slots).unwrap(),
             [("10.0.0.1".to_owned(), 7000), ("10.0.0.2".to_owned(), 7001)]
         );
+        // A master whose address the listing cannot reach is an error, not
+        // keys left out.
+        for unknown in [
+            Array(vec![Int(0), Int(16383), node("", 7000)]),
+            Array(vec![
+                Int(0),
+                Int(16383),
+                Array(vec![redis::Value::Nil, Int(7000)]),
+            ]),
+            Array(vec![Int(0), Int(16383)]),
+        ] {
+            assert!(super::masters(&Array(vec![unknown])).is_err());
+        }
     }
 }

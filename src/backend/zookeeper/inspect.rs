@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::recipes::{is_reader, sequence, LEASES, LOCKS, READ_NAME, WRITE_NAME};
 use super::session::{zk_error, Session};
 use super::{ZookeeperBackend, ZookeeperStore};
+use crate::backend::identity::shown;
 use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -239,7 +240,7 @@ impl ZookeeperStore {
 fn who(data: &[u8], stat: &zookeeper_client::Stat) -> String {
     let session = format!("session 0x{:x}", stat.ephemeral_owner);
     match std::str::from_utf8(data).map(str::trim) {
-        Ok(text) if !text.is_empty() => format!("{text} ({session})"),
+        Ok(text) if !text.is_empty() => format!("{} ({session})", shown(text)),
         _ => session,
     }
 }
