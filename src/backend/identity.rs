@@ -44,6 +44,7 @@ pub(crate) fn holder_identity_within(label: Option<&str>, max: usize) -> String 
 /// `text` as shown to an operator: control characters (which another
 /// client could have written into a lock node's data or a key's value, to
 /// forge lines on a terminal) escaped.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
 pub(crate) fn shown(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
@@ -106,6 +107,7 @@ mod tests {
         assert!(super::holder_identity_within(Some("café"), 63).starts_with("caf?, pid"));
     }
 
+    #[cfg(any(feature = "zookeeper", feature = "etcd"))]
     #[test]
     fn control_characters_are_shown_escaped() {
         assert_eq!(super::shown("a\nfloor 1\u{1b}[2J"), "a\\nfloor 1\\u{1b}[2J");
