@@ -68,6 +68,13 @@ echo "Rust $msrv (the declared MSRV) builds the library with every feature"
 step "cargo test --workspace --all-features (the library, the server suites, the members)"
 cargo test --workspace --all-features
 
+# The allocation count is for the layer as built by default (metrics off):
+# the --all-features run above leaves it aside.
+step "heap allocations per request, default features"
+out=$(cargo test -p tower-lock-bench --test allocations -- --nocapture 2>&1) || die "the allocation test failed: $out"
+grep -q "test result: ok. 1 passed" <<<"$out" || die "the allocation test did not run: $out"
+grep "a request" <<<"$out" || true
+
 # Every lock node is ephemeral: once the tests' sessions are closed (or, for
 # the processes a test killed, expired) none may be left on the server.
 no_ephemerals() { zk_says "${TOWER_LOCK_ZK_ADDR#*:}" dump "Sessions with Ephemerals (0)"; }

@@ -35,6 +35,9 @@ pub mod cancel;
 /// The conformance suite every backend and mode runs.
 pub mod contract;
 
+/// Its tests of an operator's inspect, list and break.
+pub mod operators;
+
 /// Three-server clusters on loopback, and what is checked on them.
 pub mod cluster;
 
