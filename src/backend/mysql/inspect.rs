@@ -8,12 +8,11 @@ use std::sync::Arc;
 use mysql_async::prelude::Queryable;
 
 use super::session::{my_error, MysqlStore};
-use super::{MysqlBackend, NAME};
+use super::{token_of, NAME};
 use crate::backend::{BreakScope, Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
-use crate::token::FencingToken;
 
 /// A holding connection's id, and its user and host if the caller sees
 /// them.
@@ -88,12 +87,7 @@ impl MysqlStore {
             let mut conn = session.conn.lock().await;
             let k = key.as_str();
             let next = format!("SELECT NEXTVAL({})", self.sequence);
-            let spaced = |n: Option<i64>| {
-                FencingToken::new(
-                    (n.unwrap_or(0).max(0) as u64)
-                        .saturating_mul(u64::from(MysqlBackend::TOKEN_SPACING)),
-                )
-            };
+            let spaced = |n: Option<i64>| token_of(n.unwrap_or(0));
             // The key, for the statement that checks its holder and kills.
             conn.exec_drop("SET @tower_lock_break = ?", (k,)).await?;
             let check_and_kill = |id: u64| {

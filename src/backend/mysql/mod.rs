@@ -443,7 +443,7 @@ impl Store for MysqlStore {
         }
         // In range (checked above): the product and the local holders'
         // tokens after it fit.
-        let token = FencingToken::new(n as u64 * u64::from(MysqlBackend::TOKEN_SPACING));
+        let token = token_of(n);
         let held = MysqlLock {
             inner: self.clone(),
             session: session.clone(),
@@ -574,6 +574,13 @@ impl Protocol for MysqlLock {
     async fn release_until(&self, _deadline: Instant) -> Result<(), LockError> {
         self.unlock().await
     }
+}
+
+/// The token of a grant (or floor) that drew `value` from the token
+/// sequence: the tokens between two values serve the holders a cohort
+/// passes the grant to.
+pub(super) fn token_of(value: i64) -> FencingToken {
+    FencingToken::new((value.max(0) as u64).saturating_mul(u64::from(MysqlBackend::TOKEN_SPACING)))
 }
 
 fn parse_url(url: &str) -> Result<Opts, LockError> {

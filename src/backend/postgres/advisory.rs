@@ -15,7 +15,6 @@ use crate::backend::engine::lease::{release_in_background, Lease, Protocol, Rele
 use crate::backend::{Acquired, LockRequest};
 use crate::error::LockError;
 use crate::mode::{LockMode, Wait};
-use crate::token::FencingToken;
 
 /// Gives each held lock its entry in its session's holds.
 static NEXT_ID: AtomicUsize = AtomicUsize::new(0);
@@ -128,9 +127,7 @@ impl Advisory {
         tokens: u32,
     ) -> Acquired {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let token = FencingToken::new(
-            (n.max(0) as u64).saturating_mul(u64::from(PostgresBackend::TOKEN_SPACING)),
-        );
+        let token = super::token_of(n);
         let held = AdvisoryLock {
             pg: self.clone(),
             session: session.clone(),

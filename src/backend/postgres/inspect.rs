@@ -7,12 +7,11 @@ use tokio_postgres::types::Type;
 
 use super::session::{pg_error, Advisory};
 use super::table::LeaseTable;
-use super::PostgresBackend;
+use super::token_of;
 use crate::backend::{BreakScope, Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::LockMode;
-use crate::token::FencingToken;
 
 /// The advisory locks on a key's hash in this database, granted or
 /// waited for, with the session that holds or waits: its server process,
@@ -93,7 +92,7 @@ impl Advisory {
                     return Ok(Ok(Broken {
                         key,
                         holders: freed,
-                        floor: spaced(before),
+                        floor: token_of(before),
                     }));
                 }
                 let pids: Vec<i32> = held.iter().map(|(pid, _)| *pid).collect();
@@ -121,7 +120,7 @@ impl Advisory {
                                 format!(
                                     "server process {pid} did not end within 5 s of \
                                      pg_terminate_backend (the floor is {}): break again",
-                                    spaced(floor)
+                                    token_of(floor)
                                 ),
                                 None,
                             )))
@@ -134,7 +133,7 @@ impl Advisory {
                     return Ok(Ok(Broken {
                         key,
                         holders: freed,
-                        floor: spaced(floor),
+                        floor: token_of(floor),
                     }));
                 }
             }
@@ -214,13 +213,6 @@ fn unused_sequence(sequence: &str) -> LockError {
     ))
 }
 
-/// A sequence value as the floor of the tokens a grant draws with it.
-fn spaced(value: i64) -> FencingToken {
-    FencingToken::new(
-        (value.max(0) as u64).saturating_mul(u64::from(PostgresBackend::TOKEN_SPACING)),
-    )
-}
-
 impl LeaseTable {
     /// The keys of the rows whose lease has not run out.
     pub(super) async fn list(&self, prefix: &str) -> Result<Vec<LockKey>, LockError> {
@@ -270,7 +262,7 @@ impl LeaseTable {
         let draw = || async {
             let drawn = conn.client.query_typed(&next, &[]).await.map_err(fail)?;
             match drawn.first() {
-                Some(row) => Ok(spaced(row.get::<_, i64>(0))),
+                Some(row) => Ok(token_of(row.get::<_, i64>(0))),
                 None => Err(LockError::backend(
                     "postgres",
                     "nextval answered no row",

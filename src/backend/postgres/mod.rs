@@ -208,6 +208,7 @@ use crate::backend::{
 };
 use crate::error::LockError;
 use crate::key::LockKey;
+use crate::token::FencingToken;
 
 /// Locks held as PostgreSQL session-level advisory locks.
 ///
@@ -515,6 +516,15 @@ fn split_url(url: &str) -> (String, Option<String>, Option<String>) {
         false => t,
     });
     (url, table, sequence)
+}
+
+/// The token of a grant (or floor) that drew `value` from the token
+/// sequence: the tokens between two values serve the holders a cohort
+/// passes the grant to.
+fn token_of(value: i64) -> FencingToken {
+    FencingToken::new(
+        (value.max(0) as u64).saturating_mul(u64::from(PostgresBackend::TOKEN_SPACING)),
+    )
 }
 
 /// `host:port/database`, for messages: never the password.

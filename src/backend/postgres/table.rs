@@ -29,7 +29,6 @@ use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
-use crate::token::FencingToken;
 
 /// The longest a waiter sleeps without a notification before it looks
 /// again: covers a notification lost while the listener reconnected.
@@ -414,9 +413,7 @@ impl LeaseTable {
         };
         undo.armed = false;
         drop(undo);
-        let token = FencingToken::new(
-            (n.max(0) as u64).saturating_mul(u64::from(PostgresBackend::TOKEN_SPACING)),
-        );
+        let token = super::token_of(n);
         let valid = Arc::new(Deadline::new(known_until(sent, request.lease)));
         let releases = self.releases.clone();
         let lease = Lease::new(

@@ -50,7 +50,7 @@ impl ZookeeperStore {
         let session = self.session().await?;
         let dir = self.dir(&key);
         let (holding, floor) = loop {
-            match session.client.list_children(&dir).await {
+            let children = match session.client.list_children(&dir).await {
                 Ok(children) if children.iter().any(|c| c == LEASES) => {
                     return Err(LockError::Unsupported(
                         "breaking a ZooKeeper semaphore is not supported: a waiter's pending \
@@ -58,10 +58,11 @@ impl ZookeeperStore {
                             .into(),
                     ))
                 }
-                Ok(_) | Err(E::NoNode) => {}
+                Ok(children) => children,
+                Err(E::NoNode) => Vec::new(),
                 Err(e) => return Err(zk_error("listing lock nodes", e)),
-            }
-            let (holding, waiting) = self.holding(&session, &dir).await?;
+            };
+            let (holding, waiting) = self.holding_among(&session, &dir, children).await?;
             let newest = holding.iter().filter_map(|(_, h)| h.token).max();
             match newest {
                 Some(token) => break (holding, past(token)),
@@ -120,6 +121,17 @@ impl ZookeeperStore {
         if children.iter().any(|c| c == LEASES) {
             return self.semaphore_holding(session, dir).await;
         }
+        self.holding_among(session, dir, children).await
+    }
+
+    /// [`holding`](Self::holding) of a lock (not a semaphore) whose
+    /// children `dir` has been listed.
+    async fn holding_among(
+        &self,
+        session: &Session,
+        dir: &str,
+        children: Vec<String>,
+    ) -> Result<(Vec<(String, Holder)>, u32), LockError> {
         let mut contenders: Vec<(i64, String)> = children
             .into_iter()
             .filter_map(|name| Some((sequence(&name)?, name)))
