@@ -288,20 +288,12 @@ sabotaged() {
 for sabotage in early-release same-token ignore-lease; do
     sabotaged --backend memory --secs 5 --seed 1 --sabotage "$sabotage"
 done
-# A lost signal is only missed where locks are lost: ZooKeeper under faults
-# (on Redis without quarantine, the server-kill excuse still hides it), only
-# those that lose them (pauses and partitions past the session), on two
-# keys so that another holder soon takes a lost one. Whether a lost holder
-# is still acting when the next is granted is still chance: a run may miss
-# it (seen in CI with four keys), so the control fails only when two runs
-# of different seeds both miss it.
-no_lost() {
-    "$target/release/torture" --backend zk --secs 30 --keys 2 --seed "$1" \
-        --nemesis pause,partition --sabotage no-lost
-}
-if line=$(no_lost 1) && line=$(no_lost 2); then
-    die "torture no-lost passed twice: the checker missed the sabotage: $line"
-fi
-echo "$line"
+# A lost signal is only missed where locks are lost: ZooKeeper (on Redis
+# without quarantine, the server-kill excuse still hides it), under pauses,
+# which the nemesis gives to a process holding a lock in its critical
+# section for longer than the session, on two keys so that another process
+# takes a lost one at once. Each such pause is an untold overlap under the
+# sabotage (11 to 36 per run seen); a run that meets none fails the control.
+sabotaged --backend zk --secs 30 --keys 2 --seed 1 --nemesis pause --sabotage no-lost
 
 step "all checks passed in $((SECONDS - started))s"

@@ -111,6 +111,19 @@ impl Clients {
         ids[rng.below(ids.len() as u64) as usize].clone()
     }
 
+    /// One of the running processes among `ids`, or any running one when
+    /// none of them is.
+    pub fn any_of(&self, rng: &mut Rng, ids: &[String]) -> String {
+        let among: Vec<&String> = ids
+            .iter()
+            .filter(|id| self.running.contains_key(*id))
+            .collect();
+        if among.is_empty() {
+            return self.any(rng);
+        }
+        among[rng.below(among.len() as u64) as usize].clone()
+    }
+
     pub fn pid(&self, id: &str) -> Option<u32> {
         self.running.get(id)?.0.id()
     }

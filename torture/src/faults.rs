@@ -18,7 +18,8 @@ pub enum FaultKind {
     Latency,
     /// `kill -9` of a client process (a new one takes its place).
     Kill,
-    /// `SIGSTOP` of a client process for one and a half leases.
+    /// `SIGSTOP` of a client process (one in its critical section when
+    /// there is one) for one and a half leases.
     Pause,
     /// `kill -9` of a server and a restart.
     ServerKill,

@@ -386,7 +386,14 @@ impl Nemesis {
                     clients.spawn(client_args(id, rng.next(), &proxies), proxies)?;
                 }
                 FaultKind::Pause => {
-                    let id = clients.any(&mut rng);
+                    // A holder in its critical section when there is one:
+                    // a pause past the lease there is what takes a lock
+                    // from under its holder, and what the checker must see
+                    // the holder told of (a pause of an idle process tests
+                    // little, and left to chance, runs that should have
+                    // lost a lock sometimes lost none).
+                    let holding = history.lock().unwrap().in_critical_section();
+                    let id = clients.any_of(&mut rng, &holding);
                     if let Some(pid) = clients.pid(&id) {
                         // Dated once every thread is seen stopped, not when
                         // the signal is sent (the process may run on a

@@ -311,6 +311,20 @@ impl History {
         });
     }
 
+    /// The processes with a hold in its critical section now: granted,
+    /// its last act not yet done, not released.
+    pub fn in_critical_section(&self) -> Vec<String> {
+        let mut processes: Vec<String> = self
+            .holds
+            .values()
+            .filter(|h| h.wrote.is_none() && h.released.is_none())
+            .map(|h| h.process.clone())
+            .collect();
+        processes.sort();
+        processes.dedup();
+        processes
+    }
+
     pub fn process_fault(&mut self, process: &str, fault: ProcessFault) {
         self.faults
             .entry(process.to_owned())
