@@ -387,20 +387,54 @@ async fn a_token_sequence_that_could_wrap_or_run_out_is_refused() {
 #[tokio::test]
 async fn connections_are_bounded_and_given_back() {
     let keys: Vec<String> = (0..3).map(|i| key("pool", &i.to_string())).collect();
+    let waited = Duration::from_millis(300);
     let db = backend_with(
         MysqlOptions::default()
             .max_connections(2)
+            .connect_timeout(waited)
             .cohort(CohortOptions::off()),
     )
     .await;
     let a = db.lock(keys[0].as_str()).await.unwrap();
     let b = db.lock(keys[1].as_str()).await.unwrap();
+    // Every connection held for the whole wait: refused, saying why.
+    let asked = Instant::now();
     let e = db.lock(keys[2].as_str()).await.unwrap_err();
+    assert!(asked.elapsed() >= waited, "refused before the wait ran out");
     assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
     assert!(e.to_string().contains("max_connections"), "{e}");
     a.release().await.unwrap();
     let c = db.lock(keys[2].as_str()).await.unwrap();
     assert_eq!(db.connections(), 2);
+    b.release().await.unwrap();
+    c.release().await.unwrap();
+    for k in &keys {
+        settle_free(k).await;
+    }
+}
+
+/// A burst a little over the limit waits for a connection to be given
+/// back, as a pool does, instead of failing (32 requests at once, each
+/// releasing in the background, failed with the default limit of 32).
+#[tokio::test]
+async fn an_acquisition_waits_for_a_connection_given_back() {
+    let keys: Vec<String> = (0..3).map(|i| key("pool-wait", &i.to_string())).collect();
+    let db = backend_with(
+        MysqlOptions::default()
+            .max_connections(2)
+            .connect_timeout(Duration::from_secs(10))
+            .cohort(CohortOptions::off()),
+    )
+    .await;
+    let a = db.lock(keys[0].as_str()).await.unwrap();
+    let b = db.lock(keys[1].as_str()).await.unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        a.release().await.unwrap();
+    });
+    let c = db.lock(keys[2].as_str()).await.unwrap();
+    release.await.unwrap();
+    assert_eq!(db.connections(), 2, "the freed connection is reused");
     b.release().await.unwrap();
     c.release().await.unwrap();
     for k in &keys {

@@ -4,6 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
+
 use crate::backend::engine::lease::{drift, known_until};
 use crate::error::LockError;
 use crate::lost::Deadline;
@@ -62,6 +65,9 @@ impl Alive {
 pub(crate) struct Connections {
     open: Arc<AtomicUsize>,
     max: usize,
+    /// Told when a connection closes or goes back idle: room for one
+    /// waiting for a connection ([`Connections::room`]).
+    freed: Arc<Notify>,
 }
 
 impl Connections {
@@ -69,6 +75,7 @@ impl Connections {
         Connections {
             open: Arc::default(),
             max,
+            freed: Arc::default(),
         }
     }
 
@@ -89,29 +96,56 @@ impl Connections {
         option: &str,
         target: &str,
     ) -> Result<Slot, LockError> {
-        let open = self.open.fetch_add(1, Ordering::AcqRel);
-        let slot = Slot(self.open.clone());
-        if open >= self.max {
-            return Err(LockError::backend(
+        // Counted only when under the limit: a refusal frees no room, and
+        // so wakes no one.
+        let taken = self
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < self.max).then_some(open + 1)
+            });
+        match taken {
+            Ok(_) => Ok(Slot {
+                open: self.open.clone(),
+                freed: self.freed.clone(),
+            }),
+            Err(_) => Err(LockError::backend(
                 backend,
                 format!(
-                    "all {} connections to {target} are taken by held or waiting locks; \
+                    "all {} connections to {target} stayed taken by held or waiting locks; \
                      raise {option} (and the server's max_connections)",
                     self.max
                 ),
                 None,
-            ));
+            )),
         }
-        Ok(slot)
+    }
+
+    /// Resolves once a connection has closed or gone back idle after this
+    /// call ([`Connections::freed`]); enable it before looking for room,
+    /// so that a release in between is not missed.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn room(&self) -> Notified<'_> {
+        self.freed.notified()
+    }
+
+    /// Wakes every acquisition waiting for a connection: one went back
+    /// idle.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn freed(&self) {
+        self.freed.notify_waiters();
     }
 }
 
 /// One connection's place in the count, given back when dropped.
-pub(crate) struct Slot(Arc<AtomicUsize>);
+pub(crate) struct Slot {
+    open: Arc<AtomicUsize>,
+    freed: Arc<Notify>,
+}
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        self.freed.notify_waiters();
     }
 }
 

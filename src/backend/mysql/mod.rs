@@ -89,8 +89,10 @@
 //! Exclusive locks only (`GET_LOCK` has no shared mode; read, write and
 //! semaphore requests are refused with [`LockError::InvalidMode`]). One
 //! connection per lock held or waited for, up to
-//! [`MysqlOptions::max_connections`]; past that an acquisition fails at
-//! once with an error saying so.
+//! [`MysqlOptions::max_connections`]; past that an acquisition waits for
+//! one to be given back, up to the connect timeout, and then fails with an
+//! error saying so. Connections given back stay open for the next
+//! acquisitions and close after a minute unused.
 //!
 //! The driver moves a TCP connection to a server on the same host onto
 //! that server's Unix socket once connected (`prefer_socket`, on by
@@ -116,7 +118,7 @@ mod session;
 
 use std::fmt;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
@@ -336,7 +338,7 @@ impl MysqlBackend {
             statements: Statements::new(&options.sequence),
             sequence: options.sequence,
             sequence_ready: AtomicBool::new(false),
-            idle: Mutex::new(Vec::new()),
+            idle: Arc::default(),
             connections: super::sql::Connections::new(options.max_connections),
             releases: Arc::default(),
         };

@@ -19,8 +19,12 @@ use crate::backend::sql::{Alive, Connections, Slot};
 use crate::error::LockError;
 use crate::sync::lock;
 
-/// How many connections that hold nothing are kept open.
-const MAX_IDLE: usize = 4;
+/// How long a connection that holds nothing stays open unused: a burst of
+/// requests opens connections that its end need not keep for ever.
+const IDLE_CLOSE: Duration = Duration::from_secs(60);
+
+/// The pool's idle connections, each with when it went back.
+pub(super) type Idle = Mutex<Vec<(Instant, Arc<Session>)>>;
 
 /// `GET_LOCK` on pooled connections: the store behind
 /// [`MysqlBackend`](super::MysqlBackend). Its acquire path is in the
@@ -36,7 +40,9 @@ pub struct MysqlStore {
     pub(super) sequence: String,
     pub(super) sequence_ready: AtomicBool,
     pub(super) statements: super::Statements,
-    pub(super) idle: Mutex<Vec<Arc<Session>>>,
+    /// Connections that hold nothing, and since when; each closes after
+    /// [`IDLE_CLOSE`] unused.
+    pub(super) idle: Arc<Idle>,
     pub(super) connections: Connections,
     pub(super) releases: Arc<InFlight>,
 }
@@ -76,23 +82,50 @@ impl Session {
 
 impl MysqlStore {
     /// A connection for one acquisition: an idle one, or a new one within
-    /// `max_connections`.
+    /// `max_connections`. With every connection taken, it waits for one to
+    /// close or go back idle, up to the connect timeout (as a pool does):
+    /// a burst of requests a little over the limit waits a moment rather
+    /// than failing.
     pub(super) async fn session(&self) -> Result<Arc<Session>, LockError> {
+        let give_up = tokio::time::Instant::now() + self.connect_timeout;
         loop {
-            let Some(s) = lock(&self.idle).pop() else {
-                break;
-            };
-            if s.usable() {
-                return Ok(s);
+            let room = self.connections.room();
+            tokio::pin!(room);
+            // Before looking: a connection freed in between wakes it.
+            room.as_mut().enable();
+            while let Some((_, s)) = lock(&self.idle).pop() {
+                if s.usable() {
+                    return Ok(s);
+                }
+            }
+            let full =
+                match self
+                    .connections
+                    .take("mysql", "MysqlOptions::max_connections", &self.target)
+                {
+                    Ok(slot) => return self.open_within(slot, give_up).await,
+                    Err(full) => full,
+                };
+            if tokio::time::timeout_at(give_up, room).await.is_err() {
+                return Err(full);
             }
         }
-        let slot = self
-            .connections
-            .take("mysql", "MysqlOptions::max_connections", &self.target)?;
-        match tokio::time::timeout(self.connect_timeout, self.connect(slot)).await {
+    }
+
+    /// Opens a connection in the place `slot` holds, by `give_up`.
+    async fn open_within(
+        &self,
+        slot: Slot,
+        give_up: tokio::time::Instant,
+    ) -> Result<Arc<Session>, LockError> {
+        match tokio::time::timeout_at(give_up, self.connect(slot)).await {
             Ok(Ok(session)) => {
                 let session = Arc::new(session);
-                tokio::spawn(keep_alive(Arc::downgrade(&session), self.lease));
+                tokio::spawn(keep_alive(
+                    Arc::downgrade(&session),
+                    self.lease,
+                    Arc::downgrade(&self.idle),
+                ));
                 Ok(session)
             }
             Ok(Err(e)) => Err(e),
@@ -108,15 +141,14 @@ impl MysqlStore {
         }
     }
 
-    /// Takes back a connection whose lock was released (or never granted).
+    /// Takes back a connection whose lock was released (or never granted):
+    /// kept open for the next acquisition, up to `max_connections` in all.
     pub(super) fn give_back(&self, session: Arc<Session>) {
         if !session.usable() || !session.hold.is_empty() {
             return;
         }
-        let mut idle = lock(&self.idle);
-        if idle.len() < MAX_IDLE {
-            idle.push(session);
-        }
+        lock(&self.idle).push((Instant::now(), session));
+        self.connections.freed();
     }
 
     async fn connect(&self, slot: Slot) -> Result<Session, LockError> {
@@ -255,14 +287,29 @@ async fn check_sequence(conn: &mut Conn, sequence: &str) -> Result<bool, LockErr
 /// lease, counted from its send time), or ends it (the lock is told lost)
 /// before its lease from the last answered request runs out. Pooled
 /// connections are pinged too, so that the server's `wait_timeout` (two
-/// leases) never closes them.
-pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration) {
+/// leases) never closes them, until one has been unused for
+/// [`IDLE_CLOSE`]: then it leaves the pool and closes.
+pub(super) async fn keep_alive(session: Weak<Session>, lease: Duration, idle: Weak<Idle>) {
     let every = lease / 4;
     loop {
         tokio::time::sleep(every).await;
         let Some(s) = session.upgrade() else { return };
         if s.ended.load(Ordering::Acquire) {
             return;
+        }
+        // Taken out under the pool's lock, so never from an acquisition
+        // that has just popped it.
+        if let Some(idle) = idle.upgrade() {
+            let mut idle = lock(&idle);
+            let unused = idle
+                .iter()
+                .position(|(since, i)| Arc::ptr_eq(i, &s) && since.elapsed() >= IDLE_CLOSE);
+            if let Some(at) = unused {
+                idle.swap_remove(at);
+                drop(idle);
+                s.end("unused for a minute");
+                return;
+            }
         }
         let held = !s.hold.is_empty();
         let deadline = s.alive.until.get();
