@@ -185,12 +185,14 @@ run "$bench" --backend "$pgt" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt" "${contended[@]}" --no-lock
 run "$bench" --backend "$pgt" --workload contended --secs "$secs" --workers 4 --processes 2
 run "$bench" --backend "$pgt" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$pgt" --workload http --secs "$secs" --conns 32
 # Through PgBouncer: its lines and its floor's carry via=pooler.
 for _ in 1 2 3; do
     run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload floor --n 2000
     run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload uncontended --n 2000
 done
 run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload contended --secs "$secs" --workers 4 --processes 2
+run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload http --secs "$secs" --conns 32
 
 # MariaDB GET_LOCK: the floor is two prepared SELECT 1 through the same
 # driver; the peer is PyMySQL calling GET_LOCK/RELEASE_LOCK.
@@ -209,6 +211,7 @@ run "$bench" --backend "$my" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" "${contended[@]}" --no-lock
 run "$bench" --backend "$my" --workload contended --secs "$secs" --workers 4 --processes 2
 run "$bench" --backend "$my" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$my" --workload http --secs "$secs" --conns 32
 
 # etcd: the floor is one put and one delete through the same client; the
 # peer is Go's concurrency.Mutex, etcd's own client (what `etcdctl lock`
@@ -228,6 +231,7 @@ run "$bench" --backend "$etcd" "${contended[@]}" --no-lock
 run bench/peers/etcd_go/run --backend "$etcd" "${contended[@]}" --no-lock
 run "$bench" --backend "$etcd" --workload contended --secs "$secs" --workers 4 --processes 2
 run "$bench" --backend "$etcd" --workload keys --secs "$secs" --workers 8 --keys 100
+run "$bench" --backend "$etcd" --workload http --secs "$secs" --conns 32
 # The same on a three-member cluster, the client balanced over all three.
 start_etcd_cluster >&2
 etcd3="etcd://$etcd_urls"

@@ -68,7 +68,7 @@ pub(super) async fn floor(backend: &str, n: usize) -> ExitCode {
 /// the first Sentinel that answers names it) or of a master of a
 /// `redis+cluster://` one (the first node given that says it is one).
 /// Only the bench's own URLs: no credentials, no database.
-async fn redis_group_master(url: &str) -> Result<String, String> {
+pub(super) async fn redis_group_master(url: &str) -> Result<String, String> {
     let (sentinel, rest) = match url.strip_prefix("redis+sentinel://") {
         Some(rest) => (true, rest),
         None => (false, url.strip_prefix("redis+cluster://").unwrap_or(url)),

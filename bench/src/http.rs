@@ -8,6 +8,8 @@ use axum::handler::Handler;
 
 use tower_lock_bench::orders::{order, order_mutex_map, FloorLayer, MutexMap};
 
+use crate::raw_locks::{self, order_raw, RawLock};
+
 async fn serve(app: Router) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -90,6 +92,9 @@ pub(super) struct Rates {
     /// Under the floor layer (`orders::FloorLayer`), on the memory backend
     /// and not under `--calibrate`.
     pub(super) floor: Option<f64>,
+    /// Under the backend's raw lock commands (`raw_locks`), on a remote
+    /// backend and not under `--calibrate`.
+    pub(super) raw: Option<f64>,
 }
 
 /// The `impl=` of the `http` workload's floor: the least a lock layer keyed
@@ -125,8 +130,10 @@ impl Mount {
 /// `LockLayer` (mounted as `mount` says) and, on the memory backend, the
 /// route under the hand-written mutex map (`impl=hand-mutex-map`) and the
 /// route under the floor layer mounted the same way (`impl=layer-floor`,
-/// not under `--calibrate`). Under `--calibrate` every route but the floor
-/// is the bare one, which shows how far apart identical routes measure.
+/// not under `--calibrate`); on a remote backend, the route under the raw
+/// lock commands `raw` sends (`rps_floor`, not under `--calibrate`). Under
+/// `--calibrate` every route but the floors is the bare one, which shows
+/// how far apart identical routes measure.
 /// The phases alternate in order and in reverse (A-B-B-A with two routes,
 /// A-B-C-C-B-A with three, A-B-C-D-D-C-B-A with four), so that drift falls
 /// on every route alike; a rate is the requests a route answered over the
@@ -137,6 +144,7 @@ pub(super) async fn http(
     secs: u64,
     calibrate: bool,
     mount: Mount,
+    raw: Option<Arc<RawLock>>,
 ) -> Rates {
     let route = || Router::new().route("/orders/{sku}", post(order));
     // The hand-written map is a peer of the memory backend only: it locks
@@ -178,6 +186,19 @@ pub(super) async fn http(
             .await,
         );
     }
+    let raw = raw.filter(|_| !calibrate);
+    let raw_route = raw.clone().map(|raw| {
+        let at = addrs.len();
+        (
+            at,
+            Router::new()
+                .route("/orders/{sku}", post(order_raw))
+                .with_state(raw),
+        )
+    });
+    if let Some((_, router)) = raw_route.clone() {
+        addrs.push(serve(router).await);
+    }
     let mut routes = Vec::new();
     for addr in addrs {
         routes.push(Clients::connect(addr, conns).await);
@@ -205,14 +226,17 @@ pub(super) async fn http(
     // empty again, although every request used a SKU of its own.
     assert!(map.is_empty(), "the mutex map kept {} idle keys", map.len());
     assert!(floor.is_empty(), "the floor layer kept keys");
+    raw_locks::released().await;
     let rps: Vec<f64> = sums
         .iter()
         .map(|(n, t)| *n as f64 / t.as_secs_f64())
         .collect();
+    let raw_at = raw_route.map(|(at, _)| at);
     Rates {
         bare: rps[0],
         locked: rps[1],
-        peer: rps.get(2).copied(),
-        floor: rps.get(3).copied(),
+        peer: with_peer.then(|| rps.get(2).copied()).flatten(),
+        floor: with_peer.then(|| rps.get(3).copied()).flatten(),
+        raw: raw_at.map(|at| rps[at]),
     }
 }

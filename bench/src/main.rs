@@ -58,6 +58,7 @@ mod contended;
 mod flash_sale;
 mod floors;
 mod http;
+mod raw_locks;
 
 use contended::{contended, contended_processes, keys, run_workers};
 use flash_sale::flash_sale;
@@ -325,12 +326,20 @@ async fn run(args: Args) -> ExitCode {
         "contended" => contended(&backend, args.workers, args.secs, &how).await,
         "keys" => keys(&backend, args.workers, args.keys, args.secs, &how).await,
         "http" => {
+            let raw = match raw_locks::RawLock::open(&args.backend).await {
+                Ok(raw) => raw.map(Arc::new),
+                Err(e) => {
+                    eprintln!("bench: the raw floor: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let rates = http(
                 backend.clone(),
                 args.conns,
                 args.secs,
                 args.calibrate,
                 args.mount.unwrap_or(Mount::Handler),
+                raw,
             )
             .await;
             let line = |rps_locked: f64| {
@@ -368,7 +377,15 @@ async fn run(args: Args) -> ExitCode {
                     peer_line = Some(lines);
                     line(rates.locked)
                 }
-                None => line(rates.locked),
+                // A remote backend's floor goes on the library's line.
+                None => match rates.raw {
+                    Some(raw) => format!(
+                        "{} rps_floor={raw:.0} ratio_floor={:.3}",
+                        line(rates.locked),
+                        rates.locked / raw
+                    ),
+                    None => line(rates.locked),
+                },
             }
         }
         other => {
