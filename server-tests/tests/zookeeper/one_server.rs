@@ -321,3 +321,67 @@ async fn an_unreachable_server_is_a_clear_error_within_the_timeout() {
         Err(LockError::Config(_))
     ));
 }
+
+/// A key locked for the first time costs one round trip to take: its
+/// parent's create is sent just before its node's (with the listing), where
+/// the node's create used to fail first and the parent be made after.
+/// Counted by the server (`cons`: the requests each session sent), the
+/// least over five keys, so that a ping in between does not count.
+#[tokio::test]
+async fn a_new_key_is_taken_in_one_round_trip() {
+    let addr = zk_addr();
+    let root = root("new-key");
+    let zk = backend_rooted(&addr, &root, Duration::from_secs(4)).await;
+    let raw = raw(&addr).await;
+    // The backend's session, found as the owner of its first lock node
+    // (whose lock also makes the root).
+    let first = zk.lock("first").await.unwrap();
+    let node = lock_nodes(&raw, &root)
+        .await
+        .pop()
+        .expect("the first lock's node");
+    let session = raw
+        .check_stat(&node)
+        .await
+        .unwrap()
+        .expect("held")
+        .ephemeral_owner;
+    first.release().await.unwrap();
+    let sent = || {
+        let cons = four_letter(&addr, "cons");
+        let line = cons
+            .lines()
+            .find(|l| l.contains(&format!("sid=0x{session:x},")))
+            .unwrap_or_else(|| panic!("session 0x{session:x} not in `cons`:\n{cons}"));
+        let recved = line.split("recved=").nth(1).expect("a recved count");
+        recved[..recved.find(',').expect("a field after it")]
+            .parse::<u64>()
+            .expect("a count")
+    };
+    let mut least = u64::MAX;
+    for i in 0..5 {
+        let before = sent();
+        let guard = zk.lock(format!("new-{i}").as_str()).await.unwrap();
+        guard.release().await.unwrap();
+        least = least.min(sent() - before);
+    }
+    // The parent's create, the node's, the listing (one round trip), and
+    // the release's delete.
+    assert_eq!(least, 4, "requests to lock and release a new key");
+}
+
+/// A parent the backend has seen, reaped since (a container, once empty),
+/// is made again by the next lock of its key.
+#[tokio::test]
+async fn a_parent_reaped_since_it_was_seen_is_made_again() {
+    let addr = zk_addr();
+    let root = root("reaped");
+    let zk = backend_rooted(&addr, &root, Duration::from_secs(4)).await;
+    let raw = raw(&addr).await;
+    zk.lock("k").await.unwrap().release().await.unwrap();
+    // As the server's container reaper would.
+    raw.delete(&format!("{root}/k"), None).await.unwrap();
+    let guard = zk.lock("k").await.unwrap();
+    assert_eq!(lock_nodes(&raw, &root).await.len(), 1);
+    guard.release().await.unwrap();
+}

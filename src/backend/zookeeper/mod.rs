@@ -29,7 +29,9 @@
 //! An acquire sends `create` and `getChildren` back to back on one session:
 //! the server answers a session's requests in order, so the listing already
 //! contains the new node and an uncontended acquire costs one write round
-//! trip. A release is one `delete`.
+//! trip. Under a parent the session has not seen exist (a key new to it),
+//! the parent's `create` goes just before, in the same round trip. A
+//! release is one `delete`.
 //!
 //! # Key encoding
 //!

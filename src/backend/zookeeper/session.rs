@@ -54,6 +54,9 @@ pub(super) struct Session {
     pub(super) releases: Arc<InFlight>,
     /// Each lock node's data (the store's `identity`).
     pub(super) identity: Arc<[u8]>,
+    /// Lock parents seen to exist on this session (see
+    /// [`Session::create_node`]).
+    pub(super) known_dirs: KnownDirs,
 }
 
 impl Session {
@@ -137,6 +140,7 @@ impl ZookeeperStore {
             holds: Holds::new(),
             releases: self.releases.clone(),
             identity: self.identity.clone(),
+            known_dirs: KnownDirs::default(),
         });
         tokio::spawn(watch_session(Arc::downgrade(&session), states));
         tokio::spawn(keep_alive(Arc::downgrade(&session), known_alive));
@@ -274,4 +278,36 @@ where
     Fut: Future<Output = Result<T, zk::Error>>,
 {
     crate::backend::engine::retry::retry_uncertain(uncertain, || go_on(session), call).await
+}
+
+/// Lock parents this session has seen exist, so that it creates a lock
+/// node under one with a plain `create`, and under any other sends the
+/// parent's `create` just before the node's: one round trip either way,
+/// where a `create` under a missing parent fails and costs two more (the
+/// parent, then the node again). Wrong, it costs a failed create: of a
+/// parent another client made, sent along, or of a node under a parent the
+/// server has reaped since (a container, once empty), with two round trips
+/// more. Bounded: emptied when full, so a service that locks ever new keys
+/// keeps at most [`KnownDirs::MAX`] names.
+#[derive(Default)]
+pub(super) struct KnownDirs(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl KnownDirs {
+    pub(super) const MAX: usize = 4096;
+
+    pub(super) fn contains(&self, dir: &str) -> bool {
+        crate::sync::lock(&self.0).contains(dir)
+    }
+
+    pub(super) fn insert(&self, dir: &str) {
+        let mut dirs = crate::sync::lock(&self.0);
+        if dirs.len() >= Self::MAX {
+            dirs.clear();
+        }
+        dirs.insert(dir.to_owned());
+    }
+
+    pub(super) fn remove(&self, dir: &str) {
+        crate::sync::lock(&self.0).remove(dir);
+    }
 }
