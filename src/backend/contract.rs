@@ -619,6 +619,20 @@ pub trait LeaseHandle: Send + Sync + 'static {
         None
     }
 
+    /// Once [`release`](Self::release) has been answered: `None`, unless
+    /// the server said waiters elsewhere (in other processes) heard of the
+    /// release and will ask for the lock now; then a wait that ends when
+    /// the lock has been released again (the next release is heard), or
+    /// after a short grace if nobody took it.
+    ///
+    /// A server without a queue of waiters (Redis) grants the first to
+    /// ask, and this process's next waiter, asking the moment the answer
+    /// comes, would win that race nearly every time: [`Cohort`] holds it
+    /// back for this wait, so that processes take turns. Default `None`.
+    fn hand_off(&self) -> Option<BackendFuture<()>> {
+        None
+    }
+
     /// Releases the lock from a destructor, where nothing can be awaited.
     ///
     /// The default runs [`release`](Self::release) and, if it did not finish at

@@ -70,6 +70,11 @@ pub(crate) trait Protocol: Send + Sync + Sized + 'static {
     /// One release. Its first poll puts it on the wire.
     fn release(&self) -> impl Future<Output = Released> + Send;
 
+    /// After an answered release: see [`LeaseHandle::hand_off`].
+    fn hand_off(&self) -> Option<crate::backend::BackendFuture<()>> {
+        None
+    }
+
     /// Releases, again after failures without an answer, until done, the
     /// lock surely gone, or `deadline` (when the lease would end anyway).
     fn release_until(
@@ -201,6 +206,10 @@ impl<P: Protocol> LeaseHandle for Lease<P> {
 
     fn valid_until(&self) -> Option<Instant> {
         Some(self.valid.get())
+    }
+
+    fn hand_off(&self) -> Option<BackendFuture<()>> {
+        self.protocol.hand_off()
     }
 }
 

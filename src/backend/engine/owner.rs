@@ -20,6 +20,12 @@ impl Tokens {
         }
     }
 
+    /// The part every token of this backend begins with.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn prefix(&self) -> String {
+        format!("{:016x}", self.seed)
+    }
+
     pub(crate) fn next(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         format!("{:016x}{n:016x}", self.seed)

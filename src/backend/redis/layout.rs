@@ -223,29 +223,32 @@ impl Layout {
         Ok(extended == 1)
     }
 
-    /// Releases `token`'s hold (if it still has one) and publishes it.
+    /// Releases `token`'s hold (if it still has one) and publishes it;
+    /// returns how many subscribers heard it.
     pub(crate) async fn release<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         token: &str,
-    ) -> redis::RedisResult<()> {
+    ) -> redis::RedisResult<u64> {
         let s = scripts();
         let script = if self.is_string() {
             &s.release_string
         } else {
             &s.release_member
         };
-        let _released: i64 = script
+        let released: i64 = script
             .key(&self.main)
             .arg(token)
             .arg(&self.channel)
             .arg(self.publish)
             .invoke(conn)
             .await?;
-        Ok(())
+        // 0: not ours; else one more than the subscribers that heard.
+        Ok(released.saturating_sub(1).max(0) as u64)
     }
 
-    /// [Releases](Self::release) through `conn()`. With a `deadline` (when the
+    /// [Releases](Self::release) through `conn()`, returning how many
+    /// subscribers heard the release message. With a `deadline` (when the
     /// lease would have ended anyway), again on a reconnected connection
     /// while the release fails without an answer from the server (a dropped
     /// connection, a timeout): compare-and-delete by a unique token is safe
@@ -255,7 +258,7 @@ impl Layout {
         conn: impl Fn() -> C,
         token: &str,
         deadline: Option<std::time::Instant>,
-    ) -> redis::RedisResult<()> {
+    ) -> redis::RedisResult<u64> {
         loop {
             match self.release(&mut conn(), token).await {
                 Err(e)

@@ -285,7 +285,8 @@ impl RedisBackend {
     ///
     /// As [`connect`](Self::connect).
     pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self, LockError> {
-        let watches = Arc::new(Watches::default());
+        let tokens = Tokens::new();
+        let watches = Arc::new(Watches::new(tokens.prefix()));
         let doubt = Arc::new(Doubt::default());
         let push = {
             let (watches, doubt) = (Arc::downgrade(&watches), Arc::downgrade(&doubt));
@@ -369,7 +370,7 @@ impl RedisBackend {
             prefix: options.prefix,
             quarantine: options.restart_quarantine,
             watches,
-            tokens: Tokens::new(),
+            tokens,
             releases: Arc::default(),
         };
         Ok(RemoteBackend::new(store, options.cohort))

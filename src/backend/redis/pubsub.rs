@@ -18,18 +18,31 @@ const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
 #[derive(Default)]
 pub(super) struct Watches {
     channels: Mutex<HashMap<String, Channel>>,
+    /// What this backend's owner tokens begin with: a release message
+    /// carrying one is its own.
+    own: String,
     /// Woken on a lost connection: renewals check their lease at once.
     pub(super) reconnected: Arc<Notify>,
 }
 
 struct Channel {
     notify: Arc<Notify>,
+    /// Told of releases by other backends (other processes) only.
+    others: Arc<Notify>,
     users: usize,
     subscribed: bool,
     idle_since: Option<tokio::time::Instant>,
 }
 
 impl Watches {
+    /// For a backend whose owner tokens begin with `own`.
+    pub(super) fn new(own: String) -> Self {
+        Watches {
+            own,
+            ..Watches::default()
+        }
+    }
+
     /// Handles a RESP3 push from the connection.
     pub(super) fn on_push(&self, info: PushInfo) {
         match info.kind {
@@ -42,6 +55,11 @@ impl Watches {
                         .and_then(|c| channels.get(c))
                     {
                         c.notify.notify_waiters();
+                        let ours = matches!(info.data.get(1),
+                            Some(Value::BulkString(m)) if m.starts_with(self.own.as_bytes()));
+                        if !ours {
+                            c.others.notify_waiters();
+                        }
                     }
                 }
             }
@@ -85,6 +103,14 @@ impl Watches {
         self.reconnected.notify_waiters();
     }
 
+    /// Whether this connection is subscribed to `channel` (a waiter's
+    /// subscription lingers a while after the wait).
+    pub(super) fn subscribed(&self, channel: &str) -> bool {
+        lock(&self.channels)
+            .get(channel)
+            .is_some_and(|c| c.subscribed)
+    }
+
     /// Registers interest in `channel`, subscribing on `conn` if nobody
     /// else is.
     pub(super) async fn watch(self: &Arc<Self>, conn: &Connection, channel: &str) -> Watch {
@@ -94,18 +120,21 @@ impl Watches {
                 .entry(channel.to_owned())
                 .or_insert_with(|| Channel {
                     notify: Arc::new(Notify::new()),
+                    others: Arc::new(Notify::new()),
                     users: 0,
                     subscribed: false,
                     idle_since: None,
                 });
             c.users += 1;
             c.idle_since = None;
-            c.notify.clone()
+            (c.notify.clone(), c.others.clone())
         };
+        let (notify, others) = notify;
         let watch = Watch {
             watches: self.clone(),
             channel: channel.to_owned(),
             notify,
+            others,
         };
         watch.subscribe(conn).await;
         watch
@@ -193,7 +222,10 @@ pub(super) async fn sweep_subscriptions(watches: Weak<Watches>, conn: Weak<Conne
 pub(super) struct Watch {
     watches: Arc<Watches>,
     channel: String,
+    /// Told of every release on the channel.
     pub(super) notify: Arc<Notify>,
+    /// Told of releases by other backends only.
+    pub(super) others: Arc<Notify>,
 }
 
 impl Drop for Watch {

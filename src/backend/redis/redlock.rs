@@ -411,6 +411,7 @@ impl RedlockStore {
                 layout
                     .release_until(|| conn.clone(), &token, deadline)
                     .await
+                    .map(drop)
                     .map_err(|e| redis_error("releasing a lock", e))
             }
         })

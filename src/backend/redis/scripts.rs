@@ -180,20 +180,28 @@ return {1, fence(KEYS[2], ARGV[3], 1, floor)}
 /// `SPUBLISH`: a message for the channel's slot only, Redis 7.0+; a server
 /// without it sends none, and waiters look again within a second).
 /// redis-py's release, plus the message.
+///
+/// The message is the releasing token, so that a backend tells its own
+/// releases from others'. Returns 0 when the lock was not ours, else 1
+/// plus the number of subscribers that received the message.
 const RELEASE_STRING: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.pcall(ARGV[3], ARGV[2], 'released')
-  return 1
+  local heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
+  if type(heard) ~= 'number' then heard = 0 end
+  return 1 + heard
 end
 return 0
 "#;
 
 /// KEYS: holders. ARGV: token, channel, `PUBLISH` or `SPUBLISH`.
+/// Returns as `RELEASE_STRING` does.
 const RELEASE_MEMBER: &str = r#"
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
 if n == 1 then
-  redis.pcall(ARGV[3], ARGV[2], 'released')
+  local heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
+  if type(heard) ~= 'number' then heard = 0 end
+  return 1 + heard
 end
 return n
 "#;

@@ -2,25 +2,27 @@
 //! release of one lock. [`RemoteBackend`](crate::backend::RemoteBackend)
 //! puts the engine in front.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use super::connection::Connection;
 use super::layout::{redis_error, uncertain, Attempt, Floor, Layout, Tokens};
-use super::pubsub::Watches;
+use super::pubsub::{Watch, Watches};
 use super::replicas::{Acked, Replicas};
 use super::scripts::{EPOCH_STRIDE, MAX_FLOOR};
 use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
 use crate::backend::engine::{InFlight, Store};
+use crate::backend::BackendFuture;
 use crate::backend::{Acquired, BreakScope, Broken, Capabilities, Inspection, LockRequest};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::Deadline;
 use crate::mode::Wait;
+use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// The longest a waiter sleeps without a release message before it looks
@@ -105,6 +107,7 @@ impl Store for RedisStore {
             server: self,
             layout,
             token,
+            hand_off: Mutex::new(None),
         };
         let lease = Lease::new(lock, request.lease, valid, releases);
         lease.keep_renewed();
@@ -227,6 +230,7 @@ impl Drop for Attempting<'_> {
                 layout
                     .release_until(|| inner.conn.get(), &token, Some(deadline))
                     .await
+                    .map(drop)
                     .map_err(|e| redis_error("releasing an abandoned attempt", e))
             },
             &releases,
@@ -235,11 +239,19 @@ impl Drop for Attempting<'_> {
     }
 }
 
+/// How long a hand-off to waiters elsewhere waits for their release before
+/// this process's next waiter asks anyway (a waiter that heard the release
+/// but did not come: gone, or given up).
+const HAND_OFF_GRACE: Duration = Duration::from_millis(5);
+
 /// A lock held in Redis: its keys and owner token.
 pub(super) struct RedisLock {
     server: Arc<RedisStore>,
     layout: Layout,
     token: String,
+    /// Left by an answered release that waiters in other processes heard:
+    /// the channel's next message ends the hand-off.
+    hand_off: Mutex<Option<Watch>>,
 }
 
 impl Protocol for RedisLock {
@@ -282,10 +294,19 @@ impl Protocol for RedisLock {
             .release_until(|| self.server.conn.get(), &self.token, None)
             .await
         {
-            Ok(()) => Released {
-                result: Ok(()),
-                again: false,
-            },
+            Ok(heard) => {
+                // This connection's own subscription, if it has one, is
+                // not a waiter elsewhere.
+                let channel = self.layout.channel();
+                if heard > u64::from(self.server.watches.subscribed(channel)) {
+                    let watch = self.server.watches.watch(&self.server.conn, channel).await;
+                    *lock(&self.hand_off) = Some(watch);
+                }
+                Released {
+                    result: Ok(()),
+                    again: false,
+                }
+            }
             Err(e) => Released {
                 // It may not have run: go on trying in the background.
                 again: uncertain(&e),
@@ -294,10 +315,26 @@ impl Protocol for RedisLock {
         }
     }
 
+    fn hand_off(&self) -> Option<BackendFuture<()>> {
+        let watch = lock(&self.hand_off).take()?;
+        // Armed now, before the other process can have released; this
+        // backend's own releases do not count.
+        let mut released = Box::pin(watch.others.clone().notified_owned());
+        released.as_mut().enable();
+        Some(BackendFuture::new(async move {
+            tokio::select! {
+                _ = released => {}
+                _ = tokio::time::sleep(HAND_OFF_GRACE) => {}
+            }
+            drop(watch);
+        }))
+    }
+
     async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {
         self.layout
             .release_until(|| self.server.conn.get(), &self.token, Some(deadline))
             .await
+            .map(drop)
             .map_err(|e| redis_error("releasing a lock", e))
     }
 }

@@ -116,9 +116,10 @@ impl Default for CohortOptions {
 /// is never handed on, nor one reported lost. Where the server does not
 /// queue waiters ([`Capabilities::fifo`] false: Redis), the next local
 /// waiter then waits for the release's answer before it asks for the lock
-/// again, which is when a waiter in another process, woken by the release,
-/// asks too: neither is ahead by construction. ZooKeeper's queue is fair on
-/// its own.
+/// again; and if the answer says waiters in other processes heard the
+/// release ([`LeaseHandle::hand_off`]), until the lock has been taken and
+/// released there too (or a short grace has passed), so that processes
+/// take turns rather than race. ZooKeeper's queue is fair on its own.
 ///
 /// The remote backends use it unless told not to (`cohort(CohortOptions::off())`
 /// in their options).
@@ -503,21 +504,37 @@ impl<B: Backend> CohortHold<B> {
 
     /// Holds `local` (a queue position) until `release` is answered, in a
     /// task [`Backend::flush`] waits for.
-    fn release_in_background(
-        &self,
-        release: BackendFuture<Result<(), LockError>>,
-        local: Option<Acquired>,
-    ) {
+    fn release_in_background(&self, handle: Arc<dyn LeaseHandle>, local: Option<Acquired>) {
+        let release = handle.clone().release();
         let Some(rt) = self.shared.in_flight.runtime() else {
             drop(release);
             return;
         };
+        let (shared, key) = (self.shared.clone(), self.remote.key.clone());
         self.shared.in_flight.spawn(&rt, async move {
             if let Err(e) = release.await {
                 tracing::warn!(error = %e, "lock release failed");
             }
+            if let Some(wait) = hand_off(&shared, &key, &*handle, &local) {
+                wait.await;
+            }
             drop(local);
         });
+    }
+
+    /// Gives up `local`, this holder's place in the local queue, once
+    /// [`hand_off`] allows.
+    fn hand_off(&self, handle: &dyn LeaseHandle, local: Option<Acquired>) {
+        let Some(wait) = hand_off(&self.shared, &self.remote.key, handle, &local) else {
+            return;
+        };
+        match self.shared.in_flight.runtime() {
+            Some(rt) => self.shared.in_flight.spawn(&rt, async move {
+                wait.await;
+                drop(local);
+            }),
+            None => drop(local),
+        }
     }
 }
 
@@ -530,7 +547,7 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
             }
             LetGo::Release(handle, after) => (handle, after),
         };
-        let mut release = handle.release();
+        let mut release = handle.clone().release();
         if let Some(result) = release.take_ready() {
             lock(&self.local).take();
             return BackendFuture::ready(result);
@@ -550,7 +567,10 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
                 }
                 After::Answered => {
                     let result = release.await;
-                    lock(&self.local).take();
+                    let local = lock(&self.local).take();
+                    // The holder's release is done; its place in the local
+                    // queue may be kept a while longer, in the background.
+                    self.hand_off(&*handle, local);
                     result
                 }
             }
@@ -572,12 +592,31 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
             return;
         }
         let local = lock(&self.local).take();
-        self.release_in_background(handle.release(), local);
+        self.release_in_background(handle, local);
     }
 
     fn valid_until(&self) -> Option<Instant> {
         lock(&self.remote.handle).as_ref()?.valid_until()
     }
+}
+
+/// What this process's next waiter for `key` waits for after a release
+/// (holding `local`, the releasing holder's place in the queue, keeps it
+/// waiting): nothing, unless waiters elsewhere heard the release
+/// ([`LeaseHandle::hand_off`]). They ask for the lock as the answer comes,
+/// and without a server queue the first to ask wins, which would nearly
+/// always be the next waiter here, already running; so it waits for the
+/// lock to come back instead, and processes take turns.
+fn hand_off<B: Backend>(
+    shared: &Shared<B>,
+    key: &LockKey,
+    handle: &dyn LeaseHandle,
+    local: &Option<Acquired>,
+) -> Option<BackendFuture<()>> {
+    if local.is_none() || shared.local.next_in_line(key).is_none() {
+        return None;
+    }
+    handle.hand_off()
 }
 
 /// One poll, which puts a release on the wire.
