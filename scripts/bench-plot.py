@@ -235,7 +235,34 @@ def panels(lines):
             Bar("floor: the least a lock layer does", values(floor, "rps_locked"), FLOOR,
                 note=ratio_note(floor)),
         ], note=note))
+    out.append(remote_http(lines))
     return [p for p in out if p.bars]
+
+
+def remote_http(lines):
+    """Each remote backend's `http` route beside its raw floor (`rps_floor`)."""
+    remote = [l for l in lines if l.get("impl") == "tower-lock" and l.get("workload") == "http"
+              and "rps_floor" in l]
+    groups = {}
+    for l in remote:
+        label = benchdocs.BACKENDS.get(l["backend"], l["backend"])
+        if l.get("mode") == "lease-table":
+            label += " lease table"
+        if l.get("via"):
+            label += " via pooler"
+        if l.get("servers"):
+            label += f" ({l['servers']} servers)"
+        groups.setdefault(label, []).append(l)
+    bars = []
+    for label, rows in groups.items():
+        ratios = values(rows, "ratio_floor")
+        bars.append(Bar(f"{label}: tower-lock", values(rows, "rps_locked"), OURS,
+                        note=f"{statistics.median(ratios):.2f} × floor" if ratios else ""))
+        bars.append(Bar(f"{label}: floor", values(rows, "rps_floor"), FLOOR))
+    return Panel("Remote backends: POST /orders/{sku} on distinct keys, 32 connections",
+                 "req/s", "higher", bars,
+                 note="floor: the same route locking with the fewest raw commands "
+                      "that give the same guarantee (bench/src/raw_locks.rs)")
 
 
 def ratio_note(lines):

@@ -164,6 +164,10 @@ def bench_table(path):
                 refused = spread([float(r["refused_p99_ms"]) for r in rows])[0]
                 per_s = spread([float(r["refused_per_s"]) for r in rows])[0]
                 note += f"; {per_s} refused/s, answered in {refused} ms p99"
+            if "rps_floor" in rows[0]:
+                floor = spread([float(r["rps_floor"]) for r in rows])[0]
+                share = spread([float(r["ratio_floor"]) for r in rows], lambda x: f"{x:.3f}")[0]
+                note += f"; raw lock commands {floor} req/s, locked {share} × that"
             if "per_process" in rows[0]:
                 note += "; per process " + " / ".join(r["per_process"].replace(",", ", ") for r in rows)
             out.append(f"| {w} | {name} | {len(rows)} | {med} {unit} | {rng} | {note} |")
