@@ -403,6 +403,11 @@ async fn connections_are_bounded_and_given_back() {
     assert!(asked.elapsed() >= waited, "refused before the wait ran out");
     assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
     assert!(e.to_string().contains("max_connections"), "{e}");
+    // A lock that fails fast does not wait for a connection either.
+    let asked = Instant::now();
+    let e = db.lock(keys[2].as_str()).fail_fast().await.unwrap_err();
+    assert!(asked.elapsed() < waited, "waited {:?}", asked.elapsed());
+    assert!(e.to_string().contains("max_connections"), "{e}");
     a.release().await.unwrap();
     let c = db.lock(keys[2].as_str()).await.unwrap();
     assert_eq!(db.connections(), 2);

@@ -52,7 +52,7 @@ impl MysqlStore {
         self: Arc<Self>,
         key: LockKey,
     ) -> Result<Inspection, LockError> {
-        let session = self.session().await?;
+        let session = self.session(true).await?;
         let holder: Result<Option<HolderRow>, _> = {
             let mut conn = session.conn.lock().await;
             let k = key.as_str();
@@ -82,7 +82,7 @@ impl MysqlStore {
         key: LockKey,
         scope: BreakScope,
     ) -> Result<Broken, LockError> {
-        let session = self.session().await?;
+        let session = self.session(true).await?;
         let outcome: Result<Result<Broken, LockError>, mysql_async::Error> = async {
             let mut conn = session.conn.lock().await;
             let k = key.as_str();
@@ -146,7 +146,7 @@ impl MysqlStore {
         self: Arc<Self>,
         prefix: String,
     ) -> Result<Vec<LockKey>, LockError> {
-        let session = self.session().await?;
+        let session = self.session(true).await?;
         let names: Result<Vec<Option<Vec<u8>>>, _> = {
             let mut conn = session.conn.lock().await;
             conn.query(

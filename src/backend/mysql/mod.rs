@@ -342,7 +342,7 @@ impl MysqlBackend {
             connections: super::sql::Connections::new(options.max_connections),
             releases: Arc::default(),
         };
-        let first = store.session().await?;
+        let first = store.session(true).await?;
         store.give_back(first);
         Ok(RemoteBackend::new(store, options.cohort))
     }
@@ -372,7 +372,7 @@ impl Store for MysqlStore {
             Wait::Timeout(d) => d.as_secs_f64().min(FOREVER_SECS),
             Wait::Forever => FOREVER_SECS,
         };
-        let session = self.session().await?;
+        let session = self.session(request.wait != Wait::FailFast).await?;
         session.alive.quarantine().await;
         let sent = Instant::now();
         let n = {

@@ -85,8 +85,9 @@ impl MysqlStore {
     /// `max_connections`. With every connection taken, it waits for one to
     /// close or go back idle, up to the connect timeout (as a pool does):
     /// a burst of requests a little over the limit waits a moment rather
-    /// than failing.
-    pub(super) async fn session(&self) -> Result<Arc<Session>, LockError> {
+    /// than failing. Without `wait` (a lock that fails fast), it fails at
+    /// once.
+    pub(super) async fn session(&self, wait: bool) -> Result<Arc<Session>, LockError> {
         let give_up = tokio::time::Instant::now() + self.connect_timeout;
         loop {
             let room = self.connections.room();
@@ -103,22 +104,19 @@ impl MysqlStore {
                     .connections
                     .take("mysql", "MysqlOptions::max_connections", &self.target)
                 {
-                    Ok(slot) => return self.open_within(slot, give_up).await,
+                    Ok(slot) => return self.open(slot).await,
                     Err(full) => full,
                 };
-            if tokio::time::timeout_at(give_up, room).await.is_err() {
+            if !wait || tokio::time::timeout_at(give_up, room).await.is_err() {
                 return Err(full);
             }
         }
     }
 
-    /// Opens a connection in the place `slot` holds, by `give_up`.
-    async fn open_within(
-        &self,
-        slot: Slot,
-        give_up: tokio::time::Instant,
-    ) -> Result<Arc<Session>, LockError> {
-        match tokio::time::timeout_at(give_up, self.connect(slot)).await {
+    /// Opens a connection in the place `slot` holds, within the connect
+    /// timeout (its own: not what waiting for the place left of it).
+    async fn open(&self, slot: Slot) -> Result<Arc<Session>, LockError> {
+        match tokio::time::timeout(self.connect_timeout, self.connect(slot)).await {
             Ok(Ok(session)) => {
                 let session = Arc::new(session);
                 tokio::spawn(keep_alive(

@@ -62,14 +62,16 @@
 //! local waiter wants it. [`RedisOptions::cohort`] changes the bound or turns
 //! it off.
 //!
-//! Redis has no queue, only the release message, so a process that gives the
-//! lock back with waiters of its own still queued lets them ask again only
-//! once Redis has answered the release, which is when a waiter elsewhere
-//! hears the message: neither is ahead by construction (measured: two
-//! processes of four workers each get within 25% of each other's share).
-//! Within a process waiters are served in order; between processes, turn by
-//! turn of at most one bound each, but not in arrival order (use ZooKeeper
-//! for that).
+//! Redis has no queue, only the release message, and the first to ask after
+//! a release wins: a process that gives the lock back with waiters of its
+//! own still queued would win nearly every time. So when the release script
+//! says subscribers elsewhere heard the message, the next waiter here waits
+//! until another process's release is heard (or 5 ms, after which hand-offs
+//! on that key pause until one is): processes take turns (measured: two
+//! processes of four workers each, equal shares within 1%). Within a
+//! process waiters are served in order; between processes, turn by turn of
+//! at most one bound each, but not in arrival order (use ZooKeeper for
+//! that).
 //!
 //! # Leases and loss
 //!

@@ -6,10 +6,23 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::{PushInfo, PushKind, Value};
+use std::pin::Pin;
+
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 
 use super::connection::{Connection, Link};
 use crate::sync::lock;
+
+/// What a hand-off waits on ([`Watches::hand_off_wait`]).
+pub(super) enum HandOffWait {
+    /// Hand-offs on the channel are off.
+    Off,
+    /// Not subscribed: subscribe ([`Watches::watch`]) and ask again.
+    Unsubscribed,
+    /// Ends at the next release by another backend.
+    Armed(Pin<Box<OwnedNotified>>),
+}
 
 /// Idle subscriptions are dropped after this long.
 const SUBSCRIPTION_LINGER: Duration = Duration::from_secs(10);
@@ -29,6 +42,10 @@ struct Channel {
     notify: Arc<Notify>,
     /// Told of releases by other backends (other processes) only.
     others: Arc<Notify>,
+    /// Whether a release heard by other subscribers is handed off to them
+    /// (see [`Watches::hand_off_wait`]): off once a hand-off went
+    /// unanswered, on again when another backend's release is heard.
+    hand_offs: bool,
     users: usize,
     subscribed: bool,
     idle_since: Option<tokio::time::Instant>,
@@ -48,18 +65,22 @@ impl Watches {
         match info.kind {
             // `SMessage`: a sharded channel's, on a cluster.
             PushKind::Message | PushKind::SMessage => {
-                if let Some(Value::BulkString(channel)) = info.data.first() {
-                    let channels = lock(&self.channels);
-                    if let Some(c) = std::str::from_utf8(channel)
-                        .ok()
-                        .and_then(|c| channels.get(c))
-                    {
-                        c.notify.notify_waiters();
-                        let ours = matches!(info.data.get(1),
-                            Some(Value::BulkString(m)) if m.starts_with(self.own.as_bytes()));
-                        if !ours {
-                            c.others.notify_waiters();
-                        }
+                let (Some(Value::BulkString(channel)), message) =
+                    (info.data.first(), info.data.get(1))
+                else {
+                    return;
+                };
+                let mut channels = lock(&self.channels);
+                if let Some(c) = std::str::from_utf8(channel)
+                    .ok()
+                    .and_then(|c| channels.get_mut(c))
+                {
+                    c.notify.notify_waiters();
+                    let ours = matches!(message,
+                        Some(Value::BulkString(m)) if m.starts_with(self.own.as_bytes()));
+                    if !ours {
+                        c.others.notify_waiters();
+                        c.hand_offs = true;
                     }
                 }
             }
@@ -111,6 +132,33 @@ impl Watches {
             .is_some_and(|c| c.subscribed)
     }
 
+    /// For a release of this backend's that other subscribers of `channel`
+    /// heard: a wait, armed now, for another backend's next release there,
+    /// if this connection is subscribed to hear it and hand-offs on the
+    /// channel are on. A subscriber elsewhere may be no waiter (a
+    /// subscription lingers after its wait): [`Watches::unanswered`] turns
+    /// hand-offs off until another backend's release is heard.
+    pub(super) fn hand_off_wait(&self, channel: &str) -> HandOffWait {
+        let channels = lock(&self.channels);
+        match channels.get(channel) {
+            Some(c) if !c.hand_offs => HandOffWait::Off,
+            Some(c) if c.subscribed => {
+                let mut released = Box::pin(c.others.clone().notified_owned());
+                released.as_mut().enable();
+                HandOffWait::Armed(released)
+            }
+            _ => HandOffWait::Unsubscribed,
+        }
+    }
+
+    /// A hand-off on `channel` went unanswered: no more until another
+    /// backend's release is heard there.
+    pub(super) fn unanswered(&self, channel: &str) {
+        if let Some(c) = lock(&self.channels).get_mut(channel) {
+            c.hand_offs = false;
+        }
+    }
+
     /// Registers interest in `channel`, subscribing on `conn` if nobody
     /// else is.
     pub(super) async fn watch(self: &Arc<Self>, conn: &Connection, channel: &str) -> Watch {
@@ -121,20 +169,19 @@ impl Watches {
                 .or_insert_with(|| Channel {
                     notify: Arc::new(Notify::new()),
                     others: Arc::new(Notify::new()),
+                    hand_offs: true,
                     users: 0,
                     subscribed: false,
                     idle_since: None,
                 });
             c.users += 1;
             c.idle_since = None;
-            (c.notify.clone(), c.others.clone())
+            c.notify.clone()
         };
-        let (notify, others) = notify;
         let watch = Watch {
             watches: self.clone(),
             channel: channel.to_owned(),
             notify,
-            others,
         };
         watch.subscribe(conn).await;
         watch
@@ -222,10 +269,7 @@ pub(super) async fn sweep_subscriptions(watches: Weak<Watches>, conn: Weak<Conne
 pub(super) struct Watch {
     watches: Arc<Watches>,
     channel: String,
-    /// Told of every release on the channel.
     pub(super) notify: Arc<Notify>,
-    /// Told of releases by other backends only.
-    pub(super) others: Arc<Notify>,
 }
 
 impl Drop for Watch {

@@ -2,27 +2,28 @@
 //! release of one lock. [`RemoteBackend`](crate::backend::RemoteBackend)
 //! puts the engine in front.
 
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
 use super::connection::Connection;
 use super::layout::{redis_error, uncertain, Attempt, Floor, Layout, Tokens};
-use super::pubsub::{Watch, Watches};
+use super::pubsub::{HandOffWait, Watches};
 use super::replicas::{Acked, Replicas};
 use super::scripts::{EPOCH_STRIDE, MAX_FLOOR};
 use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
 use crate::backend::engine::{InFlight, Store};
-use crate::backend::BackendFuture;
-use crate::backend::{Acquired, BreakScope, Broken, Capabilities, Inspection, LockRequest};
+use crate::backend::{
+    Acquired, BackendFuture, BreakScope, Broken, Capabilities, Inspection, LockRequest,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lost::Deadline;
 use crate::mode::Wait;
-use crate::sync::lock;
 use crate::token::FencingToken;
 
 /// The longest a waiter sleeps without a release message before it looks
@@ -107,7 +108,7 @@ impl Store for RedisStore {
             server: self,
             layout,
             token,
-            hand_off: Mutex::new(None),
+            heard_elsewhere: AtomicBool::new(false),
         };
         let lease = Lease::new(lock, request.lease, valid, releases);
         lease.keep_renewed();
@@ -249,9 +250,8 @@ pub(super) struct RedisLock {
     server: Arc<RedisStore>,
     layout: Layout,
     token: String,
-    /// Left by an answered release that waiters in other processes heard:
-    /// the channel's next message ends the hand-off.
-    hand_off: Mutex<Option<Watch>>,
+    /// Set by an answered release that subscribers elsewhere heard.
+    heard_elsewhere: AtomicBool,
 }
 
 impl Protocol for RedisLock {
@@ -297,11 +297,9 @@ impl Protocol for RedisLock {
             Ok(heard) => {
                 // This connection's own subscription, if it has one, is
                 // not a waiter elsewhere.
-                let channel = self.layout.channel();
-                if heard > u64::from(self.server.watches.subscribed(channel)) {
-                    let watch = self.server.watches.watch(&self.server.conn, channel).await;
-                    *lock(&self.hand_off) = Some(watch);
-                }
+                let own = self.server.watches.subscribed(self.layout.channel());
+                self.heard_elsewhere
+                    .store(heard > u64::from(own), Ordering::Relaxed);
                 Released {
                     result: Ok(()),
                     again: false,
@@ -316,16 +314,41 @@ impl Protocol for RedisLock {
     }
 
     fn hand_off(&self) -> Option<BackendFuture<()>> {
-        let watch = lock(&self.hand_off).take()?;
-        // Armed now, before the other process can have released; this
-        // backend's own releases do not count.
-        let mut released = Box::pin(watch.others.clone().notified_owned());
-        released.as_mut().enable();
+        if !self.heard_elsewhere.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let (server, channel) = (self.server.clone(), self.layout.channel().to_owned());
+        // Armed now if subscribed, before the other process can have
+        // released; this backend's own releases do not count.
+        let armed = match server.watches.hand_off_wait(&channel) {
+            HandOffWait::Off => return None,
+            HandOffWait::Armed(released) => Some(released),
+            HandOffWait::Unsubscribed => None,
+        };
         Some(BackendFuture::new(async move {
+            let (released, watch) = match armed {
+                Some(released) => (released, None),
+                // Subscribed first (a round trip, off the release's path);
+                // a release heard meanwhile is missed, so the grace ending
+                // this wait says nothing of the listeners.
+                None => {
+                    let watch = server.watches.watch(&server.conn, &channel).await;
+                    match server.watches.hand_off_wait(&channel) {
+                        HandOffWait::Armed(released) => (released, Some(watch)),
+                        _ => return,
+                    }
+                }
+            };
+            let subscribed_before = watch.is_none();
             tokio::select! {
                 _ = released => {}
-                _ = tokio::time::sleep(HAND_OFF_GRACE) => {}
+                _ = tokio::time::sleep(HAND_OFF_GRACE) => {
+                    if subscribed_before {
+                        server.watches.unanswered(&channel);
+                    }
+                }
             }
+            // Subscribed for this wait: the subscription may linger now.
             drop(watch);
         }))
     }
