@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use crate::backend::engine::lease::{drift, known_until};
 use crate::error::LockError;
 use crate::lost::Deadline;
+use crate::token::FencingToken;
 
 /// How long a database connection, and every lock that lives with it, is
 /// known alive; and the server's uptime it learnt when it connected.
@@ -147,6 +148,13 @@ impl Drop for Slot {
         self.open.fetch_sub(1, Ordering::AcqRel);
         self.freed.notify_waiters();
     }
+}
+
+/// The token of a grant (or floor) that drew `value` from a store's token
+/// sequence, `spacing` tokens apart: the tokens between two values serve
+/// the holders a cohort passes the grant to.
+pub(crate) fn spaced_token(value: i64, spacing: u32) -> FencingToken {
+    FencingToken::new((value.max(0) as u64).saturating_mul(u64::from(spacing)))
 }
 
 /// Checks a table or sequence name given in the options, which goes into

@@ -100,23 +100,7 @@ async fn a_release_wakes_the_waiter_long_before_the_lease_ends() {
         tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(10)).await })
     };
     // The waiter listens on the key's release channel rather than polling.
-    let url = redis_url();
-    let channel = format!("{}{{k}}:rel", prefix("wake"));
-    let mut subscribed = 0;
-    for _ in 0..100 {
-        let (_, n): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut raw(&url).await)
-            .await
-            .unwrap();
-        subscribed = n;
-        if n > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(subscribed, 1, "the waiter did not subscribe to {channel}");
+    subscribers(&format!("{}{{k}}:rel", prefix("wake")), 1).await;
     holder.release().await.unwrap();
     let g = waiter
         .await
@@ -535,7 +519,8 @@ async fn a_fencing_counter_ahead_of_the_clock_reserves_one_token_a_grant() {
     let _: () = conn.del(&fence).await.unwrap();
 }
 
-/// The subscribers of `channel`, once there are `n` (within two seconds).
+/// Waits until `channel` has `n` subscribers; fails the test if it has not
+/// within two seconds.
 async fn subscribers(channel: &str, n: i64) {
     let url = redis_url();
     for _ in 0..100 {

@@ -579,10 +579,9 @@ impl Protocol for MysqlLock {
 }
 
 /// The token of a grant (or floor) that drew `value` from the token
-/// sequence: the tokens between two values serve the holders a cohort
-/// passes the grant to.
+/// sequence ([`spaced_token`](super::sql::spaced_token)).
 pub(super) fn token_of(value: i64) -> FencingToken {
-    FencingToken::new((value.max(0) as u64).saturating_mul(u64::from(MysqlBackend::TOKEN_SPACING)))
+    super::sql::spaced_token(value, MysqlBackend::TOKEN_SPACING)
 }
 
 fn parse_url(url: &str) -> Result<Opts, LockError> {

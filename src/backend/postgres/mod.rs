@@ -519,12 +519,9 @@ fn split_url(url: &str) -> (String, Option<String>, Option<String>) {
 }
 
 /// The token of a grant (or floor) that drew `value` from the token
-/// sequence: the tokens between two values serve the holders a cohort
-/// passes the grant to.
+/// sequence ([`spaced_token`](super::sql::spaced_token)).
 fn token_of(value: i64) -> FencingToken {
-    FencingToken::new(
-        (value.max(0) as u64).saturating_mul(u64::from(PostgresBackend::TOKEN_SPACING)),
-    )
+    super::sql::spaced_token(value, PostgresBackend::TOKEN_SPACING)
 }
 
 /// `host:port/database`, for messages: never the password.

@@ -296,10 +296,11 @@ impl Protocol for RedisLock {
         {
             Ok(heard) => {
                 // This connection's own subscription, if it has one, is
-                // not a waiter elsewhere.
-                let own = self.server.watches.subscribed(self.layout.channel());
-                self.heard_elsewhere
-                    .store(heard > u64::from(own), Ordering::Relaxed);
+                // not a waiter elsewhere (looked up only when someone
+                // heard: most releases are heard by no one).
+                let elsewhere = heard > 0
+                    && heard > u64::from(self.server.watches.subscribed(self.layout.channel()));
+                self.heard_elsewhere.store(elsewhere, Ordering::Relaxed);
                 Released {
                     result: Ok(()),
                     again: false,
