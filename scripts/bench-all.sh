@@ -27,6 +27,11 @@ zk="zk://$TOWER_LOCK_ZK_ADDR"
 contended=(--workload contended --secs "$secs" --workers 8)
 # The flash sale the admission-control issue names: 20 s whatever SECS.
 flash_sale=(--workload flash-sale --secs 20 --conns 256 --hold-us 5000 --wait-ms 2000)
+# Eight independent clients on one key (bench/README.md): this library as
+# `--processes 8`, a peer through peers/processes.py.
+replicas=(--workload contended --secs "$secs" --workers 1)
+eight() { run "$bench" --backend "$1" "${replicas[@]}" --processes 8 "${@:2}"; }
+peer8() { run /usr/bin/python3 bench/peers/processes.py 8 "$@" "${replicas[@]}"; }
 
 run() { "$@" || die "failed: $*"; }
 
@@ -56,6 +61,11 @@ run "$bench" --backend "$redis" "${contended[@]}" --no-lock
 run "$rslock" --backend "$redis" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis" "${contended[@]}" --no-lock
 run "$bench" --backend "$redis" --workload contended --secs "$secs" --workers 4 --processes 2
+eight "$redis"
+peer8 "$rslock" --backend "$redis"
+peer8 /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis"
+eight "$redis" --no-lock
+peer8 "$rslock" --backend "$redis" --no-lock
 run "$bench" --backend "$redis" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$redis" --workload http --secs "$secs" --conns 32
 # One hot key, without and with admission control (bench/README.md).
@@ -106,6 +116,8 @@ done
 run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" "${contended[@]}"
 run "$rslock" --backend "$TOWER_LOCK_REDLOCK_URL" "${contended[@]}"
 run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload contended --secs "$secs" --workers 4 --processes 2
+eight "$TOWER_LOCK_REDLOCK_URL"
+peer8 "$rslock" --backend "$TOWER_LOCK_REDLOCK_URL"
 run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload http --secs "$secs" --conns 32
 
@@ -126,6 +138,10 @@ run "$bench" --backend "$zk" "${contended[@]}" --no-lock
 run bench/peers/curator/run --backend "$zk" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk" "${contended[@]}" --no-lock
 run "$bench" --backend "$zk" --workload contended --secs "$secs" --workers 4 --processes 2
+eight "$zk"
+peer8 bench/peers/curator/run --backend "$zk"
+peer8 /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk"
+peer8 /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk" --no-lock
 run "$bench" --backend "$zk" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$zk" --workload http --secs "$secs" --conns 32
 
@@ -163,6 +179,9 @@ done
 run "$bench" --backend "$pg" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg" "${contended[@]}" --no-lock
 run "$bench" --backend "$pg" --workload contended --secs "$secs" --workers 4 --processes 2
+eight "$pg"
+peer8 /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg"
+peer8 /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg" --no-lock
 run "$bench" --backend "$pg" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$pg" --workload http --secs "$secs" --conns 32
 
@@ -184,6 +203,8 @@ done
 run "$bench" --backend "$pgt" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt" "${contended[@]}" --no-lock
 run "$bench" --backend "$pgt" --workload contended --secs "$secs" --workers 4 --processes 2
+eight "$pgt"
+peer8 /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt"
 run "$bench" --backend "$pgt" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$pgt" --workload http --secs "$secs" --conns 32
 # Through PgBouncer: its lines and its floor's carry via=pooler.
@@ -210,6 +231,9 @@ done
 run "$bench" --backend "$my" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" "${contended[@]}" --no-lock
 run "$bench" --backend "$my" --workload contended --secs "$secs" --workers 4 --processes 2
+eight "$my"
+peer8 /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my"
+peer8 /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" --no-lock
 run "$bench" --backend "$my" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$my" --workload http --secs "$secs" --conns 32
 
@@ -230,6 +254,9 @@ done
 run "$bench" --backend "$etcd" "${contended[@]}" --no-lock
 run bench/peers/etcd_go/run --backend "$etcd" "${contended[@]}" --no-lock
 run "$bench" --backend "$etcd" --workload contended --secs "$secs" --workers 4 --processes 2
+eight "$etcd"
+peer8 bench/peers/etcd_go/run --backend "$etcd"
+peer8 bench/peers/etcd_go/run --backend "$etcd" --no-lock
 run "$bench" --backend "$etcd" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$etcd" --workload http --secs "$secs" --conns 32
 # The same on a three-member cluster, the client balanced over all three.

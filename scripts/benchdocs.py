@@ -91,7 +91,8 @@ def group_name(line):
 def workload(line):
     w = line["workload"]
     if w == "contended" and "processes" in line:
-        return f"contended, {line['processes']} processes × {line['workers']} workers"
+        workers = "1 worker" if line["workers"] == "1" else f"{line['workers']} workers"
+        return f"contended, {line['processes']} processes × {workers}"
     if w == "contended":
         return f"contended, {line['workers']} workers"
     if w == "keys":
@@ -219,6 +220,36 @@ def bench_summary(path):
     return out
 
 
+def bench_replicas(path):
+    """Per backend: eight independent clients on one key, this library
+    beside each peer, and how evenly the processes were served."""
+    out = [
+        "| backend | tower-lock | fewest ÷ most per process | peer | peer's fewest ÷ most | tower-lock ÷ peer |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def evenness(line):
+        counts = [int(c) for c in line["per_process"].split(",")]
+        return f"{min(counts) / max(counts):.2f}" if max(counts) else "0"
+
+    for g, rows in grouped(result_lines(path), group_name).items():
+        eight = [r for r in rows if r["workload"] == "contended" and r.get("processes") == "8"
+                 and r.get("workers") == "1" and not r["impl"].startswith("no-lock")]
+        ours = [r for r in eight if r["impl"] == "tower-lock"]
+        if not ours:
+            continue
+        mine = float(ours[0]["cycles_per_s"])
+        others = [r for r in eight if r["impl"] != "tower-lock"] or [None]
+        for peer in others:
+            theirs = float(peer["cycles_per_s"]) if peer else None
+            out.append(
+                f"| {g} | {number(mine)} cycles/s | {evenness(ours[0])} "
+                + (f"| `{peer['impl']}` {number(theirs)} cycles/s | {evenness(peer)} | {ratio(mine, theirs)} |"
+                   if peer else "| | | |")
+            )
+    return out
+
+
 def redis_benchmark_p50(path):
     """p50 of redis-benchmark's PING lines (CSV, ms in the fifth column), in µs."""
     out = []
@@ -343,6 +374,7 @@ GENERATORS = {
     "bench-tables": bench_table,
     "instruction-counts": instructions_table,
     "torture-table": torture_table,
+    "bench-replicas": bench_replicas,
 }
 
 

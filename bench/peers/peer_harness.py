@@ -14,8 +14,15 @@ whole run. Uncontended times N acquire+release after 50 untimed ones.
 
 `--no-lock` is the negative control: the same loop without the lock. It must
 report overlaps>0, which proves the check can fail.
+
+`--section-log FILE` makes the process one of several on the same key, run by
+bench/peers/processes.py: each holder also appends `E <pid> <unix_ns>` to FILE
+once it holds the lock and `L <pid> <unix_ns>` before it releases, in one
+write each (O_APPEND), so that the runner sees overlaps between processes and
+counts every process's cycles over the same span of time.
 """
 import argparse
+import os
 import threading
 import time
 
@@ -48,9 +55,15 @@ def uncontended(lock, n):
     return f"n={n} p50_us={us(pct(samples, 0.5))} p99_us={us(pct(samples, 0.99))}"
 
 
-def contended(worker_locks, workers, secs, hold_us, use_lock):
+def contended(worker_locks, workers, secs, hold_us, use_lock, section_log=None):
     """worker_locks() is called in each worker thread and returns a function
-    that makes a fresh lock for one cycle."""
+    that makes a fresh lock for one cycle; section_log, a file descriptor
+    opened for appending, or None."""
+    pid = os.getpid()
+
+    def log(what):
+        if section_log is not None:
+            os.write(section_log, f"{what} {pid} {time.time_ns()}\n".encode())
     stop = threading.Event()
     counting = threading.Event()
     # The ids of the threads inside the critical section. set.add, set.discard
@@ -73,11 +86,13 @@ def contended(worker_locks, workers, secs, hold_us, use_lock):
             if use_lock:
                 lock.acquire()
             waited = time.perf_counter() - t
+            log("E")
             inside.add(me)
             if len(inside) > 1:
                 overlaps.append(me)
             time.sleep(hold)
             inside.discard(me)
+            log("L")
             if use_lock:
                 lock.release()
             if counted:
@@ -123,16 +138,18 @@ def run(impl, backend, default_n, connect, uncontended_lock, worker_locks, close
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--hold-us", type=int, default=0)
     p.add_argument("--no-lock", action="store_true")
+    p.add_argument("--section-log", help="one of several processes: see processes.py")
     a = p.parse_args()
     if a.hold_us < 0:
         p.error("--hold-us must be at least 0")
-    if a.no_lock and a.workload != "contended":
-        p.error("--no-lock applies to the contended workload")
+    if (a.no_lock or a.section_log) and a.workload != "contended":
+        p.error("--no-lock and --section-log apply to the contended workload")
     shared = connect(a.backend)
     if a.workload == "uncontended":
         line = uncontended(uncontended_lock(shared), a.n)
     else:
-        line = contended(lambda: worker_locks(shared), a.workers, a.secs, a.hold_us, not a.no_lock)
+        log = os.open(a.section_log, os.O_WRONLY | os.O_APPEND) if a.section_log else None
+        line = contended(lambda: worker_locks(shared), a.workers, a.secs, a.hold_us, not a.no_lock, log)
     close(shared)
     name = f"no-lock-{impl}" if a.no_lock else impl
     # An ensemble or cluster says so, as the bench program's lines do.

@@ -12,6 +12,7 @@ owner, expires_at)`: acquire is one `INSERT ... ON CONFLICT (key) DO UPDATE
 while it returns nothing (a table has no way to wait); release deletes the
 row by owner. One connection per worker thread.
 """
+import sys
 import time
 import uuid
 
@@ -60,7 +61,11 @@ def connect(url):
 
 def setup(url):
     conn = connect(url)
-    conn.cursor().execute(
+    cur = conn.cursor()
+    # Processes of a group (processes.py) start together; two concurrent
+    # CREATE TABLE IF NOT EXISTS can still collide in the catalog.
+    cur.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (TABLE,))
+    cur.execute(
         f"CREATE TABLE IF NOT EXISTS {TABLE} "
         "(key text PRIMARY KEY, owner text NOT NULL, expires_at timestamptz NOT NULL)"
     )
@@ -69,6 +74,10 @@ def setup(url):
 
 
 def close(url):
+    # One process of a group leaves the table to the others still running;
+    # every release has deleted its row.
+    if "--section-log" in sys.argv:
+        return
     conn = connect(url)
     conn.cursor().execute(f"DROP TABLE IF EXISTS {TABLE}")
     conn.close()

@@ -51,13 +51,38 @@ pub(super) async fn floor(backend: &str, n: usize) -> ExitCode {
     let ephemeral =
         zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
     let path = format!("/bench-floor-{}", std::process::id());
+    // An ensemble's server may drop the connection (the client reconnects
+    // within the session): the request lost is sent again, its sample kept
+    // (it shows at p99) and the losses counted on the line.
+    let losses = std::cell::Cell::new(0u64);
+    let lost = |e: zookeeper_client::Error| {
+        if !matches!(e, zookeeper_client::Error::ConnectionLoss) {
+            panic!("zookeeper floor: {e}");
+        }
+        losses.set(losses.get() + 1);
+    };
     let samples = timed(n, || async {
-        zk.create(&path, &[], &ephemeral).await.expect("create");
-        zk.delete(&path, None).await.expect("delete");
+        loop {
+            match zk.create(&path, &[], &ephemeral).await {
+                // NodeExists: made by a create whose answer was lost.
+                Ok(_) | Err(zookeeper_client::Error::NodeExists) => break,
+                Err(e) => lost(e),
+            }
+        }
+        loop {
+            match zk.delete(&path, None).await {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => break,
+                Err(e) => lost(e),
+            }
+        }
     })
     .await;
+    let losses = match losses.get() {
+        0 => String::new(),
+        n => format!(" connection_losses={n}"),
+    };
     println!(
-        "impl=raw-create-delete backend=zookeeper workload=uncontended{} {}",
+        "impl=raw-create-delete backend=zookeeper workload=uncontended{} {}{losses}",
         servers_setting(backend),
         latencies(n, samples)
     );

@@ -61,8 +61,18 @@ return 0";
 /// The lease table's connections, as many as the library's.
 const TABLE_CONNECTIONS: usize = 4;
 
-/// The token sequence the SQL floors draw from.
+/// The token sequence the SQL floors draw from (named in the statements
+/// below too).
 const SEQUENCE: &str = "bench_floor_tokens";
+
+const TABLE_ACQUIRE: &str = "INSERT INTO bench_floor_leases \
+     VALUES ($1, nextval('bench_floor_tokens'), now() + $2::bigint * interval '1 millisecond') \
+     ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires = EXCLUDED.expires \
+     WHERE bench_floor_leases.expires < now() RETURNING token";
+
+const TABLE_RELEASE: &str = "DELETE FROM bench_floor_leases WHERE key = $1 AND token = $2";
+
+const MYSQL_ACQUIRE: &str = "SELECT GET_LOCK(?, 0), NEXTVAL(bench_floor_tokens)";
 
 /// A connection, or connections, to the backend's servers, and how to
 /// lock a key through them.
@@ -81,9 +91,7 @@ pub(super) enum RawLock {
     PostgresTable {
         /// Each statement commits on its own; spread over several
         /// connections, commits share the server's WAL flushes.
-        clients: Vec<tokio_postgres::Client>,
-        /// Unnamed statements behind a pooler, as the library's.
-        pooled: bool,
+        clients: Vec<TableClient>,
     },
     Mysql(MysqlPool),
     Etcd {
@@ -92,6 +100,14 @@ pub(super) enum RawLock {
         /// Keeps the session lease alive while the floor runs.
         _keeper: tokio::task::JoinHandle<()>,
     },
+}
+
+/// A lease-table connection and its two statements, prepared once as the
+/// library's are; `None` behind a pooler, where the library sends unnamed
+/// statements (`query_typed`: one round trip, no prepare) and so does this.
+pub(super) struct TableClient {
+    client: tokio_postgres::Client,
+    prepared: Option<(tokio_postgres::Statement, tokio_postgres::Statement)>,
 }
 
 /// MariaDB connections, each used by one lock at a time and kept for the
@@ -209,19 +225,31 @@ impl RawLock {
                         )
                         .await
                         .map_err(pg)?;
-                    let mut clients = vec![client];
+                    let pooled = super::behind_pooler();
+                    let mut clients = Vec::new();
+                    let mut next = Some(client);
                     while clients.len() < TABLE_CONNECTIONS {
-                        let (client, connection) =
-                            tokio_postgres::connect(&plain, tokio_postgres::NoTls)
-                                .await
-                                .map_err(pg)?;
-                        tokio::spawn(connection);
-                        clients.push(client);
+                        let client = match next.take() {
+                            Some(client) => client,
+                            None => {
+                                let (client, connection) =
+                                    tokio_postgres::connect(&plain, tokio_postgres::NoTls)
+                                        .await
+                                        .map_err(pg)?;
+                                tokio::spawn(connection);
+                                client
+                            }
+                        };
+                        let prepared = match pooled {
+                            true => None,
+                            false => Some((
+                                client.prepare(TABLE_ACQUIRE).await.map_err(pg)?,
+                                client.prepare(TABLE_RELEASE).await.map_err(pg)?,
+                            )),
+                        };
+                        clients.push(TableClient { client, prepared });
                     }
-                    RawLock::PostgresTable {
-                        clients,
-                        pooled: super::behind_pooler(),
-                    }
+                    RawLock::PostgresTable { clients }
                 } else {
                     let lock = client
                         .prepare(&format!(
@@ -341,20 +369,15 @@ impl RawLock {
                     false => Err("taken".into()),
                 }
             }
-            RawLock::PostgresTable { clients, pooled } => {
-                let client = table_client(clients, key);
-                let sql = format!(
-                    "INSERT INTO bench_floor_leases VALUES ($1, nextval('{SEQUENCE}'), now() + $2::bigint * interval '1 millisecond') \
-                     ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires = EXCLUDED.expires \
-                     WHERE bench_floor_leases.expires < now() RETURNING token"
-                );
+            RawLock::PostgresTable { clients } => {
+                let TableClient { client, prepared } = table_client(clients, key);
                 let ms = LEASE.as_millis() as i64;
-                let rows = match pooled {
-                    false => client.query(&sql, &[&key, &ms]).await,
-                    true => {
+                let rows = match prepared {
+                    Some((acquire, _)) => client.query(acquire, &[&key, &ms]).await,
+                    None => {
                         use tokio_postgres::types::Type;
                         client
-                            .query_typed(&sql, &[(&key, Type::TEXT), (&ms, Type::INT8)])
+                            .query_typed(TABLE_ACQUIRE, &[(&key, Type::TEXT), (&ms, Type::INT8)])
                             .await
                     }
                 }
@@ -368,10 +391,7 @@ impl RawLock {
                 use mysql_async::prelude::Queryable;
                 let mut conn = pool.get().await?;
                 let got: Option<(Option<i64>, i64)> = conn
-                    .exec_first(
-                        format!("SELECT GET_LOCK(?, 0), NEXTVAL({SEQUENCE})"),
-                        (key,),
-                    )
+                    .exec_first(MYSQL_ACQUIRE, (key,))
                     .await
                     .map_err(|e| err("mariadb")(&e))?;
                 match got {
@@ -433,16 +453,15 @@ impl RawLock {
                 .await
                 .map(drop)
                 .map_err(|e| err("postgres")(&e)),
-            RawLock::PostgresTable { clients, pooled } => {
-                let client = table_client(clients, &key);
-                let sql = "DELETE FROM bench_floor_leases WHERE key = $1 AND token = $2";
+            RawLock::PostgresTable { clients } => {
+                let TableClient { client, prepared } = table_client(clients, &key);
                 let token = token as i64;
-                match pooled {
-                    false => client.execute(sql, &[&key, &token]).await.map(drop),
-                    true => {
+                match prepared {
+                    Some((_, release)) => client.execute(release, &[&key, &token]).await.map(drop),
+                    None => {
                         use tokio_postgres::types::Type;
                         client
-                            .query_typed(sql, &[(&key, Type::TEXT), (&token, Type::INT8)])
+                            .query_typed(TABLE_RELEASE, &[(&key, Type::TEXT), (&token, Type::INT8)])
                             .await
                             .map(drop)
                     }
@@ -486,10 +505,7 @@ impl RawLock {
 
 /// The lease table's connection for `key`, as the library picks one (by
 /// the key's hash).
-fn table_client<'a>(
-    clients: &'a [tokio_postgres::Client],
-    key: &str,
-) -> &'a tokio_postgres::Client {
+fn table_client<'a>(clients: &'a [TableClient], key: &str) -> &'a TableClient {
     use std::hash::{BuildHasher, BuildHasherDefault};
     let hash =
         BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(key);

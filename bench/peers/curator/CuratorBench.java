@@ -23,6 +23,13 @@
 //
 // is the negative control: the same loop without the lock. It must report
 // overlaps>0, which proves the check can fail.
+//
+// `--section-log FILE`: one of several processes on the key, run by
+// bench/peers/processes.py (see peer_harness.py for the log's lines).
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -40,6 +47,7 @@ public class CuratorBench {
         int n = 2000, secs = 5, workers = 8;
         long holdUs = 0;
         boolean noLock = false;
+        String sectionLog = null;
         for (int i = 0; i < args.length; i++) {
             switch (args[i]) {
                 case "--backend": backend = args[++i]; break;
@@ -49,11 +57,14 @@ public class CuratorBench {
                 case "--workers": workers = Integer.parseInt(args[++i]); break;
                 case "--hold-us": holdUs = Long.parseLong(args[++i]); break;
                 case "--no-lock": noLock = true; break;
+                case "--section-log": sectionLog = args[++i]; break;
                 default: throw new IllegalArgumentException(args[i]);
             }
         }
         if (holdUs < 0) usage("--hold-us must be at least 0");
-        if (noLock && !"contended".equals(workload)) usage("--no-lock applies to the contended workload");
+        if ((noLock || sectionLog != null) && !"contended".equals(workload))
+            usage("--no-lock and --section-log apply to the contended workload");
+        if (sectionLog != null) log = new FileOutputStream(sectionLog, true);
         String hosts = backend.replaceFirst("^zk://", "").split("/")[0];
         CuratorFramework client = CuratorFrameworkFactory.newClient(hosts, 10000, 5000, new RetryOneTime(100));
         client.start();
@@ -81,6 +92,17 @@ public class CuratorBench {
         return "n=" + n + " p50_us=" + us(pct(samples, 0.5)) + " p99_us=" + us(pct(samples, 0.99));
     }
 
+    /** The section log of a process of a group, or null. */
+    static FileOutputStream log;
+
+    /** Appends `what pid unix_ns` to the section log, in one write. */
+    static void logSection(char what) throws IOException {
+        if (log == null) return;
+        Instant now = Instant.now();
+        long ns = now.getEpochSecond() * 1_000_000_000L + now.getNano();
+        log.write((what + " " + ProcessHandle.current().pid() + " " + ns + "\n").getBytes(StandardCharsets.US_ASCII));
+    }
+
     /** Cycles begun this long after the workers start are the first counted. */
     static final long WARM_UP_MS = 500;
 
@@ -103,10 +125,12 @@ public class CuratorBench {
                         long t = System.nanoTime();
                         if (!noLock) lock.acquire();
                         long waited = System.nanoTime() - t;
+                        logSection('E');
                         // The critical section: no lock around the check.
                         if (inside.incrementAndGet() != 1) overlaps.incrementAndGet();
                         hold(holdUs);
                         inside.decrementAndGet();
+                        logSection('L');
                         if (!noLock) lock.release();
                         if (counted) {
                             mine.add(waited);

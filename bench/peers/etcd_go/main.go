@@ -8,6 +8,9 @@
 //
 // One client; one session (lease) per worker, as separate Go clients would
 // have; the uncontended loop locks and unlocks one Mutex on one session.
+//
+// `--section-log FILE`: one of several processes on the key, run by
+// bench/peers/processes.py (see peer_harness.py for the log's lines).
 package main
 
 import (
@@ -66,7 +69,18 @@ func main() {
 	workers := flag.Int("workers", 8, "contended workers")
 	holdUs := flag.Int("hold-us", 0, "time inside the critical section")
 	noLock := flag.Bool("no-lock", false, "the negative control")
+	sectionLog := flag.String("section-log", "", "one of several processes: see processes.py")
 	flag.Parse()
+	if (*noLock || *sectionLog != "") && *workload != "contended" {
+		fmt.Fprintln(os.Stderr, "etcd_go: --no-lock and --section-log apply to the contended workload")
+		os.Exit(2)
+	}
+	var log *os.File
+	if *sectionLog != "" {
+		var err error
+		log, err = os.OpenFile(*sectionLog, os.O_WRONLY|os.O_APPEND, 0)
+		must(err)
+	}
 	if !strings.HasPrefix(*backend, "etcd://") || (*workload != "uncontended" && *workload != "contended") {
 		fmt.Fprintln(os.Stderr, "usage: etcd_go --backend etcd://host:port --workload uncontended|contended [--n N] [--secs S] [--workers W] [--hold-us U] [--no-lock]")
 		os.Exit(2)
@@ -98,7 +112,7 @@ func main() {
 		sortDurations(samples)
 		line = fmt.Sprintf("n=%d p50_us=%s p99_us=%s", *n, us(pct(samples, 0.5)), us(pct(samples, 0.99)))
 	} else {
-		line = contended(ctx, client, *workers, *secs, time.Duration(*holdUs)*time.Microsecond, !*noLock)
+		line = contended(ctx, client, *workers, *secs, time.Duration(*holdUs)*time.Microsecond, !*noLock, log)
 	}
 	impl := "go-concurrency-mutex"
 	if *noLock {
@@ -111,10 +125,23 @@ func main() {
 	fmt.Printf("impl=%s backend=etcd workload=%s%s %s\n", impl, *workload, servers, line)
 }
 
-func contended(ctx context.Context, client *clientv3.Client, workers, secs int, hold time.Duration, useLock bool) string {
+// logSection appends `what pid unix_ns` to the section log, in one write.
+func logSection(log *os.File, what string) {
+	if log != nil {
+		_, err := fmt.Fprintf(log, "%s %d %d\n", what, os.Getpid(), time.Now().UnixNano())
+		must(err)
+	}
+}
+
+func contended(ctx context.Context, client *clientv3.Client, workers, secs int, hold time.Duration, useLock bool, log *os.File) string {
 	var stop, counting atomic.Bool
 	var inside, overlaps atomic.Int64
+	// A key of this process's own, so that an earlier run's session cannot
+	// hold it; the processes of a group share one.
 	name := fmt.Sprintf("/bench-go/contended-%d", os.Getpid())
+	if log != nil {
+		name = "/bench-go/contended-group"
+	}
 	type result struct {
 		cycles int
 		waits  []time.Duration
@@ -136,6 +163,7 @@ func contended(ctx context.Context, client *clientv3.Client, workers, secs int, 
 					must(mutex.Lock(ctx))
 				}
 				waited := time.Since(t)
+				logSection(log, "E")
 				if inside.Add(1) > 1 {
 					overlaps.Add(1)
 				}
@@ -146,6 +174,7 @@ func contended(ctx context.Context, client *clientv3.Client, workers, secs int, 
 					time.Sleep(0)
 				}
 				inside.Add(-1)
+				logSection(log, "L")
 				if useLock {
 					must(mutex.Unlock(ctx))
 				}

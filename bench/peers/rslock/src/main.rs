@@ -14,7 +14,10 @@
 //! Overlaps are counted over the whole run. `--no-lock` is the negative
 //! control: the same loop without acquiring or releasing; it must report
 //! overlaps>0. `uncontended` times N acquire+release after 50 untimed ones.
+//! `--section-log FILE`: one of several processes on the key, run by
+//! `bench/peers/processes.py` (see `peer_harness.py` for the log's lines).
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -48,6 +51,17 @@ fn flag(name: &str) -> bool {
     std::env::args().any(|a| a == name)
 }
 
+/// Appends `what pid unix_ns` to the section log, in one write.
+fn log_section(file: Option<&std::fs::File>, what: char) {
+    if let Some(mut file) = file {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let line = format!("{what} {} {}\n", std::process::id(), now.as_nanos());
+        file.write_all(line.as_bytes()).expect("section log");
+    }
+}
+
 const TTL: Duration = Duration::from_secs(30);
 
 /// Cycles begun this long after the workers start are the first counted, as
@@ -65,8 +79,22 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if no_lock && workload != "contended" {
-        eprintln!("rslock-peer-bench: --no-lock applies to the contended workload");
+    let section_log = std::env::args().any(|a| a == "--section-log").then(|| {
+        let path = arg("--section-log", "");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map(Arc::new)
+    });
+    let section_log = match section_log.transpose() {
+        Ok(log) => log,
+        Err(e) => {
+            eprintln!("rslock-peer-bench: --section-log: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if (no_lock || section_log.is_some()) && workload != "contended" {
+        eprintln!("rslock-peer-bench: --no-lock and --section-log apply to the contended workload");
         return ExitCode::from(2);
     }
     let rt = if workload == "uncontended" {
@@ -110,6 +138,7 @@ fn main() -> ExitCode {
                 let overlaps = Arc::new(AtomicU64::new(0));
                 let mut tasks = Vec::new();
                 for _ in 0..workers {
+                    let log = section_log.clone();
                     let (lm, stop, counting, inside, overlaps) = (
                         lm.clone(),
                         stop.clone(),
@@ -128,6 +157,7 @@ fn main() -> ExitCode {
                                 Some(lm.acquire_no_guard("bench:rslock:c", TTL).await.unwrap())
                             };
                             let waited = t.elapsed();
+                            log_section(log.as_deref(), 'E');
                             // The critical section: no lock around the check.
                             if inside.fetch_add(1, Ordering::SeqCst) != 0 {
                                 overlaps.fetch_add(1, Ordering::SeqCst);
@@ -138,6 +168,7 @@ fn main() -> ExitCode {
                                 tokio::time::sleep(hold).await;
                             }
                             inside.fetch_sub(1, Ordering::SeqCst);
+                            log_section(log.as_deref(), 'L');
                             if let Some(l) = l {
                                 lm.unlock(&l).await;
                             }
