@@ -36,7 +36,9 @@ pub struct Capabilities {
     /// applied by the server before anything this backend sends later.
     pub ordered_release: bool,
     /// The server serves waiters from every process in arrival order
-    /// (ZooKeeper's sequential nodes); Redis has no queue.
+    /// (ZooKeeper's sequential nodes). Redis keeps a queue for exclusive
+    /// locks only, not on a Cluster, which waiters join only once they
+    /// find the lock held: not FIFO.
     pub fifo: bool,
     /// An acquisition that finds the lock held waits for it in the server,
     /// whatever connection each request goes on: one sent before an earlier

@@ -204,7 +204,7 @@ pub trait Backend: Send + Sync + 'static {
     /// | backend | token | mode | lease left | identity | waiters |
     /// |---|---|---|---|---|---|
     /// | memory | yes | yes | no lease | no | yes |
-    /// | Redis (one server, Sentinel, Cluster) | no: the key keeps its owner, the fence only the last token handed out | yes (a semaphore's permits: none) | yes | the owner's random token (the key holds only that; a label would travel in every renewal) | no: waiters retry, Redis keeps no queue |
+    /// | Redis (one server, Sentinel, Cluster) | no: the key keeps its owner, the fence only the last token handed out | yes (a semaphore's permits: none) | yes | the owner's random token (the key holds only that; a label would travel in every renewal) | no: waiters of other modes, of a Cluster, and those not yet queued are in no list |
     /// | PostgreSQL, advisory locks | no: the server keeps none | exclusive or read | no lease: the session's | server process, client address, application name: the label, process id and host ([`PostgresOptions::label`](crate::backend::postgres::PostgresOptions::label)) unless the URL names it (`pg_locks`, `pg_stat_activity`) | yes, sessions waiting in the server |
     /// | PostgreSQL, lease table | no | exclusive | yes | the row's owner | no |
     /// | MariaDB | no | exclusive | no lease: the connection's | connection id, and its user and host where the process list shows them (`IS_USED_LOCK`) | no: the process list does not say which lock a connection waits for |

@@ -14,6 +14,7 @@ mod common;
 mod conformance;
 mod one_server;
 mod processes;
+mod queue;
 mod redlock;
 mod tls;
 
@@ -70,6 +71,44 @@ async fn keys_under(url: &str, prefix: &str) -> Vec<String> {
     let mut keys: Vec<String> = conn.keys(format!("{prefix}*")).await.unwrap();
     keys.sort();
     keys
+}
+
+/// Waits until `channel` has `n` subscribers; fails the test if it has not
+/// within two seconds.
+async fn subscribers(channel: &str, n: i64) {
+    let url = redis_url();
+    for _ in 0..100 {
+        let (_, subscribed): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query_async(&mut raw(&url).await)
+            .await
+            .unwrap();
+        if subscribed == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{channel} did not get {n} subscribers");
+}
+
+/// Waits until `n` channels matching `pattern` have subscribers; fails the
+/// test if they have not within two seconds.
+async fn listening(pattern: &str, n: usize) {
+    let url = redis_url();
+    for _ in 0..100 {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(pattern)
+            .query_async(&mut raw(&url).await)
+            .await
+            .unwrap();
+        if channels.len() == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{pattern} did not get {n} channels listened to");
 }
 
 // ---- other processes ----------------------------------------------------

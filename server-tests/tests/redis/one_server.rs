@@ -99,8 +99,10 @@ async fn a_release_wakes_the_waiter_long_before_the_lease_ends() {
         // A waiter relying on the lease would wait 60 s; the budget is 10.
         tokio::spawn(async move { b.lock("k").wait(Duration::from_secs(10)).await })
     };
-    // The waiter listens on the key's release channel rather than polling.
-    subscribers(&format!("{}{{k}}:rel", prefix("wake")), 1).await;
+    // The waiter listens for its turn rather than polling: on its own
+    // process's channel for the key, once queued.
+    super::queue::queued("wake", "k", 1).await;
+    listening(&format!("{}{{k}}:rel:*", prefix("wake")), 1).await;
     holder.release().await.unwrap();
     let g = waiter
         .await
@@ -519,31 +521,10 @@ async fn a_fencing_counter_ahead_of_the_clock_reserves_one_token_a_grant() {
     let _: () = conn.del(&fence).await.unwrap();
 }
 
-/// Waits until `channel` has `n` subscribers; fails the test if it has not
-/// within two seconds.
-async fn subscribers(channel: &str, n: i64) {
-    let url = redis_url();
-    for _ in 0..100 {
-        let (_, subscribed): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query_async(&mut raw(&url).await)
-            .await
-            .unwrap();
-        if subscribed == n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{channel} did not get {n} subscribers");
-}
-
-/// Redis keeps no queue of waiters: the first to ask after a release gets
-/// the lock, and this process's next waiter, asking the moment the release
-/// is answered, would often beat a waiter in another process woken by the
-/// release message (a race: ten rounds, so that one lost is seen). A
-/// release heard elsewhere goes there first; the next waiter here asks
-/// once that process has released.
+/// This process's next waiter asks the moment the release is answered and
+/// would often beat a waiter in another process woken by the release
+/// message (a race: ten rounds, so that one lost is seen). The lock's
+/// queue keeps them in the order they asked: the waiter elsewhere first.
 #[tokio::test]
 async fn a_release_heard_by_another_process_goes_there_before_the_next_waiter_here() {
     let here = backend("turns").await;
@@ -566,7 +547,7 @@ async fn a_release_heard_by_another_process_goes_there_before_the_next_waiter_he
             })
         };
         let elsewhere = taker(there.clone(), "there");
-        subscribers(&format!("{}{{{key}}}:rel", prefix("turns")), 1).await;
+        super::queue::queued("turns", &key, 1).await;
         let next = taker(here.clone(), "here");
         // Queued behind the holder, past the bound of its hand-offs.
         tokio::time::sleep(Duration::from_millis(60)).await;

@@ -20,7 +20,8 @@ impl Tokens {
         }
     }
 
-    /// The part every token of this backend begins with.
+    /// The part every token of this backend begins with: 16 characters,
+    /// which the Redis queue's scripts cut a token's owner from.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn prefix(&self) -> String {
         format!("{:016x}", self.seed)

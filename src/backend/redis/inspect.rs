@@ -11,7 +11,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use super::connection::Link;
 use super::layout::{redis_error, redis_name};
 use super::replicas::Acked;
-use super::scripts::{fence, Lua, FENCE_TTL};
+use super::scripts::{fence, Lua, FENCE_TTL, NEXT_TTL, NOW_MS, QUEUE};
 use super::server::{sentinel_floor, RedisStore};
 use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
@@ -38,16 +38,21 @@ end
 ";
 
 /// The holders, then, in one script: the fence raised past every token
-/// handed out, every lock key deleted and the release published, and the
-/// floor last. KEYS: lock, writer, readers, permits, fence. ARGV: fence
-/// ttl ms, fence floor (as the acquire scripts take it), channel,
-/// `PUBLISH` or `SPUBLISH`.
+/// handed out, every lock key deleted and the release published (to the
+/// first of the exclusive lock's queue too, named as a release names it),
+/// and the floor last. KEYS: lock, writer, readers, permits, fence, and
+/// with a queue its queue, places and successor. ARGV: fence ttl ms, fence
+/// floor (as the acquire scripts take it), channel, `PUBLISH` or
+/// `SPUBLISH`, successor ttl ms.
 const BREAK: &str = r"
 local floor = floor_of(ARGV[2])
 local h = holders()
 local f = fence(KEYS[5], ARGV[1], 1, floor)
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 redis.pcall(ARGV[4], ARGV[3], 'released')
+if #KEYS >= 8 then
+  hand_on(KEYS[6], KEYS[7], KEYS[8], ARGV[5], ARGV[3], ARGV[4], 'released')
+end
 h[8] = f
 return h
 ";
@@ -58,7 +63,9 @@ impl RedisStore {
     /// Holders by mode with their owner (the random token each acquisition
     /// writes) and time left; no fencing token (the key keeps its owner;
     /// the fence only the last token handed out) and no count of waiters
-    /// (waiters retry on release messages; Redis keeps no queue).
+    /// (those of other processes are not all in the exclusive lock's
+    /// queue: a waiter joins it once it finds the lock held, other modes
+    /// have none).
     pub(super) async fn inspect_key(
         self: Arc<Self>,
         key: LockKey,
@@ -84,16 +91,19 @@ impl RedisStore {
             true => ("cluster".to_owned(), "SPUBLISH"),
             false => (sentinel_floor(epoch)?.to_string(), "PUBLISH"),
         };
+        // One server's exclusive locks have a queue (see `Layout::sharded`).
+        let queued = !self.conn.is_cluster();
         let fail = |e| redis_error("breaking a lock", e);
         let broken = match self.replicas {
-            None => break_on(&mut conn, &self.prefix, &key, &floor, publish)
+            None => break_on(&mut conn, &self.prefix, &key, &floor, publish, queued)
                 .await
                 .map_err(fail),
             Some(replicas) => {
                 // Acknowledged by the replicas, as a grant is: a failover
                 // must not bring the broken lock back.
                 let mut acked = Acked::new(&mut conn, replicas);
-                let broken = break_on(&mut acked, &self.prefix, &key, &floor, publish).await;
+                let broken =
+                    break_on(&mut acked, &self.prefix, &key, &floor, publish, queued).await;
                 broken
                     .map_err(fail)
                     .and_then(|b| acked.check("the break").map(|()| b))
@@ -333,8 +343,21 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
     key: &LockKey,
     floor: &str,
     publish: &str,
+    queued: bool,
 ) -> Result<(Vec<Holder>, u64), redis::RedisError> {
     let base = redis_name(prefix, key.as_str());
+    let script = BREAK_LUA
+        .get_or_init(|| Lua::new([NOW_MS, QUEUE, fence().as_str(), HOLDERS, BREAK].concat()));
+    let mut call = script.key(&base);
+    call.key(format!("{base}:w"))
+        .key(format!("{base}:r"))
+        .key(format!("{base}:s"))
+        .key(format!("{base}:fence"));
+    if queued {
+        call.key(format!("{base}:queue"))
+            .key(format!("{base}:places"))
+            .key(format!("{base}:next"));
+    }
     let (a, b, c, d, e, f, now, fence): (
         String,
         i64,
@@ -344,17 +367,12 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
         Vec<String>,
         i64,
         i64,
-    ) = BREAK_LUA
-        .get_or_init(|| Lua::new([fence().as_str(), HOLDERS, BREAK].concat()))
-        .key(&base)
-        .key(format!("{base}:w"))
-        .key(format!("{base}:r"))
-        .key(format!("{base}:s"))
-        .key(format!("{base}:fence"))
+    ) = call
         .arg(FENCE_TTL.as_millis() as u64)
         .arg(floor)
         .arg(format!("{base}:rel"))
         .arg(publish)
+        .arg(NEXT_TTL.as_millis() as u64)
         .invoke(conn)
         .await?;
     Ok((

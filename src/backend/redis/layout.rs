@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::scripts::{scripts, FENCE_TTL};
+use super::scripts::{scripts, FENCE_TTL, NEXT_TTL, QUEUE_TTL};
 pub(crate) use crate::backend::engine::owner::Tokens;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -28,6 +28,9 @@ pub(crate) struct Layout {
     /// The readers' set of a writer, the writer of a reader.
     other: Option<String>,
     fence: String,
+    /// An exclusive lock's queue of waiters, their places' expiry and the
+    /// successor a release named (see `scripts::QUEUE`).
+    queue: Option<Box<[String; 3]>>,
     channel: String,
     /// How releases are published: `PUBLISH`, or on a cluster `SPUBLISH`.
     publish: &'static str,
@@ -83,10 +86,18 @@ impl Layout {
                 (Kind::Semaphore(permits), format!("{base}:s"), None)
             }
         };
+        let queue = (kind == Kind::Exclusive).then(|| {
+            Box::new([
+                format!("{base}:queue"),
+                format!("{base}:places"),
+                format!("{base}:next"),
+            ])
+        });
         Layout {
             kind,
             main,
             other,
+            queue,
             fence: format!("{base}:fence"),
             channel: format!("{base}:rel"),
             publish: "PUBLISH",
@@ -110,16 +121,36 @@ impl Layout {
     /// On a Redis Cluster, releases are published on the channel's shard
     /// (`SPUBLISH`): only the nodes of its slot hear them, and a
     /// subscription leaves the node the slot moves away from.
+    ///
+    /// No queue there: a script's keys must all be on the node while its
+    /// slot migrates, and a lock with no waiter has none of its queue's.
     pub(crate) fn sharded(mut self, sharded: bool) -> Self {
         if sharded {
             self.publish = "SPUBLISH";
+            self.queue = None;
         }
+        self
+    }
+
+    /// Without a queue of waiters (Redlock's, which retry).
+    pub(crate) fn without_queue(mut self) -> Self {
+        self.queue = None;
         self
     }
 
     /// The channel its releases are published on.
     pub(crate) fn channel(&self) -> &str {
         &self.channel
+    }
+
+    /// The channel a waiter of the backend whose tokens begin with `own`
+    /// hears its turn on: with a queue, that backend's own (a release
+    /// names one waiter; see `scripts::QUEUE`), else the lock's.
+    pub(crate) fn waiter_channel(&self, own: &str) -> String {
+        match self.queue {
+            Some(_) => format!("{}:{own}", self.channel),
+            None => self.channel.clone(),
+        }
     }
 
     /// Whether the acquire script reserves a block of fencing tokens
@@ -138,8 +169,14 @@ impl Layout {
         matches!(self.kind, Kind::Exclusive | Kind::Write)
     }
 
+    /// Whether the lock has a queue of waiters (exclusive locks).
+    pub(crate) fn has_queue(&self) -> bool {
+        self.queue.is_some()
+    }
+
     /// One attempt to take the lock for `token` on `conn`; the key's fencing
     /// counter is raised to at least `floor` plus the server's clock in µs.
+    /// Busy, an exclusive lock's attempt joins its queue as `queue` says.
     pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
@@ -147,9 +184,11 @@ impl Layout {
         lease: Duration,
         tokens: u32,
         floor: Floor,
+        queue: Queue,
     ) -> Result<Attempt, LockError> {
         let s = scripts();
         let mut call = match self.kind {
+            Kind::Exclusive if self.queue.is_some() => s.acquire_queued.key(&self.main),
             Kind::Exclusive => s.acquire_exclusive.key(&self.main),
             Kind::Read => s.acquire_read.key(&self.main),
             Kind::Write => s.acquire_write.key(&self.main),
@@ -158,8 +197,11 @@ impl Layout {
         if let Some(other) = &self.other {
             call.key(other);
         }
-        call.key(&self.fence)
-            .arg(token)
+        call.key(&self.fence);
+        if let Some(keys) = &self.queue {
+            call.key(&keys[..]);
+        }
+        call.arg(token)
             .arg(lease.as_millis() as u64)
             .arg(FENCE_TTL.as_millis() as u64);
         match floor {
@@ -168,6 +210,10 @@ impl Layout {
         };
         match self.kind {
             Kind::Semaphore(permits) => call.arg(permits),
+            Kind::Exclusive if self.queue.is_some() => call
+                .arg(tokens.max(1))
+                .arg(queue as u8)
+                .arg(QUEUE_TTL.as_millis() as u64),
             Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),
             Kind::Read => &mut call,
         };
@@ -236,15 +282,42 @@ impl Layout {
         } else {
             &s.release_member
         };
-        let released: i64 = script
-            .key(&self.main)
+        let mut call = script.key(&self.main);
+        if let Some(keys) = &self.queue {
+            call.key(&keys[..]);
+        }
+        let released: i64 = call
             .arg(token)
             .arg(&self.channel)
             .arg(self.publish)
+            .arg(NEXT_TTL.as_millis() as u64)
             .invoke(conn)
             .await?;
         // 0: not ours; else one more than the subscribers that heard.
         Ok(released.saturating_sub(1).max(0) as u64)
+    }
+
+    /// Takes `token` out of the lock's queue (a waiter that gave up); if a
+    /// release named it and the lock is still free, names the next one.
+    pub(crate) async fn leave_queue<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        token: &str,
+    ) -> redis::RedisResult<()> {
+        let Some(keys) = &self.queue else {
+            return Ok(());
+        };
+        let _: i64 = scripts()
+            .leave_queue
+            .key(&self.main)
+            .key(&keys[..])
+            .arg(token)
+            .arg(&self.channel)
+            .arg(self.publish)
+            .arg(NEXT_TTL.as_millis() as u64)
+            .invoke(conn)
+            .await?;
+        Ok(())
     }
 
     /// [Releases](Self::release) through `conn()`, returning how many
@@ -289,6 +362,18 @@ pub(crate) enum Floor {
     /// The config epoch of the cluster node that runs the script, times
     /// `EPOCH_STRIDE`.
     ClusterEpoch,
+}
+
+/// Whether an attempt on an exclusive lock joins its queue when busy.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Queue {
+    /// Never (a fail-fast attempt; Redlock, whose waiters retry).
+    Never = 0,
+    /// Joins it if busy: a waiter's first attempt.
+    OnBusy = 1,
+    /// In it already (or named by a release): keeps its place if busy,
+    /// leaves it if granted.
+    Queued = 2,
 }
 
 /// The answer of an acquire script.

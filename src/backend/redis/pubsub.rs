@@ -39,7 +39,16 @@ pub(super) struct Watches {
 }
 
 struct Channel {
+    /// Woken by every message and lost subscription: see `for_us`.
     notify: Arc<Notify>,
+    /// Messages (and lost subscriptions) on the channel so far.
+    messages: u64,
+    /// The count of `messages` at the last one this backend's waiters must
+    /// act on: a release that named none of them elsewhere (it named one
+    /// of theirs, or nobody), or a lost subscription. A message naming a
+    /// waiter of another backend comes to the one queued behind it, which
+    /// looks once that waiter's turn is over.
+    for_us: u64,
     /// Told of releases by other backends (other processes) only.
     others: Arc<Notify>,
     /// Whether a release heard by other subscribers is handed off to them
@@ -75,10 +84,23 @@ impl Watches {
                     .ok()
                     .and_then(|c| channels.get_mut(c))
                 {
+                    let own = self.own.as_bytes();
+                    let message = match message {
+                        Some(Value::BulkString(m)) => &m[..],
+                        _ => &[],
+                    };
+                    // `releasing-token[ successor-token]`: a backend's
+                    // tokens begin with its prefix.
+                    let successor = message
+                        .iter()
+                        .position(|&b| b == b' ')
+                        .map(|i| &message[i + 1..]);
+                    c.messages += 1;
+                    if successor.is_none_or(|s| s.starts_with(own)) {
+                        c.for_us = c.messages;
+                    }
                     c.notify.notify_waiters();
-                    let ours = matches!(message,
-                        Some(Value::BulkString(m)) if m.starts_with(self.own.as_bytes()));
-                    if !ours {
+                    if !message.starts_with(own) {
                         c.others.notify_waiters();
                         c.hand_offs = true;
                     }
@@ -96,7 +118,7 @@ impl Watches {
                         .and_then(|c| channels.get_mut(c))
                     {
                         c.subscribed = false;
-                        c.notify.notify_waiters();
+                        c.wake();
                     }
                 }
             }
@@ -114,8 +136,8 @@ impl Watches {
 
     /// Every waiter looks again.
     fn wake_waiters(&self) {
-        for c in lock(&self.channels).values() {
-            c.notify.notify_waiters();
+        for c in lock(&self.channels).values_mut() {
+            c.wake();
         }
     }
 
@@ -168,6 +190,8 @@ impl Watches {
                 .entry(channel.to_owned())
                 .or_insert_with(|| Channel {
                     notify: Arc::new(Notify::new()),
+                    messages: 0,
+                    for_us: 0,
                     others: Arc::new(Notify::new()),
                     hand_offs: true,
                     users: 0,
@@ -188,7 +212,43 @@ impl Watches {
     }
 }
 
+impl Channel {
+    /// Every waiter looks again (messages may have been missed).
+    fn wake(&mut self) {
+        self.messages += 1;
+        self.for_us = self.messages;
+        self.notify.notify_waiters();
+    }
+}
+
+/// A wait on a channel, armed: see [`Watch::arm`].
+pub(super) struct Armed {
+    /// Ends at the channel's next message or lost subscription.
+    pub(super) released: Pin<Box<OwnedNotified>>,
+    /// The channel's count of messages when it was armed.
+    seen: u64,
+}
+
 impl Watch {
+    /// A wait for the channel's next message (or lost subscription), armed
+    /// now: a message from here on ends it.
+    pub(super) fn arm(&self) -> Armed {
+        let mut released = Box::pin(self.notify.clone().notified_owned());
+        released.as_mut().enable();
+        let seen = lock(&self.watches.channels)
+            .get(&self.channel)
+            .map_or(0, |c| c.messages);
+        Armed { released, seen }
+    }
+
+    /// Whether a message since `armed` calls on this backend's waiters to
+    /// look now (see `Channel::for_us`).
+    pub(super) fn for_us(&self, armed: &Armed) -> bool {
+        lock(&self.watches.channels)
+            .get(&self.channel)
+            .is_none_or(|c| c.for_us > armed.seen)
+    }
+
     /// Subscribes on `conn` unless subscribed already (by this waiter or
     /// another): at the start of a wait, and again on every look while
     /// the server has ended the subscription. Subscribed, a flag check.
@@ -234,10 +294,10 @@ impl Watches {
 
 /// Unsubscribes from channels nobody has waited on for a while. Stops when
 /// the backend is dropped.
-pub(super) async fn sweep_subscriptions(watches: Weak<Watches>, conn: Weak<Connection>) {
+pub(super) async fn sweep_subscriptions(watches_weak: Weak<Watches>, conn: Weak<Connection>) {
     loop {
         tokio::time::sleep(SUBSCRIPTION_LINGER).await;
-        let Some(watches) = watches.upgrade() else {
+        let Some(watches) = watches_weak.upgrade() else {
             return;
         };
         let now = tokio::time::Instant::now();
@@ -259,8 +319,20 @@ pub(super) async fn sweep_subscriptions(watches: Weak<Watches>, conn: Weak<Conne
         let Some(mut conn) = conn.upgrade().map(|c| c.get()) else {
             return;
         };
-        for name in idle {
-            let _ = conn.unsubscribe(&name).await;
+        for name in &idle {
+            let _ = conn.unsubscribe(name).await;
+        }
+        // A channel watched again meanwhile may have sent its SUBSCRIBE
+        // before this UNSUBSCRIBE: its waiters subscribe again and look.
+        let Some(watches) = watches_weak.upgrade() else {
+            return;
+        };
+        let mut channels = lock(&watches.channels);
+        for name in &idle {
+            if let Some(c) = channels.get_mut(name) {
+                c.subscribed = false;
+                c.wake();
+            }
         }
     }
 }

@@ -65,7 +65,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use super::layout::{redis_error, Attempt, Floor, Layout, Tokens};
+use super::layout::{redis_error, Attempt, Floor, Layout, Queue, Tokens};
 use super::options::check_tls_support;
 use crate::backend::engine::lease::{
     check_lease, drift, release_in_background, Lease, Protocol, Released,
@@ -365,7 +365,14 @@ impl RedlockStore {
                 let (layout, token) = (layout.clone(), token.clone());
                 async move {
                     layout
-                        .try_acquire(&mut conn, &token, lease, tokens, Floor::Fixed(0))
+                        .try_acquire(
+                            &mut conn,
+                            &token,
+                            lease,
+                            tokens,
+                            Floor::Fixed(0),
+                            Queue::Never,
+                        )
                         .await
                 }
             })
@@ -433,7 +440,8 @@ impl Store for RedlockStore {
     async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
         check_lease(request.lease, "Redlock")?;
         let tokens = request.tokens.clamp(1, MAX_TOKENS);
-        let layout = Arc::new(Layout::new(&self.prefix, &request.key, request.mode));
+        let layout =
+            Arc::new(Layout::new(&self.prefix, &request.key, request.mode).without_queue());
         let token: Arc<str> = self.tokens.next().into();
         let lease = request.lease;
         let drift = drift(lease);
@@ -555,7 +563,7 @@ impl Store for RedlockStore {
             .on_all(|mut conn| {
                 let (prefix, key) = (self.prefix.clone(), key.clone());
                 async move {
-                    super::inspect::break_on(&mut conn, &prefix, &key, "0", "PUBLISH")
+                    super::inspect::break_on(&mut conn, &prefix, &key, "0", "PUBLISH", false)
                         .await
                         .map_err(|e| redis_error("breaking a lock", e))
                 }

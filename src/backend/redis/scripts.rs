@@ -11,7 +11,7 @@ pub(crate) const FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// Lua helpers, each prepended only to the scripts that use it: Redis
 /// creates a script's functions on every call.
-const NOW_MS: &str = r#"
+pub(super) const NOW_MS: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -106,6 +106,68 @@ local function quarantined(n)
 end
 "#;
 
+/// How long a waiter named by a release (the first in the key's queue)
+/// has the free lock to itself: it may have given up or died meanwhile,
+/// and then everyone may try again.
+pub(super) const NEXT_TTL: Duration = Duration::from_millis(100);
+
+/// How long a waiter's place in the key's queue lasts unless it looks
+/// again, which a waiter does at least every second.
+pub(super) const QUEUE_TTL: Duration = Duration::from_secs(3);
+
+/// The queue of an exclusive lock: its waiters in the order they first
+/// found it busy (a sorted set scored by the server's clock in µs), when
+/// each one's place runs out (a sorted set scored in ms), and the waiter
+/// a release named. Needs `NOW_MS`.
+///
+/// `name_next` pops the first waiter whose place has not run out, gives
+/// it the free lock alone for `ttl` ms and returns its token ('' when
+/// nobody waits). `hand_on` names it and tells its process, on the lock's
+/// channel followed by `:` and the waiter token's first 16 characters,
+/// which name its backend (`Tokens::prefix`): a release wakes that process,
+/// not every one with a waiter. It also tells the process of the waiter
+/// behind, which looks once the named one's turn is over, in case it did
+/// not come (a process gone, a message missed); it returns how many heard
+/// the named one's message, or nil when nobody waits.
+pub(super) const QUEUE: &str = r#"
+local function name_next(queue, places, successor, ttl)
+  local now = now_ms()
+  while true do
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    if not head then return '' end
+    local place = redis.call('ZSCORE', places, head)
+    redis.call('ZREM', queue, head)
+    redis.call('ZREM', places, head)
+    if place and tonumber(place) > now then
+      redis.call('SET', successor, head, 'PX', ttl)
+      return head
+    end
+  end
+end
+local function waiter_channel(channel, token)
+  return channel .. ':' .. string.sub(token, 1, 16)
+end
+local function hand_on(queue, places, successor, ttl, channel, publish, releaser)
+  local named = name_next(queue, places, successor, ttl)
+  if named == '' then return nil end
+  local message = releaser .. ' ' .. named
+  local heard = redis.pcall(publish, waiter_channel(channel, named), message)
+  local behind = redis.call('ZRANGE', queue, 0, 0)[1]
+  if behind and string.sub(behind, 1, 16) ~= string.sub(named, 1, 16) then
+    redis.pcall(publish, waiter_channel(channel, behind), message)
+  end
+  if type(heard) ~= 'number' then heard = 0 end
+  return heard
+end
+local function enqueue(queue, places, token, ttl)
+  local t = redis.call('TIME')
+  redis.call('ZADD', queue, 'NX', int(tonumber(t[1]) * 1000000 + tonumber(t[2])), token)
+  redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl), token)
+  redis.call('PEXPIRE', queue, ttl)
+  redis.call('PEXPIRE', places, ttl)
+end
+"#;
+
 /// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms, fence floor,
 /// tokens to reserve.
 ///
@@ -122,6 +184,40 @@ if held == false or held == ARGV[1] then
   return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[5]), floor)}
 end
 return {0, redis.call('PTTL', KEYS[1])}
+"#;
+
+/// `ACQUIRE_EXCLUSIVE` with the lock's queue. KEYS: lock, fence, queue,
+/// places, successor. ARGV: token, lease ms, fence ttl ms, fence floor,
+/// tokens to reserve, queue (`0`: never, `1`: join it if busy, `2`: in it
+/// already), place ttl ms.
+///
+/// A free lock whose release named a successor is that successor's alone
+/// until its turn runs out (`NEXT_TTL`), so that no one, the process that
+/// released included, overtakes the queue.
+const ACQUIRE_QUEUED: &str = r#"
+local floor = floor_of(ARGV[4])
+local q = quarantined(5)
+if q then return {0, q} end
+local held = redis.call('GET', KEYS[1])
+local successor = false
+local busy = nil
+if held == false then
+  successor = redis.call('GET', KEYS[5])
+  if successor and successor ~= ARGV[1] then busy = redis.call('PTTL', KEYS[5]) end
+elseif held ~= ARGV[1] then
+  busy = redis.call('PTTL', KEYS[1])
+end
+if busy then
+  if ARGV[6] ~= '0' then enqueue(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[7])) end
+  return {0, busy}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if successor then redis.call('DEL', KEYS[5]) end
+if ARGV[6] == '2' then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+end
+return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[5]), floor)}
 "#;
 
 /// KEYS: readers, writer, fence. ARGV: token, lease ms, fence ttl ms, fence
@@ -176,22 +272,48 @@ hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
 return {1, fence(KEYS[2], ARGV[3], 1, floor)}
 "#;
 
-/// KEYS: lock. ARGV: token, channel, `PUBLISH` (or, on a cluster,
-/// `SPUBLISH`: a message for the channel's slot only, Redis 7.0+; a server
-/// without it sends none, and waiters look again within a second).
+/// KEYS: lock, and for an exclusive lock its queue, places and successor.
+/// ARGV: token, channel, `PUBLISH` (or, on a cluster, `SPUBLISH`: a
+/// message for the channel's slot only, Redis 7.0+; a server without it
+/// sends none, and waiters look again within a second), successor ttl ms.
 /// redis-py's release, plus the message.
 ///
 /// The message is the releasing token, so that a backend tells its own
-/// releases from others'. Returns 0 when the lock was not ours, else 1
-/// plus the number of subscribers that received the message.
+/// releases from others', and the successor's after a space when the
+/// queue named one: it then goes to the successor's process alone. Returns 0 when the
+/// lock was not ours, else 1 plus the number of subscribers that received
+/// the message.
 const RELEASE_STRING: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
-  if type(heard) ~= 'number' then heard = 0 end
+  local heard = nil
+  if #KEYS >= 4 then
+    heard = hand_on(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
+  end
+  if heard == nil then
+    heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
+    if type(heard) ~= 'number' then heard = 0 end
+  end
   return 1 + heard
 end
 return 0
+"#;
+
+/// KEYS: lock, queue, places, successor. ARGV: token, channel, `PUBLISH`
+/// or `SPUBLISH`, successor ttl ms.
+///
+/// A waiter that gave up leaves the queue; if a release had named it and
+/// the lock is still free, the next waiter is named instead.
+const LEAVE_QUEUE: &str = r#"
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('GET', KEYS[4]) == ARGV[1] then
+  redis.call('DEL', KEYS[4])
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    hand_on(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
+  end
+end
+return 1
 "#;
 
 /// KEYS: holders. ARGV: token, channel, `PUBLISH` or `SPUBLISH`.
@@ -295,11 +417,13 @@ impl Call<'_> {
 
 pub(super) struct Scripts {
     pub(super) acquire_exclusive: Lua,
+    pub(super) acquire_queued: Lua,
     pub(super) acquire_read: Lua,
     pub(super) acquire_write: Lua,
     pub(super) acquire_semaphore: Lua,
     pub(super) release_string: Lua,
     pub(super) release_member: Lua,
+    pub(super) leave_queue: Lua,
     pub(super) extend_string: Lua,
     pub(super) extend_member: Lua,
 }
@@ -309,15 +433,19 @@ pub(super) fn scripts() -> &'static Scripts {
     SCRIPTS.get_or_init(|| {
         let script = |parts: &[&str]| Lua::new(parts.concat());
         let in_set = [NOW_MS, HOLD_IN_SET].concat();
+        let queue = [NOW_MS, QUEUE].concat();
+        let queue = queue.as_str();
         let fence = fence();
         let fence = fence.as_str();
         Scripts {
             acquire_exclusive: script(&[QUARANTINE, fence, ACQUIRE_EXCLUSIVE]),
+            acquire_queued: script(&[QUARANTINE, queue, fence, ACQUIRE_QUEUED]),
             acquire_read: script(&[QUARANTINE, &in_set, fence, ACQUIRE_READ]),
             acquire_write: script(&[QUARANTINE, NOW_MS, fence, ACQUIRE_WRITE]),
             acquire_semaphore: script(&[QUARANTINE, &in_set, fence, ACQUIRE_SEMAPHORE]),
-            release_string: script(&[RELEASE_STRING]),
+            release_string: script(&[queue, RELEASE_STRING]),
             release_member: script(&[RELEASE_MEMBER]),
+            leave_queue: script(&[queue, LEAVE_QUEUE]),
             extend_string: script(&[EXTEND_STRING]),
             extend_member: script(&[&in_set, EXTEND_MEMBER]),
         }

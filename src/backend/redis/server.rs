@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::connection::Connection;
-use super::layout::{redis_error, uncertain, Attempt, Floor, Layout, Tokens};
-use super::pubsub::{HandOffWait, Watches};
+use super::layout::{redis_error, uncertain, Attempt, Floor, Layout, Queue, Tokens};
+use super::pubsub::{HandOffWait, Watch, Watches};
 use super::replicas::{Acked, Replicas};
-use super::scripts::{EPOCH_STRIDE, MAX_FLOOR};
+use super::scripts::{EPOCH_STRIDE, MAX_FLOOR, NEXT_TTL};
 use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
@@ -68,33 +68,75 @@ impl Store for RedisStore {
         let tokens = request.tokens.clamp(1, MAX_TOKENS);
         let token = self.tokens.next();
         let mut sent = Instant::now();
-        let mut attempt = self.attempt(&layout, &token, request.lease, tokens).await?;
-        if let (Attempt::Busy(_), Wait::FailFast) = (&attempt, request.wait) {
+        let waits = request.wait != Wait::FailFast;
+        let channel = waits.then(|| layout.waiter_channel(&self.tokens.prefix()));
+        // A subscription left from an earlier wait here hears releases from
+        // now on: watching before the first attempt, a busy answer needs no
+        // second attempt once subscribed.
+        let early = match &channel {
+            Some(c) if self.watches.subscribed(c) => Some(self.watches.watch(&self.conn, c).await),
+            _ => None,
+        };
+        let mut armed = early.as_ref().map(Watch::arm);
+        let queue = if waits { Queue::OnBusy } else { Queue::Never };
+        let mut attempt = self
+            .attempt(&layout, &token, request.lease, tokens, queue)
+            .await?;
+        if let (Attempt::Busy(_), false) = (&attempt, waits) {
             return Err(LockError::Busy);
         }
-        if let Attempt::Busy(_) = attempt {
-            let watch = self.watches.watch(&self.conn, layout.channel()).await;
+        if let (Attempt::Busy(_), Some(channel)) = (&attempt, &channel) {
+            // In the lock's queue now (an exclusive lock): leaves it if
+            // dropped before its turn.
+            let mut queued = Undo {
+                inner: &self,
+                layout: &layout,
+                token: &token,
+                release: None,
+                armed: layout.has_queue(),
+            };
+            let watch = match early {
+                Some(watch) => watch,
+                None => self.watches.watch(&self.conn, channel).await,
+            };
             loop {
                 // Armed before the attempt, so a release published between
                 // the attempt and the wait is not missed.
-                let released = watch.notify.notified();
-                tokio::pin!(released);
-                released.as_mut().enable();
-                watch.subscribe(&self.conn).await;
-                sent = Instant::now();
-                attempt = self.attempt(&layout, &token, request.lease, tokens).await?;
+                let released = match armed.take() {
+                    Some(released) => released,
+                    None => {
+                        let released = watch.arm();
+                        watch.subscribe(&self.conn).await;
+                        sent = Instant::now();
+                        attempt = self
+                            .attempt(&layout, &token, request.lease, tokens, Queue::Queued)
+                            .await?;
+                        released
+                    }
+                };
                 let Attempt::Busy(ttl) = attempt else {
                     break;
                 };
-                let recheck = u64::try_from(ttl)
+                let mut released = released;
+                let mut recheck = u64::try_from(ttl)
                     .map(|ms| Duration::from_millis(ms + 1))
                     .unwrap_or(MAX_RECHECK)
                     .min(MAX_RECHECK);
-                tokio::select! {
-                    _ = released => {}
-                    _ = tokio::time::sleep(recheck) => {}
+                loop {
+                    tokio::select! {
+                        _ = released.released.as_mut() => {}
+                        _ = tokio::time::sleep(recheck) => break,
+                    }
+                    if watch.for_us(&released) {
+                        break;
+                    }
+                    // A release named the waiter ahead of this one: the
+                    // lock is that waiter's until its turn is over.
+                    released = watch.arm();
+                    recheck = NEXT_TTL + Duration::from_millis(1);
                 }
             }
+            queued.armed = false;
         }
         let Attempt::Granted { last, reserved } = attempt else {
             unreachable!("the loop ends on a grant");
@@ -152,29 +194,30 @@ impl RedisStore {
         token: &str,
         lease: Duration,
         tokens: u32,
+        queue: Queue,
     ) -> Result<Attempt, LockError> {
         let (mut conn, breaks, epoch) = self.conn.for_locking(self.response_timeout).await?;
         let floor = match self.conn.is_cluster() {
             true => Floor::ClusterEpoch,
             false => Floor::Fixed(sentinel_floor(epoch)?),
         };
-        let mut in_flight = Attempting {
+        let mut in_flight = Undo {
             inner: self,
             layout,
             token,
-            lease,
+            release: Some(lease),
             armed: true,
         };
         let result = match self.replicas {
             None => {
                 layout
-                    .try_acquire(&mut conn, token, lease, tokens, floor)
+                    .try_acquire(&mut conn, token, lease, tokens, floor, queue)
                     .await
             }
             Some(replicas) => {
                 let mut acked = Acked::new(&mut conn, replicas);
                 match layout
-                    .try_acquire(&mut acked, token, lease, tokens, floor)
+                    .try_acquire(&mut acked, token, lease, tokens, floor, queue)
                     .await
                 {
                     // Not on enough replicas: released when `in_flight` drops.
@@ -203,18 +246,23 @@ impl RedisStore {
     }
 }
 
-/// An acquire script in flight; dropped, it releases what the script may
-/// have granted (compare-and-delete by the attempt's token: harmless if it
-/// granted nothing).
-struct Attempting<'a> {
+/// What a dropped acquisition leaves behind, undone in the background: an
+/// acquire script in flight (`release` set) may have granted the lock,
+/// released by compare-and-delete on the attempt's token (harmless if it
+/// granted nothing), or queued it; a waiter (`release` unset) has a place
+/// in the exclusive lock's queue, which it leaves, naming the next waiter
+/// if a release had named it. A place left there would run out by itself
+/// (`QUEUE_TTL`), and hold the lock back up to `NEXT_TTL` if named.
+struct Undo<'a> {
     inner: &'a Arc<RedisStore>,
     layout: &'a Layout,
     token: &'a str,
-    lease: Duration,
+    /// The attempt's lease: it is released until that would have ended.
+    release: Option<Duration>,
     armed: bool,
 }
 
-impl Drop for Attempting<'_> {
+impl Drop for Undo<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -224,15 +272,23 @@ impl Drop for Attempting<'_> {
             self.layout.clone(),
             self.token.to_owned(),
         );
-        let deadline = Instant::now() + self.lease;
+        let deadline = self.release.map(|lease| Instant::now() + lease);
         let releases = inner.releases.clone();
         release_in_background(
             async move {
-                layout
-                    .release_until(|| inner.conn.get(), &token, Some(deadline))
+                let released = match deadline {
+                    Some(deadline) => layout
+                        .release_until(|| inner.conn.get(), &token, Some(deadline))
+                        .await
+                        .map(drop)
+                        .map_err(|e| redis_error("releasing an abandoned attempt", e)),
+                    None => Ok(()),
+                };
+                let left = layout
+                    .leave_queue(&mut inner.conn.get(), &token)
                     .await
-                    .map(drop)
-                    .map_err(|e| redis_error("releasing an abandoned attempt", e))
+                    .map_err(|e| redis_error("leaving a lock's queue", e));
+                released.and(left)
             },
             &releases,
             "redis",
@@ -298,7 +354,10 @@ impl Protocol for RedisLock {
                 // This connection's own subscription, if it has one, is
                 // not a waiter elsewhere (looked up only when someone
                 // heard: most releases are heard by no one).
+                // With a queue, the release named the next waiter and
+                // nobody overtakes it: nothing to hand off.
                 let elsewhere = heard > 0
+                    && !self.layout.has_queue()
                     && heard > u64::from(self.server.watches.subscribed(self.layout.channel()));
                 self.heard_elsewhere.store(elsewhere, Ordering::Relaxed);
                 Released {

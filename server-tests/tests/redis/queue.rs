@@ -1,0 +1,219 @@
+//! The queue of an exclusive lock: waiters in different processes take it
+//! in the order they asked, a release wakes only the next one's process,
+//! and one that gives up leaves no place behind.
+
+use super::*;
+
+/// A waiter in its own process (backend) on `key`: records its turn in
+/// `order`, holds a moment, releases.
+fn waiter(
+    b: &RedisBackend,
+    key: &str,
+    name: &'static str,
+    order: &Arc<Mutex<Vec<&'static str>>>,
+) -> tokio::task::JoinHandle<()> {
+    let (b, key, order) = (b.clone(), key.to_owned(), order.clone());
+    tokio::spawn(async move {
+        let g = b
+            .lock(key.as_str())
+            .wait(Duration::from_secs(10))
+            .await
+            .unwrap();
+        order.lock().unwrap().push(name);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        g.release().await.unwrap();
+    })
+}
+
+/// Without a queue every waiter woken by a release asks at once and the
+/// fastest wins: three waiters would come out in their order by chance
+/// one round in six.
+#[tokio::test]
+async fn waiters_in_different_processes_take_the_lock_in_the_order_they_asked() {
+    let test = "fifo";
+    let holder = backend(test).await;
+    let (a, b, c) = (
+        backend(test).await,
+        backend(test).await,
+        backend(test).await,
+    );
+    for round in 0..5 {
+        let key = format!("k{round}");
+        let held = holder.lock(key.as_str()).await.unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let first = waiter(&c, &key, "c", &order);
+        queued(test, &key, 1).await;
+        let second = waiter(&a, &key, "a", &order);
+        queued(test, &key, 2).await;
+        let third = waiter(&b, &key, "b", &order);
+        queued(test, &key, 3).await;
+        held.release().await.unwrap();
+        for w in [first, second, third] {
+            w.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), ["c", "a", "b"], "round {round}");
+    }
+    for backend in [&holder, &a, &b, &c] {
+        backend.flush().await;
+    }
+    no_queue_left(test).await;
+}
+
+/// A waiter that gives up before its turn leaves the queue: a release then
+/// names the one behind it, which takes the lock.
+#[tokio::test]
+async fn a_waiter_that_gives_up_leaves_the_queue_to_the_next() {
+    let test = "gives-up";
+    let (holder, quitter, patient) = (
+        backend(test).await,
+        backend(test).await,
+        backend(test).await,
+    );
+    let queue = format!("{}{{k}}:queue", prefix(test));
+    let held = holder.lock("k").await.unwrap();
+    let gave_up = {
+        let quitter = quitter.clone();
+        tokio::spawn(async move { quitter.lock("k").wait(Duration::from_millis(300)).await })
+    };
+    queued(test, "k", 1).await;
+    let next = {
+        let patient = patient.clone();
+        tokio::spawn(async move { patient.lock("k").wait(Duration::from_secs(10)).await })
+    };
+    queued(test, "k", 2).await;
+    let mut conn = raw(&redis_url()).await;
+    let waiting: Vec<String> = conn.zrange(&queue, 0, -1).await.unwrap();
+    assert_eq!(waiting.len(), 2, "both waiters queued: {waiting:?}");
+    assert!(matches!(
+        gave_up.await.unwrap(),
+        Err(LockError::Timeout { .. })
+    ));
+    quitter.flush().await;
+    let waiting: Vec<String> = conn.zrange(&queue, 0, -1).await.unwrap();
+    assert_eq!(waiting.len(), 1, "the one that gave up left: {waiting:?}");
+    held.release().await.unwrap();
+    next.await.unwrap().unwrap().release().await.unwrap();
+    for backend in [&holder, &quitter, &patient] {
+        backend.flush().await;
+    }
+    no_queue_left(test).await;
+}
+
+/// A release names a waiter that never comes to take the lock (its task
+/// is stuck): the waiter behind it, told as well, takes the lock once the
+/// first one's turn is over (100 ms), well within its wait of 600 ms; left
+/// to look when the holder's lease of 30 s would end (after a second at
+/// most), it would give up first.
+#[tokio::test]
+async fn a_named_waiter_that_does_not_come_holds_the_lock_back_only_for_its_turn() {
+    let test = "stuck";
+    let (holder, stuck, patient) = (
+        backend(test).await,
+        backend(test).await,
+        backend(test).await,
+    );
+    let held = holder
+        .lock("k")
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Queued first, then never polled again.
+    let mut forgotten = Box::pin(std::future::IntoFuture::into_future(
+        stuck.lock("k").wait(Duration::from_secs(30)),
+    ));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut forgotten)
+            .await
+            .is_err()
+    );
+    queued(test, "k", 1).await;
+    let next = {
+        let patient = patient.clone();
+        tokio::spawn(async move { patient.lock("k").wait(Duration::from_millis(600)).await })
+    };
+    queued(test, "k", 2).await;
+    held.release().await.unwrap();
+    next.await
+        .unwrap()
+        .expect("the waiter behind took the lock")
+        .release()
+        .await
+        .unwrap();
+    drop(forgotten);
+    for backend in [&holder, &stuck, &patient] {
+        backend.flush().await;
+    }
+    no_queue_left(test).await;
+}
+
+/// A broken lock goes to the first waiter of its queue at once, as a
+/// released one does: within its wait of 600 ms, where looking when the
+/// broken holder's lease of 30 s would end comes after a second.
+#[tokio::test]
+async fn a_broken_lock_goes_to_the_first_waiter() {
+    let test = "broken";
+    let (holder, waiter) = (backend(test).await, backend(test).await);
+    let held = holder
+        .lock("k")
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap();
+    let next = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.lock("k").wait(Duration::from_millis(600)).await })
+    };
+    queued(test, "k", 1).await;
+    holder
+        .break_lock(
+            LockKey::new("k").unwrap(),
+            tower_lock::backend::BreakScope::LocksOnly,
+        )
+        .await
+        .unwrap();
+    next.await
+        .unwrap()
+        .expect("the waiter took the broken lock")
+        .release()
+        .await
+        .unwrap();
+    drop(held);
+    for backend in [&holder, &waiter] {
+        backend.flush().await;
+    }
+    no_queue_left(test).await;
+}
+
+/// Waits until `key`'s queue holds `n` waiters; fails the test if it has
+/// not within two seconds.
+pub(super) async fn queued(test: &str, key: &str, n: usize) {
+    let queue = format!("{}{{{key}}}:queue", prefix(test));
+    let mut conn = raw(&redis_url()).await;
+    for _ in 0..100 {
+        let waiting: usize = conn.zcard(&queue).await.unwrap();
+        if waiting == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{queue} did not get {n} waiters");
+}
+
+/// Nothing of the queue stays once every waiter is gone.
+async fn no_queue_left(test: &str) {
+    let url = redis_url();
+    for _ in 0..100 {
+        let left: Vec<String> = keys_under(&url, &prefix(test))
+            .await
+            .into_iter()
+            .filter(|k| !k.ends_with(":fence"))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "{test}: keys left: {:?}",
+        keys_under(&url, &prefix(test)).await
+    );
+}
