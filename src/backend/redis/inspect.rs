@@ -9,9 +9,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use super::connection::Link;
-use super::layout::{redis_error, redis_name};
+use super::layout::{redis_error, redis_name, QueueKeys};
 use super::replicas::Acked;
-use super::scripts::{fence, Lua, FENCE_TTL, NEXT_TTL, NOW_MS, QUEUE};
+use super::scripts::{fence, lazily, Lua, FENCE_TTL, HAND_ON, NEXT_TTL, NOW_MS};
 use super::server::{sentinel_floor, RedisStore};
 use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
@@ -51,7 +51,7 @@ local f = fence(KEYS[5], ARGV[1], 1, floor)
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 redis.pcall(ARGV[4], ARGV[3], 'released')
 if #KEYS >= 8 then
-  hand_on(KEYS[6], KEYS[7], KEYS[8], ARGV[5], ARGV[3], ARGV[4], 'released')
+  hand_on()(KEYS[6], KEYS[7], KEYS[8], ARGV[5], ARGV[3], ARGV[4], 'released')
 end
 h[8] = f
 return h
@@ -346,17 +346,24 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
     queued: bool,
 ) -> Result<(Vec<Holder>, u64), redis::RedisError> {
     let base = redis_name(prefix, key.as_str());
-    let script = BREAK_LUA
-        .get_or_init(|| Lua::new([NOW_MS, QUEUE, fence().as_str(), HOLDERS, BREAK].concat()));
+    let script = BREAK_LUA.get_or_init(|| {
+        Lua::new(
+            [
+                &lazily("hand_on", &[NOW_MS, HAND_ON]),
+                fence().as_str(),
+                HOLDERS,
+                BREAK,
+            ]
+            .concat(),
+        )
+    });
     let mut call = script.key(&base);
     call.key(format!("{base}:w"))
         .key(format!("{base}:r"))
         .key(format!("{base}:s"))
         .key(format!("{base}:fence"));
     if queued {
-        call.key(format!("{base}:queue"))
-            .key(format!("{base}:places"))
-            .key(format!("{base}:next"));
+        call.key(QueueKeys(&base));
     }
     let (a, b, c, d, e, f, now, fence): (
         String,

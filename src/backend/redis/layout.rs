@@ -28,9 +28,9 @@ pub(crate) struct Layout {
     /// The readers' set of a writer, the writer of a reader.
     other: Option<String>,
     fence: String,
-    /// An exclusive lock's queue of waiters, their places' expiry and the
-    /// successor a release named (see `scripts::QUEUE`).
-    queue: Option<Box<[String; 3]>>,
+    /// Whether it has a queue of waiters (an exclusive lock): its keys,
+    /// named from `main` as they are sent ([`QueueKeys`]).
+    queued: bool,
     channel: String,
     /// How releases are published: `PUBLISH`, or on a cluster `SPUBLISH`.
     publish: &'static str,
@@ -86,18 +86,11 @@ impl Layout {
                 (Kind::Semaphore(permits), format!("{base}:s"), None)
             }
         };
-        let queue = (kind == Kind::Exclusive).then(|| {
-            Box::new([
-                format!("{base}:queue"),
-                format!("{base}:places"),
-                format!("{base}:next"),
-            ])
-        });
         Layout {
             kind,
             main,
             other,
-            queue,
+            queued: kind == Kind::Exclusive,
             fence: format!("{base}:fence"),
             channel: format!("{base}:rel"),
             publish: "PUBLISH",
@@ -127,14 +120,14 @@ impl Layout {
     pub(crate) fn sharded(mut self, sharded: bool) -> Self {
         if sharded {
             self.publish = "SPUBLISH";
-            self.queue = None;
+            self.queued = false;
         }
         self
     }
 
     /// Without a queue of waiters (Redlock's, which retry).
     pub(crate) fn without_queue(mut self) -> Self {
-        self.queue = None;
+        self.queued = false;
         self
     }
 
@@ -145,11 +138,11 @@ impl Layout {
 
     /// The channel a waiter of the backend whose tokens begin with `own`
     /// hears its turn on: with a queue, that backend's own (a release
-    /// names one waiter; see `scripts::QUEUE`), else the lock's.
+    /// names one waiter; see `scripts::HAND_ON`), else the lock's.
     pub(crate) fn waiter_channel(&self, own: &str) -> String {
-        match self.queue {
-            Some(_) => format!("{}:{own}", self.channel),
-            None => self.channel.clone(),
+        match self.queued {
+            true => format!("{}:{own}", self.channel),
+            false => self.channel.clone(),
         }
     }
 
@@ -171,7 +164,7 @@ impl Layout {
 
     /// Whether the lock has a queue of waiters (exclusive locks).
     pub(crate) fn has_queue(&self) -> bool {
-        self.queue.is_some()
+        self.queued
     }
 
     /// One attempt to take the lock for `token` on `conn`; the key's fencing
@@ -188,7 +181,7 @@ impl Layout {
     ) -> Result<Attempt, LockError> {
         let s = scripts();
         let mut call = match self.kind {
-            Kind::Exclusive if self.queue.is_some() => s.acquire_queued.key(&self.main),
+            Kind::Exclusive if self.queued => s.acquire_queued.key(&self.main),
             Kind::Exclusive => s.acquire_exclusive.key(&self.main),
             Kind::Read => s.acquire_read.key(&self.main),
             Kind::Write => s.acquire_write.key(&self.main),
@@ -198,8 +191,8 @@ impl Layout {
             call.key(other);
         }
         call.key(&self.fence);
-        if let Some(keys) = &self.queue {
-            call.key(&keys[..]);
+        if self.queued {
+            call.key(QueueKeys(&self.main));
         }
         call.arg(token)
             .arg(lease.as_millis() as u64)
@@ -210,7 +203,7 @@ impl Layout {
         };
         match self.kind {
             Kind::Semaphore(permits) => call.arg(permits),
-            Kind::Exclusive if self.queue.is_some() => call
+            Kind::Exclusive if self.queued => call
                 .arg(tokens.max(1))
                 .arg(queue as u8)
                 .arg(QUEUE_TTL.as_millis() as u64),
@@ -283,8 +276,8 @@ impl Layout {
             &s.release_member
         };
         let mut call = script.key(&self.main);
-        if let Some(keys) = &self.queue {
-            call.key(&keys[..]);
+        if self.queued {
+            call.key(QueueKeys(&self.main));
         }
         let released: i64 = call
             .arg(token)
@@ -304,13 +297,13 @@ impl Layout {
         conn: &mut C,
         token: &str,
     ) -> redis::RedisResult<()> {
-        let Some(keys) = &self.queue else {
+        if !self.queued {
             return Ok(());
-        };
+        }
         let _: i64 = scripts()
             .leave_queue
             .key(&self.main)
-            .key(&keys[..])
+            .key(QueueKeys(&self.main))
             .arg(token)
             .arg(&self.channel)
             .arg(self.publish)
@@ -362,6 +355,19 @@ pub(crate) enum Floor {
     /// The config epoch of the cluster node that runs the script, times
     /// `EPOCH_STRIDE`.
     ClusterEpoch,
+}
+
+/// The keys of an exclusive lock's queue (see `scripts::HAND_ON`): its
+/// waiters, their places' expiry and the successor a release named, after
+/// the lock's own name.
+pub(crate) struct QueueKeys<'a>(pub(crate) &'a str);
+
+impl redis::ToRedisArgs for QueueKeys<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        for suffix in [":queue", ":places", ":next"] {
+            out.write_arg_fmt(format_args!("{}{suffix}", self.0));
+        }
+    }
 }
 
 /// Whether an attempt on an exclusive lock joins its queue when busy.

@@ -146,6 +146,11 @@ impl Watches {
         self.reconnected.notify_waiters();
     }
 
+    /// Whether any channel is watched or lingers.
+    pub(super) fn any(&self) -> bool {
+        !lock(&self.channels).is_empty()
+    }
+
     /// Whether this connection is subscribed to `channel` (a waiter's
     /// subscription lingers a while after the wait).
     pub(super) fn subscribed(&self, channel: &str) -> bool {

@@ -118,8 +118,20 @@ pub(super) const QUEUE_TTL: Duration = Duration::from_secs(3);
 /// The queue of an exclusive lock: its waiters in the order they first
 /// found it busy (a sorted set scored by the server's clock in µs), when
 /// each one's place runs out (a sorted set scored in ms), and the waiter
-/// a release named. Needs `NOW_MS`.
+/// a release named.
 ///
+/// `enqueue` gives `token` a place, or keeps its place alive. Needs the
+/// `int` of `NOW_MS`; loaded by `lazily`.
+const ENQUEUE: &str = r#"
+local function enqueue(queue, places, token, ttl)
+  local t = redis.call('TIME')
+  redis.call('ZADD', queue, 'NX', int(tonumber(t[1]) * 1000000 + tonumber(t[2])), token)
+  redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl), token)
+  redis.call('PEXPIRE', queue, ttl)
+  redis.call('PEXPIRE', places, ttl)
+end
+"#;
+
 /// `name_next` pops the first waiter whose place has not run out, gives
 /// it the free lock alone for `ttl` ms and returns its token ('' when
 /// nobody waits). `hand_on` names it and tells its process, on the lock's
@@ -128,13 +140,15 @@ pub(super) const QUEUE_TTL: Duration = Duration::from_secs(3);
 /// not every one with a waiter. It also tells the process of the waiter
 /// behind, which looks once the named one's turn is over, in case it did
 /// not come (a process gone, a message missed); it returns how many heard
-/// the named one's message, or nil when nobody waits.
-pub(super) const QUEUE: &str = r#"
+/// the named one's message, or nil when nobody waits. Needs `NOW_MS`;
+/// loaded by `lazily`, `hand_on()` returns it.
+pub(super) const HAND_ON: &str = r#"
 local function name_next(queue, places, successor, ttl)
-  local now = now_ms()
+  local now = nil
   while true do
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     if not head then return '' end
+    now = now or now_ms()
     local place = redis.call('ZSCORE', places, head)
     redis.call('ZREM', queue, head)
     redis.call('ZREM', places, head)
@@ -158,13 +172,6 @@ local function hand_on(queue, places, successor, ttl, channel, publish, releaser
   end
   if type(heard) ~= 'number' then heard = 0 end
   return heard
-end
-local function enqueue(queue, places, token, ttl)
-  local t = redis.call('TIME')
-  redis.call('ZADD', queue, 'NX', int(tonumber(t[1]) * 1000000 + tonumber(t[2])), token)
-  redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl), token)
-  redis.call('PEXPIRE', queue, ttl)
-  redis.call('PEXPIRE', places, ttl)
 end
 "#;
 
@@ -208,7 +215,7 @@ elseif held ~= ARGV[1] then
   busy = redis.call('PTTL', KEYS[1])
 end
 if busy then
-  if ARGV[6] ~= '0' then enqueue(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[7])) end
+  if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[7])) end
   return {0, busy}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -287,8 +294,8 @@ const RELEASE_STRING: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   local heard = nil
-  if #KEYS >= 4 then
-    heard = hand_on(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
+  if #KEYS >= 4 and redis.call('EXISTS', KEYS[2]) == 1 then
+    heard = hand_on()(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
   end
   if heard == nil then
     heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
@@ -310,7 +317,7 @@ redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('GET', KEYS[4]) == ARGV[1] then
   redis.call('DEL', KEYS[4])
   if redis.call('EXISTS', KEYS[1]) == 0 then
-    hand_on(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
+    hand_on()(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
   end
 end
 return 1
@@ -428,24 +435,37 @@ pub(super) struct Scripts {
     pub(super) extend_member: Lua,
 }
 
+/// Lua defining `name()`, which defines the helpers in `parts` and returns
+/// their function `name`: a script pays for the helpers (Redis runs a
+/// script's definitions on every call) only when it uses them, as a queue's
+/// are used only under contention.
+pub(super) fn lazily(name: &str, parts: &[&str]) -> String {
+    format!(
+        "local function {name}()\n{}\nreturn {name}\nend\n",
+        parts.concat()
+    )
+}
+
 pub(super) fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| {
         let script = |parts: &[&str]| Lua::new(parts.concat());
         let in_set = [NOW_MS, HOLD_IN_SET].concat();
-        let queue = [NOW_MS, QUEUE].concat();
-        let queue = queue.as_str();
+        let enqueue = lazily("enqueue", &[NOW_MS, ENQUEUE]);
+        let enqueue = enqueue.as_str();
+        let hand_on = lazily("hand_on", &[NOW_MS, HAND_ON]);
+        let hand_on = hand_on.as_str();
         let fence = fence();
         let fence = fence.as_str();
         Scripts {
             acquire_exclusive: script(&[QUARANTINE, fence, ACQUIRE_EXCLUSIVE]),
-            acquire_queued: script(&[QUARANTINE, queue, fence, ACQUIRE_QUEUED]),
+            acquire_queued: script(&[QUARANTINE, enqueue, fence, ACQUIRE_QUEUED]),
             acquire_read: script(&[QUARANTINE, &in_set, fence, ACQUIRE_READ]),
             acquire_write: script(&[QUARANTINE, NOW_MS, fence, ACQUIRE_WRITE]),
             acquire_semaphore: script(&[QUARANTINE, &in_set, fence, ACQUIRE_SEMAPHORE]),
-            release_string: script(&[queue, RELEASE_STRING]),
+            release_string: script(&[hand_on, RELEASE_STRING]),
             release_member: script(&[RELEASE_MEMBER]),
-            leave_queue: script(&[queue, LEAVE_QUEUE]),
+            leave_queue: script(&[hand_on, LEAVE_QUEUE]),
             extend_string: script(&[EXTEND_STRING]),
             extend_member: script(&[&in_set, EXTEND_MEMBER]),
         }

@@ -69,13 +69,21 @@ impl Store for RedisStore {
         let token = self.tokens.next();
         let mut sent = Instant::now();
         let waits = request.wait != Wait::FailFast;
-        let channel = waits.then(|| layout.waiter_channel(&self.tokens.prefix()));
+        // Named only for a wait, or to look for a subscription when there
+        // are any: most acquisitions find their key free.
+        let mut channel: Option<String> = None;
         // A subscription left from an earlier wait here hears releases from
         // now on: watching before the first attempt, a busy answer needs no
         // second attempt once subscribed.
-        let early = match &channel {
-            Some(c) if self.watches.subscribed(c) => Some(self.watches.watch(&self.conn, c).await),
-            _ => None,
+        let early = match waits && self.watches.any() {
+            true => {
+                let c = channel.insert(layout.waiter_channel(&self.tokens.prefix()));
+                match self.watches.subscribed(c) {
+                    true => Some(self.watches.watch(&self.conn, c).await),
+                    false => None,
+                }
+            }
+            false => None,
         };
         let mut armed = early.as_ref().map(Watch::arm);
         let queue = if waits { Queue::OnBusy } else { Queue::Never };
@@ -85,7 +93,8 @@ impl Store for RedisStore {
         if let (Attempt::Busy(_), false) = (&attempt, waits) {
             return Err(LockError::Busy);
         }
-        if let (Attempt::Busy(_), Some(channel)) = (&attempt, &channel) {
+        if let Attempt::Busy(_) = attempt {
+            let channel = channel.unwrap_or_else(|| layout.waiter_channel(&self.tokens.prefix()));
             // In the lock's queue now (an exclusive lock): leaves it if
             // dropped before its turn.
             let mut queued = Undo {
@@ -97,7 +106,7 @@ impl Store for RedisStore {
             };
             let watch = match early {
                 Some(watch) => watch,
-                None => self.watches.watch(&self.conn, channel).await,
+                None => self.watches.watch(&self.conn, &channel).await,
             };
             loop {
                 // Armed before the attempt, so a release published between
