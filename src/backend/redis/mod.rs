@@ -59,7 +59,8 @@
 //! once those 100 ms are over in case the named one did not come (a process
 //! gone, a message missed). A waiter that gives up leaves its place, naming
 //! the next one if it had been named. redis-py clients take no place and may
-//! still take a free lock; a named waiter overtaken so goes to the back. A
+//! still take a free lock; a named waiter overtaken so, or one that comes
+//! after its turn (a process paused past 100 ms), goes to the back. A
 //! lock freed by its lease running out (a holder gone) names nobody: its
 //! waiters look when they expected it to run out, and the first to ask
 //! wins. Processes with a waiter each are thus served in turn (measured:

@@ -49,6 +49,8 @@ struct Channel {
     /// waiter of another backend comes to the one queued behind it, which
     /// looks once that waiter's turn is over.
     for_us: u64,
+    /// Subscriptions the server ended, so far.
+    ended: u64,
     /// Told of releases by other backends (other processes) only.
     others: Arc<Notify>,
     /// Whether a release heard by other subscribers is handed off to them
@@ -110,7 +112,9 @@ impl Watches {
             // its slot moves away (and on our own `SUNSUBSCRIBE`): its
             // waiters subscribe again on their next look, and look now,
             // since a message may have been missed.
-            PushKind::SUnsubscribe => {
+            // And a plain subscription's end, in the order the server sent
+            // it: the sweep's UNSUBSCRIBE of a channel watched again since.
+            PushKind::SUnsubscribe | PushKind::Unsubscribe => {
                 if let Some(Value::BulkString(channel)) = info.data.first() {
                     let mut channels = lock(&self.channels);
                     if let Some(c) = std::str::from_utf8(channel)
@@ -118,6 +122,7 @@ impl Watches {
                         .and_then(|c| channels.get_mut(c))
                     {
                         c.subscribed = false;
+                        c.ended += 1;
                         c.wake();
                     }
                 }
@@ -197,6 +202,7 @@ impl Watches {
                     notify: Arc::new(Notify::new()),
                     messages: 0,
                     for_us: 0,
+                    ended: 0,
                     others: Arc::new(Notify::new()),
                     hand_offs: true,
                     users: 0,
@@ -238,36 +244,48 @@ impl Watch {
     /// A wait for the channel's next message (or lost subscription), armed
     /// now: a message from here on ends it.
     pub(super) fn arm(&self) -> Armed {
+        // Enabled and counted under the lock the push handler counts and
+        // notifies under: a message comes either before both or after both.
+        let channels = lock(&self.watches.channels);
         let mut released = Box::pin(self.notify.clone().notified_owned());
         released.as_mut().enable();
-        let seen = lock(&self.watches.channels)
-            .get(&self.channel)
-            .map_or(0, |c| c.messages);
+        let seen = channels.get(&self.channel).map_or(0, |c| c.messages);
         Armed { released, seen }
     }
 
     /// Whether a message since `armed` calls on this backend's waiters to
-    /// look now (see `Channel::for_us`).
-    pub(super) fn for_us(&self, armed: &Armed) -> bool {
-        lock(&self.watches.channels)
-            .get(&self.channel)
-            .is_none_or(|c| c.for_us > armed.seen)
+    /// look now (see `Channel::for_us`); if not, `armed` waits for the next
+    /// one, re-armed under the same lock, so that none comes in between.
+    pub(super) fn for_us_or_rearm(&self, armed: &mut Armed) -> bool {
+        let channels = lock(&self.watches.channels);
+        let Some(c) = channels.get(&self.channel) else {
+            return true;
+        };
+        if c.for_us > armed.seen {
+            return true;
+        }
+        armed.released = Box::pin(self.notify.clone().notified_owned());
+        armed.released.as_mut().enable();
+        armed.seen = c.messages;
+        false
     }
 
     /// Subscribes on `conn` unless subscribed already (by this waiter or
     /// another): at the start of a wait, and again on every look while
     /// the server has ended the subscription. Subscribed, a flag check.
     pub(super) async fn subscribe(&self, conn: &Connection) {
-        let subscribed = lock(&self.watches.channels)
-            .get(&self.channel)
-            .is_some_and(|c| c.subscribed);
-        if subscribed {
-            return;
-        }
+        let ended = match lock(&self.watches.channels).get(&self.channel) {
+            Some(c) if c.subscribed => return,
+            Some(c) => c.ended,
+            None => 0,
+        };
         match conn.get().subscribe(&self.channel).await {
             Ok(()) => {
+                // Not if the server ended a subscription meanwhile: it may
+                // have been this one (the sweep's UNSUBSCRIBE sent after
+                // it); the next look subscribes again.
                 if let Some(c) = lock(&self.watches.channels).get_mut(&self.channel) {
-                    c.subscribed = true;
+                    c.subscribed = c.ended == ended;
                 }
             }
             // Without the subscription the waiter still re-checks at the

@@ -136,12 +136,11 @@ impl Store for RedisStore {
                         _ = released.released.as_mut() => {}
                         _ = tokio::time::sleep(recheck) => break,
                     }
-                    if watch.for_us(&released) {
+                    // Else a release named the waiter ahead of this one:
+                    // the lock is that waiter's until its turn is over.
+                    if watch.for_us_or_rearm(&mut released) {
                         break;
                     }
-                    // A release named the waiter ahead of this one: the
-                    // lock is that waiter's until its turn is over.
-                    released = watch.arm();
                     recheck = NEXT_TTL + Duration::from_millis(1);
                 }
             }
