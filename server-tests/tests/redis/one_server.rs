@@ -533,22 +533,10 @@ async fn a_release_heard_by_another_process_goes_there_before_the_next_waiter_he
         let key = format!("k{round}");
         let holder = here.lock(key.as_str()).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
-        let taker = |b: RedisBackend, name: &'static str| {
-            let (order, key) = (order.clone(), key.clone());
-            tokio::spawn(async move {
-                let g = b
-                    .lock(key.as_str())
-                    .wait(Duration::from_secs(10))
-                    .await
-                    .unwrap();
-                order.lock().unwrap().push(name);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                g.release().await.unwrap();
-            })
-        };
-        let elsewhere = taker(there.clone(), "there");
+        let hold = Duration::from_millis(20);
+        let elsewhere = super::queue::waiter(&there, &key, "there", &order, hold);
         super::queue::queued("turns", &key, 1).await;
-        let next = taker(here.clone(), "here");
+        let next = super::queue::waiter(&here, &key, "here", &order, hold);
         // Queued behind the holder, past the bound of its hand-offs.
         tokio::time::sleep(Duration::from_millis(60)).await;
         holder.release().await.unwrap();

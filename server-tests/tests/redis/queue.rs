@@ -5,12 +5,13 @@
 use super::*;
 
 /// A waiter in its own process (backend) on `key`: records its turn in
-/// `order`, holds a moment, releases.
-fn waiter(
+/// `order`, holds for `hold`, releases.
+pub(super) fn waiter(
     b: &RedisBackend,
     key: &str,
     name: &'static str,
     order: &Arc<Mutex<Vec<&'static str>>>,
+    hold: Duration,
 ) -> tokio::task::JoinHandle<()> {
     let (b, key, order) = (b.clone(), key.to_owned(), order.clone());
     tokio::spawn(async move {
@@ -20,10 +21,13 @@ fn waiter(
             .await
             .unwrap();
         order.lock().unwrap().push(name);
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(hold).await;
         g.release().await.unwrap();
     })
 }
+
+/// How long each waiter of the order test holds the lock.
+const HOLD: Duration = Duration::from_millis(5);
 
 /// Without a queue every waiter woken by a release asks at once and the
 /// fastest wins: three waiters would come out in their order by chance
@@ -41,11 +45,11 @@ async fn waiters_in_different_processes_take_the_lock_in_the_order_they_asked() 
         let key = format!("k{round}");
         let held = holder.lock(key.as_str()).await.unwrap();
         let order = Arc::new(Mutex::new(Vec::new()));
-        let first = waiter(&c, &key, "c", &order);
+        let first = waiter(&c, &key, "c", &order, HOLD);
         queued(test, &key, 1).await;
-        let second = waiter(&a, &key, "a", &order);
+        let second = waiter(&a, &key, "a", &order, HOLD);
         queued(test, &key, 2).await;
-        let third = waiter(&b, &key, "b", &order);
+        let third = waiter(&b, &key, "b", &order, HOLD);
         queued(test, &key, 3).await;
         held.release().await.unwrap();
         for w in [first, second, third] {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::scripts::{scripts, FENCE_TTL, NEXT_TTL, QUEUE_TTL};
+use super::scripts::{scripts, Call, Lua, FENCE_TTL, NEXT_TTL, QUEUE_TTL};
 pub(crate) use crate::backend::engine::owner::Tokens;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -275,17 +275,7 @@ impl Layout {
         } else {
             &s.release_member
         };
-        let mut call = script.key(&self.main);
-        if self.queued {
-            call.key(QueueKeys(&self.main));
-        }
-        let released: i64 = call
-            .arg(token)
-            .arg(&self.channel)
-            .arg(self.publish)
-            .arg(NEXT_TTL.as_millis() as u64)
-            .invoke(conn)
-            .await?;
+        let released: i64 = self.announcing(script, token).invoke(conn).await?;
         // 0: not ours; else one more than the subscribers that heard.
         Ok(released.saturating_sub(1).max(0) as u64)
     }
@@ -300,17 +290,26 @@ impl Layout {
         if !self.queued {
             return Ok(());
         }
-        let _: i64 = scripts()
-            .leave_queue
-            .key(&self.main)
-            .key(QueueKeys(&self.main))
-            .arg(token)
-            .arg(&self.channel)
-            .arg(self.publish)
-            .arg(NEXT_TTL.as_millis() as u64)
+        let _: i64 = self
+            .announcing(&scripts().leave_queue, token)
             .invoke(conn)
             .await?;
         Ok(())
+    }
+
+    /// A call of `script` for `token` that may announce the lock free:
+    /// KEYS lock (and its queue's), ARGV token, channel, how to publish and
+    /// a named successor's turn, as `RELEASE_*` and `LEAVE_QUEUE` take them.
+    fn announcing<'a>(&self, script: &'a Lua, token: &str) -> Call<'a> {
+        let mut call = script.key(&self.main);
+        if self.queued {
+            call.key(QueueKeys(&self.main));
+        }
+        call.arg(token)
+            .arg(&self.channel)
+            .arg(self.publish)
+            .arg(NEXT_TTL.as_millis() as u64);
+        call
     }
 
     /// [Releases](Self::release) through `conn()`, returning how many

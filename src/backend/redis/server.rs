@@ -111,7 +111,7 @@ impl Store for RedisStore {
             loop {
                 // Armed before the attempt, so a release published between
                 // the attempt and the wait is not missed.
-                let released = match armed.take() {
+                let mut released = match armed.take() {
                     Some(released) => released,
                     None => {
                         let released = watch.arm();
@@ -126,7 +126,6 @@ impl Store for RedisStore {
                 let Attempt::Busy(ttl) = attempt else {
                     break;
                 };
-                let mut released = released;
                 let mut recheck = u64::try_from(ttl)
                     .map(|ms| Duration::from_millis(ms + 1))
                     .unwrap_or(MAX_RECHECK)
