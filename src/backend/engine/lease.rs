@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::renewal::{Place, Renewable, Renewals};
 use super::InFlight;
 use crate::backend::{Acquired, BackendFuture, LeaseHandle};
 use crate::error::LockError;
@@ -98,7 +99,7 @@ pub(crate) struct Lease<P: Protocol> {
     /// Until when the server surely keeps the lock (for ZooKeeper, the
     /// session's deadline, shared by its locks).
     valid: Arc<Deadline>,
-    renewal: Mutex<Option<JoinHandle<()>>>,
+    renewal: Mutex<Renewal>,
     releases: Arc<InFlight>,
     /// Set when the release starts: later calls do nothing.
     released: AtomicBool,
@@ -118,16 +119,26 @@ impl<P: Protocol> Lease<P> {
             lease,
             lost: LostState::new(),
             valid,
-            renewal: Mutex::new(None),
+            renewal: Mutex::new(Renewal::Off),
             releases,
             released: AtomicBool::new(false),
         })
     }
 
-    /// Renews the lease every third of it until released or lost.
-    pub(crate) fn keep_renewed(self: &Arc<Self>) {
-        let task = tokio::spawn(renew(Arc::downgrade(self)));
-        *lock(&self.renewal) = Some(task);
+    /// Renews the lease every third of it until released or lost: its
+    /// renewal task starts when the first renewal is due (`renewals` waits
+    /// until then), or now for a grant whose answer came late.
+    pub(crate) fn keep_renewed(self: &Arc<Self>, renewals: &Arc<Renewals>) {
+        let wait = renewal_due_in(self.lease, self.valid.left());
+        let mut renewal = lock(&self.renewal);
+        *renewal = match wait.is_zero() {
+            true => Renewal::Running(tokio::spawn(renew(Arc::downgrade(self)))),
+            false => {
+                let at = tokio::time::Instant::now() + wait;
+                let me: std::sync::Weak<dyn Renewable> = Arc::downgrade(self) as _;
+                Renewal::Waiting(renewals.clone(), renewals.add(at, me))
+            }
+        };
     }
 
     /// The lock as the backend hands it out, with `tokens` reserved from
@@ -140,8 +151,10 @@ impl<P: Protocol> Lease<P> {
     }
 
     fn stop_renewal(&self) {
-        if let Some(renewal) = lock(&self.renewal).take() {
-            renewal.abort();
+        match std::mem::replace(&mut *lock(&self.renewal), Renewal::Off) {
+            Renewal::Off => {}
+            Renewal::Waiting(renewals, place) => renewals.cancel(place),
+            Renewal::Running(task) => task.abort(),
         }
     }
 
@@ -155,6 +168,25 @@ impl<P: Protocol> Lease<P> {
             &releases,
             what,
         );
+    }
+}
+
+/// Where a lease's renewal is.
+enum Renewal {
+    /// Not renewed (yet, or any more: released).
+    Off,
+    /// Waiting in a backend's [`Renewals`] until its first renewal is due.
+    Waiting(Arc<Renewals>, Place),
+    Running(JoinHandle<()>),
+}
+
+impl<P: Protocol> Renewable for Lease<P> {
+    fn start_renewal(self: Arc<Self>) {
+        let mut renewal = lock(&self.renewal);
+        // Released meanwhile: nothing to renew.
+        if let Renewal::Waiting(..) = *renewal {
+            *renewal = Renewal::Running(tokio::spawn(renew(Arc::downgrade(&self))));
+        }
     }
 }
 
@@ -256,10 +288,13 @@ impl Drop for Finishing {
 /// renewal is sent at once, and a renewal not answered by the end of the
 /// validity fires the signal then, before the server can grant the lock to
 /// anyone else.
+///
+/// Spawned when the first renewal is due: it goes at once.
 async fn renew<P: Protocol>(lease: Weak<Lease<P>>) {
     let Some((period, full)) = lease.upgrade().map(|l| (l.lease / 3, l.lease)) else {
         return;
     };
+    let mut due = true;
     loop {
         let Some((now, left)) = lease
             .upgrade()
@@ -274,7 +309,10 @@ async fn renew<P: Protocol>(lease: Weak<Lease<P>>) {
         // its very end, where only the drift (a few ms) would be left for
         // the signal to reach a holder on a busy machine. At once for a
         // late grant.
-        let wait = left.saturating_sub((full - drift(full)).saturating_sub(period));
+        let wait = match std::mem::take(&mut due) {
+            true => Duration::ZERO,
+            false => renewal_due_in(full, left),
+        };
         match now {
             Some(now) => tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
@@ -305,6 +343,12 @@ async fn renew<P: Protocol>(lease: Weak<Lease<P>>) {
         l.lost.fire(reason);
         return;
     }
+}
+
+/// How long until a lease of `lease`, known valid for `left` more, is due
+/// its next renewal.
+fn renewal_due_in(lease: Duration, left: Duration) -> Duration {
+    left.saturating_sub((lease - drift(lease)).saturating_sub(lease / 3))
 }
 
 /// Releases from a destructor: puts `release` (which retries on its own) on
@@ -402,7 +446,7 @@ mod tests {
         };
         let valid = Arc::new(Deadline::new(Instant::now() + valid_for));
         let held = Lease::new(fake, lease, valid, Arc::default());
-        held.keep_renewed();
+        held.keep_renewed(&Renewals::new(None));
         (held, renewals)
     }
 
@@ -444,6 +488,63 @@ mod tests {
         assert!(!LostSignal::new(held).is_lost());
     }
 
+    /// A lock released before its first renewal is due never had a
+    /// renewal task, and leaves nothing waiting for one.
+    #[tokio::test]
+    async fn a_lock_released_before_its_first_renewal_leaves_nothing_behind() {
+        let renewals = Renewals::new(None);
+        let count = Arc::new(AtomicU32::new(0));
+        let fake = Fake {
+            answered: u32::MAX,
+            answer: Duration::ZERO,
+            renewals: count.clone(),
+        };
+        let lease = Duration::from_secs(30);
+        let valid = Arc::new(Deadline::new(Instant::now() + lease));
+        let held = Lease::new(fake, lease, valid, Arc::default());
+        held.keep_renewed(&renewals);
+        assert_eq!(renewals.waiting(), 1);
+        assert!(matches!(*lock(&held.renewal), Renewal::Waiting(..)));
+        held.clone().release().await.unwrap();
+        assert_eq!(renewals.waiting(), 0, "a released lease still waits");
+        assert!(matches!(*lock(&held.renewal), Renewal::Off));
+        assert_eq!(count.load(Ordering::SeqCst), 0);
+    }
+
+    /// Told to renew now (a lost connection), every lease waiting for its
+    /// first renewal renews at once, not when it would have been due.
+    #[tokio::test]
+    async fn renew_now_renews_the_leases_not_yet_due_at_once() {
+        let now = Arc::new(Notify::new());
+        let renewals = Renewals::new(Some(now.clone()));
+        let count = Arc::new(AtomicU32::new(0));
+        let lease = Duration::from_secs(30);
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let fake = Fake {
+                answered: u32::MAX,
+                answer: Duration::ZERO,
+                renewals: count.clone(),
+            };
+            let valid = Arc::new(Deadline::new(Instant::now() + lease));
+            let lock = Lease::new(fake, lease, valid, Arc::default());
+            lock.keep_renewed(&renewals);
+            held.push(lock);
+        }
+        // Until the timer waits, a call would find nobody to tell; due in
+        // 20 s otherwise.
+        let asked = Instant::now();
+        while count.load(Ordering::SeqCst) < 2 {
+            now.notify_waiters();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            assert!(asked.elapsed() < Duration::from_secs(5), "not renewed");
+        }
+        assert_eq!(renewals.waiting(), 0);
+        for lock in held {
+            lock.release().await.unwrap();
+        }
+    }
+
     const LEASE: Duration = Duration::from_millis(600);
     const PERIOD: Duration = Duration::from_millis(200);
 
@@ -459,7 +560,7 @@ mod tests {
             renewals: Default::default(),
         };
         let held = Lease::new(fake, LEASE, valid.clone(), Arc::new(InFlight::default()));
-        held.keep_renewed();
+        held.keep_renewed(&Renewals::new(None));
         let signal = LostSignal::new(held.clone());
         // Woken by the renewal task only: `is_lost` is not looked at.
         signal.lost().await;

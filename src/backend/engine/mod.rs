@@ -1,6 +1,7 @@
 //! The engine every remote backend shares, written once: the local queue
 //! and hand-off ([`Cohort`]), the lease's renewal, loss and release
-//! (`lease`), the releases in flight that `flush` waits for (`in_flight`),
+//! (`lease`), one timer per backend for the renewals not yet due
+//! (`renewal`), the releases in flight that `flush` waits for (`in_flight`),
 //! and [`RemoteBackend`], which puts them in front of a store's acquire
 //! path. A store supplies only that path ([`Store`]) and, for each lock it
 //! grants, how to renew and release it (`lease::Protocol`).
@@ -25,6 +26,7 @@ pub(crate) use in_flight::InFlight;
 cfg_remote! {
     pub(crate) mod lease;
     mod remote;
+    pub(crate) mod renewal;
 
     pub use remote::RemoteBackend;
     pub(crate) use remote::Store;

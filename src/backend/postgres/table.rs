@@ -23,6 +23,7 @@ use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
 use crate::backend::engine::owner::Tokens;
+use crate::backend::engine::renewal::Renewals;
 use crate::backend::engine::InFlight;
 use crate::backend::{Acquired, LockRequest};
 use crate::error::LockError;
@@ -110,6 +111,8 @@ pub(super) struct LeaseTable {
     /// The listener and the sweep, stopped with the backend.
     tasks: Mutex<Vec<JoinHandle<()>>>,
     pub(super) releases: Arc<InFlight>,
+    /// Leases whose first renewal is not due yet.
+    pub(super) renewals: Arc<Renewals>,
 }
 
 /// What one acquire statement found.
@@ -149,6 +152,7 @@ impl LeaseTable {
             owners: Tokens::new(),
             tasks: Mutex::new(Vec::new()),
             releases: Arc::default(),
+            renewals: Renewals::new(None),
         })
     }
 
@@ -416,6 +420,7 @@ impl LeaseTable {
         let token = super::token_of(n);
         let valid = Arc::new(Deadline::new(known_until(sent, request.lease)));
         let releases = self.releases.clone();
+        let renewals = self.renewals.clone();
         let lease = Lease::new(
             TableLock {
                 table: self,
@@ -427,7 +432,7 @@ impl LeaseTable {
             valid,
             releases,
         );
-        lease.keep_renewed();
+        lease.keep_renewed(&renewals);
         Ok(lease.acquired(
             token,
             request.tokens.clamp(1, PostgresBackend::TOKEN_SPACING),

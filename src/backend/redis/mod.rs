@@ -247,6 +247,7 @@ pub use self::server::RedisStore;
 #[cfg(doc)]
 use super::CohortOptions;
 use super::RemoteBackend;
+use crate::backend::engine::renewal::Renewals;
 use crate::error::LockError;
 use crate::key::LockKey;
 
@@ -394,6 +395,7 @@ impl RedisBackend {
             response_timeout: options.response_timeout,
             prefix: options.prefix,
             quarantine: options.restart_quarantine,
+            renewals: Renewals::new(Some(watches.reconnected.clone())),
             watches,
             tokens,
             releases: Arc::default(),

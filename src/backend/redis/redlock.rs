@@ -70,6 +70,7 @@ use super::options::check_tls_support;
 use crate::backend::engine::lease::{
     check_lease, drift, release_in_background, Lease, Protocol, Released,
 };
+use crate::backend::engine::renewal::Renewals;
 use crate::backend::engine::{InFlight, Store};
 use crate::backend::{
     Acquired, BreakScope, Broken, Capabilities, CohortOptions, Holder, Inspection, LockRequest,
@@ -114,6 +115,8 @@ pub struct RedlockStore {
     tokens: Tokens,
     jitter: std::collections::hash_map::RandomState,
     releases: Arc<InFlight>,
+    /// Leases whose first renewal is not due yet.
+    renewals: Arc<Renewals>,
 }
 
 struct Node {
@@ -216,6 +219,7 @@ impl RedlockBackend {
             tokens: Tokens::new(),
             jitter: Default::default(),
             releases: Arc::default(),
+            renewals: Renewals::new(None),
         };
         Ok(RemoteBackend::new(store, CohortOptions::default()))
     }
@@ -487,13 +491,14 @@ impl Store for RedlockStore {
         };
         let valid = Arc::new(Deadline::new((started + lease - drift).into_std()));
         let releases = self.releases.clone();
+        let renewals = self.renewals.clone();
         let lock = RedlockLock {
             inner: self,
             layout,
             token,
         };
         let lease = Lease::new(lock, lease, valid, releases);
-        lease.keep_renewed();
+        lease.keep_renewed(&renewals);
         // The block that starts highest (fewer tokens than asked if its
         // instance's counter neared its clock).
         Ok(lease.acquired(FencingToken::new(fence + 1 - u64::from(reserved)), reserved))

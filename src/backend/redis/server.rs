@@ -16,6 +16,7 @@ use super::scripts::{EPOCH_STRIDE, MAX_FLOOR, NEXT_TTL};
 use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
 };
+use crate::backend::engine::renewal::Renewals;
 use crate::backend::engine::{InFlight, Store};
 use crate::backend::{
     Acquired, BackendFuture, BreakScope, Broken, Capabilities, Inspection, LockRequest,
@@ -47,6 +48,8 @@ pub struct RedisStore {
     pub(super) watches: Arc<Watches>,
     pub(super) tokens: Tokens,
     pub(super) releases: Arc<InFlight>,
+    /// Leases whose first renewal is not due yet.
+    pub(super) renewals: Arc<Renewals>,
 }
 
 // One connection: a release sent lands before the next acquire.
@@ -153,6 +156,7 @@ impl Store for RedisStore {
         let first = last + 1 - u64::from(reserved);
         let valid = Arc::new(Deadline::new(known_until(sent, request.lease)));
         let releases = self.releases.clone();
+        let renewals = self.renewals.clone();
         let lock = RedisLock {
             server: self,
             layout,
@@ -160,7 +164,7 @@ impl Store for RedisStore {
             heard_elsewhere: AtomicBool::new(false),
         };
         let lease = Lease::new(lock, request.lease, valid, releases);
-        lease.keep_renewed();
+        lease.keep_renewed(&renewals);
         Ok(lease.acquired(FencingToken::new(first), reserved))
     }
 
