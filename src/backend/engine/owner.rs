@@ -27,8 +27,28 @@ impl Tokens {
         format!("{:016x}", self.seed)
     }
 
+    /// The seed and a count, in hex (written without formatting: one for
+    /// every lock).
     pub(crate) fn next(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:016x}{n:016x}", self.seed)
+        let mut token = String::with_capacity(32);
+        for half in [self.seed, n] {
+            for shift in (0..16).rev() {
+                let digit = (half >> (shift * 4)) & 0xf;
+                token.push(char::from(b"0123456789abcdef"[digit as usize]));
+            }
+        }
+        token
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_token_is_the_seed_and_the_count_in_hex() {
+        let tokens = super::Tokens::new();
+        tokens.next();
+        let token = tokens.next();
+        assert_eq!(token, format!("{}{:016x}", tokens.prefix(), 1));
     }
 }

@@ -321,10 +321,11 @@ pub(super) async fn holders<C: ConnectionLike + Send>(
     static INSPECT: OnceLock<Lua> = OnceLock::new();
     let inspect = INSPECT.get_or_init(|| Lua::new([HOLDERS, "return holders()"].concat()));
     let answer: Answer = inspect
+        .call(4)
         .key(&base)
-        .key(format!("{base}:w"))
-        .key(format!("{base}:r"))
-        .key(format!("{base}:s"))
+        .key_suffixed(&base, ":w")
+        .key_suffixed(&base, ":r")
+        .key_suffixed(&base, ":s")
         .invoke(conn)
         .await?;
     Ok(holders_of(answer))
@@ -357,11 +358,12 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
             .concat(),
         )
     });
-    let mut call = script.key(&base);
-    call.key(format!("{base}:w"))
-        .key(format!("{base}:r"))
-        .key(format!("{base}:s"))
-        .key(format!("{base}:fence"));
+    let mut call = script.call(5 + 3 * usize::from(queued));
+    call.key(&base)
+        .key_suffixed(&base, ":w")
+        .key_suffixed(&base, ":r")
+        .key_suffixed(&base, ":s")
+        .key_suffixed(&base, ":fence");
     if queued {
         call.key(QueueKeys(&base));
     }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::scripts::{scripts, Call, Lua, FENCE_TTL, NEXT_TTL, QUEUE_TTL};
+use super::scripts::{scripts, Call, Lua, Suffixed, FENCE_TTL, NEXT_TTL, QUEUE_TTL};
 pub(crate) use crate::backend::engine::owner::Tokens;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -19,19 +19,16 @@ pub(crate) fn uncertain(e: &redis::RedisError) -> bool {
     !matches!(e.retry_method(), redis::RetryMethod::NoRetry)
 }
 
-/// The Redis keys of one lock.
+/// The Redis keys of one lock: its name (`redis_name`) and a suffix each,
+/// joined as they are sent (one allocation per lock, not one per key).
 #[derive(Clone)]
 pub(crate) struct Layout {
     kind: Kind,
-    /// The string (exclusive, writer) or sorted set (reader, semaphore).
-    main: String,
-    /// The readers' set of a writer, the writer of a reader.
-    other: Option<String>,
-    fence: String,
+    /// `prefix{key}`, which every key of the lock begins with.
+    base: String,
     /// Whether it has a queue of waiters (an exclusive lock): its keys,
-    /// named from `main` as they are sent ([`QueueKeys`]).
+    /// named from `base` as they are sent ([`QueueKeys`]).
     queued: bool,
-    channel: String,
     /// How releases are published: `PUBLISH`, or on a cluster `SPUBLISH`.
     publish: &'static str,
     /// Restart quarantine: the marker key, the quarantine key, its length.
@@ -45,6 +42,31 @@ enum Kind {
     Write,
     Semaphore(u32),
 }
+
+impl Kind {
+    /// The suffix of the string (exclusive, writer) or sorted set (reader,
+    /// semaphore) that holds the lock.
+    fn main(self) -> &'static str {
+        match self {
+            Kind::Exclusive => "",
+            Kind::Read => ":r",
+            Kind::Write => ":w",
+            Kind::Semaphore(_) => ":s",
+        }
+    }
+
+    /// The suffix of the readers' set of a writer, the writer of a reader.
+    fn other(self) -> Option<&'static str> {
+        match self {
+            Kind::Read => Some(":w"),
+            Kind::Write => Some(":r"),
+            Kind::Exclusive | Kind::Semaphore(_) => None,
+        }
+    }
+}
+
+const FENCE: &str = ":fence";
+const CHANNEL: &str = ":rel";
 
 /// The lock's Redis name: `prefix{key}`, the key as the hash tag, so that
 /// every key of one lock (its fence, channel, readers) is on one Cluster
@@ -77,22 +99,16 @@ pub(crate) fn redis_name(prefix: &str, key: &str) -> String {
 
 impl Layout {
     pub(crate) fn new(prefix: &str, key: &LockKey, mode: LockMode) -> Self {
-        let base = redis_name(prefix, key.as_str());
-        let (kind, main, other) = match mode {
-            LockMode::Exclusive => (Kind::Exclusive, base.clone(), None),
-            LockMode::Read => (Kind::Read, format!("{base}:r"), Some(format!("{base}:w"))),
-            LockMode::Write => (Kind::Write, format!("{base}:w"), Some(format!("{base}:r"))),
-            LockMode::Semaphore { permits } => {
-                (Kind::Semaphore(permits), format!("{base}:s"), None)
-            }
+        let kind = match mode {
+            LockMode::Exclusive => Kind::Exclusive,
+            LockMode::Read => Kind::Read,
+            LockMode::Write => Kind::Write,
+            LockMode::Semaphore { permits } => Kind::Semaphore(permits),
         };
         Layout {
             kind,
-            main,
-            other,
+            base: redis_name(prefix, key.as_str()),
             queued: kind == Kind::Exclusive,
-            fence: format!("{base}:fence"),
-            channel: format!("{base}:rel"),
             publish: "PUBLISH",
             quarantine: None,
         }
@@ -132,8 +148,8 @@ impl Layout {
     }
 
     /// The channel its releases are published on.
-    pub(crate) fn channel(&self) -> &str {
-        &self.channel
+    pub(crate) fn channel(&self) -> String {
+        [&self.base, CHANNEL].concat()
     }
 
     /// The channel a waiter of the backend whose tokens begin with `own`
@@ -141,8 +157,8 @@ impl Layout {
     /// names one waiter; see `scripts::HAND_ON`), else the lock's.
     pub(crate) fn waiter_channel(&self, own: &str) -> String {
         match self.queued {
-            true => format!("{}:{own}", self.channel),
-            false => self.channel.clone(),
+            true => [&self.base, CHANNEL, ":", own].concat(),
+            false => self.channel(),
         }
     }
 
@@ -152,9 +168,9 @@ impl Layout {
         self.is_string()
     }
 
-    /// The Redis key holding the lock (for logs).
-    pub(crate) fn main_key(&self) -> &str {
-        &self.main
+    /// The lock's name, which its keys begin with (for logs).
+    pub(crate) fn name(&self) -> &str {
+        &self.base
     }
 
     /// Whether the lock is a string (else a member of a sorted set).
@@ -180,19 +196,31 @@ impl Layout {
         queue: Queue,
     ) -> Result<Attempt, LockError> {
         let s = scripts();
-        let mut call = match self.kind {
-            Kind::Exclusive if self.queued => s.acquire_queued.key(&self.main),
-            Kind::Exclusive => s.acquire_exclusive.key(&self.main),
-            Kind::Read => s.acquire_read.key(&self.main),
-            Kind::Write => s.acquire_write.key(&self.main),
-            Kind::Semaphore(_) => s.acquire_semaphore.key(&self.main),
+        let script = match self.kind {
+            Kind::Exclusive if self.queued => &s.acquire_queued,
+            Kind::Exclusive => &s.acquire_exclusive,
+            Kind::Read => &s.acquire_read,
+            Kind::Write => &s.acquire_write,
+            Kind::Semaphore(_) => &s.acquire_semaphore,
         };
-        if let Some(other) = &self.other {
-            call.key(other);
+        let other = self.kind.other();
+        let quarantine = self.quarantine.as_ref();
+        let mut call = script.call(
+            2 + usize::from(other.is_some())
+                + 3 * usize::from(self.queued)
+                + 2 * usize::from(quarantine.is_some()),
+        );
+        call.key_suffixed(&self.base, self.kind.main());
+        if let Some(other) = other {
+            call.key_suffixed(&self.base, other);
         }
-        call.key(&self.fence);
+        call.key_suffixed(&self.base, FENCE);
         if self.queued {
-            call.key(QueueKeys(&self.main));
+            call.key(QueueKeys(&self.base));
+        }
+        // Last, so that every script finds them past its own.
+        if let Some((alive, quarantine, _)) = quarantine {
+            call.key(alive).key(quarantine);
         }
         call.arg(token)
             .arg(lease.as_millis() as u64)
@@ -210,9 +238,8 @@ impl Layout {
             Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),
             Kind::Read => &mut call,
         };
-        // Last, so that every script finds them past its own.
-        if let Some((alive, quarantine, ms)) = &self.quarantine {
-            call.key(alive).key(quarantine).arg(*ms);
+        if let Some((_, _, ms)) = quarantine {
+            call.arg(*ms);
         }
         // `{1, last token, tokens reserved}` or `{0, holder's ttl}`.
         let answer: Vec<i64> = call
@@ -251,8 +278,9 @@ impl Layout {
             &s.extend_member
         };
         let extended: i64 = script
-            .key(&self.main)
-            .key(&self.fence)
+            .call(2)
+            .key_suffixed(&self.base, self.kind.main())
+            .key_suffixed(&self.base, FENCE)
             .arg(token)
             .arg(lease.as_millis() as u64)
             .arg(FENCE_TTL.as_millis() as u64)
@@ -301,12 +329,13 @@ impl Layout {
     /// KEYS lock (and its queue's), ARGV token, channel, how to publish and
     /// a named successor's turn, as `RELEASE_*` and `LEAVE_QUEUE` take them.
     fn announcing<'a>(&self, script: &'a Lua, token: &str) -> Call<'a> {
-        let mut call = script.key(&self.main);
+        let mut call = script.call(1 + 3 * usize::from(self.queued));
+        call.key_suffixed(&self.base, self.kind.main());
         if self.queued {
-            call.key(QueueKeys(&self.main));
+            call.key(QueueKeys(&self.base));
         }
         call.arg(token)
-            .arg(&self.channel)
+            .arg(Suffixed(&self.base, CHANNEL))
             .arg(self.publish)
             .arg(NEXT_TTL.as_millis() as u64);
         call
@@ -364,8 +393,12 @@ pub(crate) struct QueueKeys<'a>(pub(crate) &'a str);
 impl redis::ToRedisArgs for QueueKeys<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         for suffix in [":queue", ":places", ":next"] {
-            out.write_arg_fmt(format_args!("{}{suffix}", self.0));
+            Suffixed(self.0, suffix).write_redis_args(out);
         }
+    }
+
+    fn num_of_args(&self) -> usize {
+        3
     }
 }
 

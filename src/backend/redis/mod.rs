@@ -12,7 +12,7 @@
 //! | exclusive | `lock:{K}`, a string holding the owner's random token |
 //! | read/write | `lock:{K}:w`, the writer's token; `lock:{K}:r`, a sorted set of reader tokens scored by their expiry (ms) |
 //! | semaphore | `lock:{K}:s`, a sorted set of holder tokens scored by their expiry (ms) |
-//! | all | `lock:{K}:fence`, the fencing counter; releases publish on the channel `lock:{K}:rel` |
+//! | all | `lock:{K}:fence`, the fencing counter; releases publish on the channel `lock:{K}:rel`, those of an exclusive lock only to the next waiter's process, on `lock:{K}:rel:` and its process's token prefix (see [Waiting](#waiting)) |
 //!
 //! The exclusive lock is redis-py's `Lock` on the same name: `SET name token
 //! NX PX lease` to take it, compare-and-delete to release, compare-and-`PEXPIRE`
@@ -105,8 +105,8 @@
 //!
 //! # Release
 //!
-//! A release is the compare-and-delete script, which also publishes on the
-//! release channel; a lock [passed on](#passing-a-lock-on) runs no script
+//! A release is the compare-and-delete script, which also tells the next
+//! waiter (see [Waiting](#waiting)); a lock [passed on](#passing-a-lock-on) runs no script
 //! and stays taken in Redis for its next holder. [`LockGuard::release`](crate::LockGuard::release) waits
 //! for its answer; dropping the guard (as the layer does) sends it and goes
 //! on, the answer awaited in the background. Either way this process's next

@@ -621,7 +621,7 @@ impl Protocol for RedlockLock {
     const EXPIRED: &'static str = "the lease ran out before a majority renewed it";
 
     fn describe(&self) -> &str {
-        self.layout.main_key()
+        self.layout.name()
     }
 
     /// Renews on every instance; fewer than a majority means the lock is

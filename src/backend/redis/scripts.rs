@@ -1,10 +1,15 @@
 //! The Lua scripts: acquire, release and extend for each layout.
 
+use std::io::Write;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
-use redis::{ErrorKind, FromRedisValue, RedisResult, Script, ServerErrorKind, ToRedisArgs};
+
+use redis::{
+    Arg, Cmd, ErrorKind, FromRedisValue, RedisResult, RedisWrite, Script, ServerErrorKind,
+    ToRedisArgs,
+};
 
 /// How long a fencing counter outlives the last acquisition of its key.
 pub(crate) const FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -287,20 +292,21 @@ return {1, fence(KEYS[2], ARGV[3], 1, floor)}
 ///
 /// The message is the releasing token, so that a backend tells its own
 /// releases from others', and the successor's after a space when the
-/// queue named one: it then goes to the successor's process alone. Returns 0 when the
-/// lock was not ours, else 1 plus the number of subscribers that received
-/// the message.
+/// queue named one: it then goes to the successor's process alone. A lock
+/// with a queue publishes nothing when nobody waits in it: its waiters
+/// listen on their own processes' channels, which only a turn is sent on.
+/// Returns 0 when the lock was not ours, else 1 plus the number of
+/// subscribers that received the message.
 const RELEASE_STRING: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local heard = nil
-  if #KEYS >= 4 and redis.call('EXISTS', KEYS[2]) == 1 then
-    heard = hand_on()(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
+  if #KEYS >= 4 then
+    if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+    local heard = hand_on()(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
+    return 1 + (heard or 0)
   end
-  if heard == nil then
-    heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
-    if type(heard) ~= 'number' then heard = 0 end
-  end
+  local heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
+  if type(heard) ~= 'number' then heard = 0 end
   return 1 + heard
 end
 return 0
@@ -369,35 +375,51 @@ impl Lua {
         Lua { body, hash }
     }
 
-    /// A call of the script, with `key` as its first key.
-    pub(super) fn key<T: ToRedisArgs>(&self, key: T) -> Call<'_> {
-        let mut call = Call {
+    /// A call of the script with `keys` keys, which are written first, then
+    /// its arguments.
+    pub(super) fn call(&self, keys: usize) -> Call<'_> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.hash).arg(keys);
+        Call {
             lua: self,
-            keys: Vec::new(),
-            args: Vec::new(),
-        };
-        call.key(key);
-        call
+            cmd,
+            keys_left: keys,
+        }
     }
 }
 
 /// A script's call: `EVALSHA`, and `EVAL` with the text where the server
 /// does not have it yet (not `SCRIPT LOAD`: a Redis Cluster sends that to
 /// every node, and one down fails it).
+///
+/// Written straight into the command, the keys without formatting: it is
+/// built twice for every lock.
 pub(super) struct Call<'a> {
     lua: &'a Lua,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    cmd: Cmd,
+    /// Keys still to write before the first argument.
+    keys_left: usize,
 }
 
 impl Call<'_> {
     pub(super) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
-        key.write_redis_args(&mut self.keys);
+        debug_assert!(
+            self.keys_left >= key.num_of_args(),
+            "more keys than declared"
+        );
+        self.keys_left = self.keys_left.saturating_sub(key.num_of_args());
+        key.write_redis_args(&mut self.cmd);
         self
     }
 
+    /// The key named `name` followed by `suffix`.
+    pub(super) fn key_suffixed(&mut self, name: &str, suffix: &str) -> &mut Self {
+        self.key(Suffixed(name, suffix))
+    }
+
     pub(super) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
-        arg.write_redis_args(&mut self.args);
+        debug_assert_eq!(self.keys_left, 0, "an argument before the last key");
+        arg.write_redis_args(&mut self.cmd);
         self
     }
 
@@ -405,20 +427,33 @@ impl Call<'_> {
         &self,
         conn: &mut C,
     ) -> RedisResult<T> {
-        let cmd = |verb: &str, script: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(script)
-                .arg(self.keys.len())
-                .arg(&self.keys)
-                .arg(&self.args);
-            cmd
-        };
-        match cmd("EVALSHA", &self.lua.hash).query_async(conn).await {
+        debug_assert_eq!(self.keys_left, 0, "fewer keys than declared");
+        match self.cmd.query_async(conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                cmd("EVAL", &self.lua.body).query_async(conn).await
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(&self.lua.body);
+                // Past `EVALSHA` and the hash: the key count, keys, args.
+                for arg in self.cmd.args_iter().skip(2) {
+                    if let Arg::Simple(arg) = arg {
+                        eval.arg(arg);
+                    }
+                }
+                eval.query_async(conn).await
             }
             result => result,
         }
+    }
+}
+
+/// A name and a suffix, written as one argument without formatting.
+pub(super) struct Suffixed<'a>(pub(super) &'a str, pub(super) &'a str);
+
+impl ToRedisArgs for Suffixed<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        // Writes to a command's buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(self.1.as_bytes());
     }
 }
 

@@ -326,7 +326,7 @@ impl Protocol for RedisLock {
     const EXPIRED: &'static str = "the lease ran out before it was renewed";
 
     fn describe(&self) -> &str {
-        self.layout.main_key()
+        self.layout.name()
     }
 
     async fn renew(&self, lease: Duration) -> Result<(), String> {
@@ -369,7 +369,7 @@ impl Protocol for RedisLock {
                 // nobody overtakes it: nothing to hand off.
                 let elsewhere = heard > 0
                     && !self.layout.has_queue()
-                    && heard > u64::from(self.server.watches.subscribed(self.layout.channel()));
+                    && heard > u64::from(self.server.watches.subscribed(&self.layout.channel()));
                 self.heard_elsewhere.store(elsewhere, Ordering::Relaxed);
                 Released {
                     result: Ok(()),
@@ -388,7 +388,7 @@ impl Protocol for RedisLock {
         if !self.heard_elsewhere.swap(false, Ordering::Relaxed) {
             return None;
         }
-        let (server, channel) = (self.server.clone(), self.layout.channel().to_owned());
+        let (server, channel) = (self.server.clone(), self.layout.channel());
         // Armed now if subscribed, before the other process can have
         // released; this backend's own releases do not count.
         let armed = match server.watches.hand_off_wait(&channel) {
