@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::renewal::{Place, Renewable, Renewals};
+use super::renewal::{Place, Renewable, Renewals, Timer};
 use super::InFlight;
 use crate::backend::{Acquired, BackendFuture, LeaseHandle};
 use crate::error::LockError;
@@ -136,7 +136,8 @@ impl<P: Protocol> Lease<P> {
             false => {
                 let at = tokio::time::Instant::now() + wait;
                 let me: std::sync::Weak<dyn Renewable> = Arc::downgrade(self) as _;
-                Renewal::Waiting(renewals.clone(), renewals.add(at, me))
+                let (timer, place) = renewals.add(at, me);
+                Renewal::Waiting(timer, place)
             }
         };
     }
@@ -153,7 +154,7 @@ impl<P: Protocol> Lease<P> {
     fn stop_renewal(&self) {
         match std::mem::replace(&mut *lock(&self.renewal), Renewal::Off) {
             Renewal::Off => {}
-            Renewal::Waiting(renewals, place) => renewals.cancel(place),
+            Renewal::Waiting(timer, place) => timer.cancel(place),
             Renewal::Running(task) => task.abort(),
         }
     }
@@ -176,7 +177,7 @@ enum Renewal {
     /// Not renewed (yet, or any more: released).
     Off,
     /// Waiting in a backend's [`Renewals`] until its first renewal is due.
-    Waiting(Arc<Renewals>, Place),
+    Waiting(Arc<Timer>, Place),
     Running(JoinHandle<()>),
 }
 
@@ -543,6 +544,46 @@ mod tests {
         for lock in held {
             lock.release().await.unwrap();
         }
+    }
+
+    /// A backend shared by two runtimes: a lease taken on one is renewed
+    /// there, although the other, which took a lease first, is no longer
+    /// driven (a `block_on` facade between calls).
+    #[test]
+    fn a_lease_is_renewed_on_its_own_runtime() {
+        let renewals = Renewals::new(None);
+        let lease = Duration::from_millis(300);
+        let fresh = |count: &Arc<AtomicU32>| {
+            let fake = Fake {
+                answered: u32::MAX,
+                answer: Duration::ZERO,
+                renewals: count.clone(),
+            };
+            let valid = Arc::new(Deadline::new(Instant::now() + lease));
+            Lease::new(fake, lease, valid, Arc::default())
+        };
+        let current = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let (idle, busy) = (current(), current());
+        let (first, second) = (Arc::default(), Arc::default());
+        let a = idle.block_on(async {
+            let a = fresh(&first);
+            a.keep_renewed(&renewals);
+            a
+        });
+        busy.block_on(async {
+            let b = fresh(&second);
+            b.keep_renewed(&renewals);
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            assert!(second.load(Ordering::SeqCst) >= 1, "not renewed");
+            b.release().await.unwrap();
+        });
+        assert_eq!(first.load(Ordering::SeqCst), 0, "renewed undriven");
+        drop(a);
     }
 
     const LEASE: Duration = Duration::from_millis(600);

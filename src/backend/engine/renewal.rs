@@ -1,10 +1,11 @@
 //! Renewal put off until it is due: most locks are released long before a
 //! third of their lease has passed (a request holds one for milliseconds,
 //! a lease lasts seconds), and a task spawned for each would be spawned,
-//! timed and aborted for nothing. One timer per backend watches the leases
-//! not yet due and starts a lease's own renewal task (`lease::renew`) when
-//! its first renewal comes due, or at once for all of them when the
-//! backend asks (a lost connection).
+//! timed and aborted for nothing. A backend keeps one timer per runtime
+//! that holds its leases; it watches the leases not yet due and starts a
+//! lease's own renewal task (`lease::renew`) on that runtime when its first
+//! renewal comes due, or at once for all of them when the backend asks (a
+//! lost connection).
 
 // Serves the backends that renew leases (Redis, the PostgreSQL lease
 // table), and a build may have neither.
@@ -13,40 +14,48 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
 
+use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::sync::lock;
 
-/// A lease whose renewal a [`Renewals`] timer starts.
+/// A lease whose renewal a [`Timer`] starts.
 pub(crate) trait Renewable: Send + Sync {
     /// Spawns the lease's renewal task, whose first renewal goes at once,
     /// unless released meanwhile.
     fn start_renewal(self: Arc<Self>);
 }
 
-/// Where a lease waits in [`Renewals`]: its due time and a number.
+/// Where a lease waits in a [`Timer`]: its due time and a number.
 pub(crate) type Place = (Instant, u64);
 
-/// The leases of one backend waiting for their first renewal, and the one
-/// timer that starts them.
+/// A backend's leases waiting for their first renewal.
+///
+/// One timer per runtime: a lease's renewal runs on the runtime that took
+/// it, by that runtime's clock, and a runtime that stops being driven (a
+/// `block_on` facade between calls) or shuts down holds back only its own.
 pub(crate) struct Renewals {
-    due: Arc<Mutex<Due>>,
-    /// An earlier lease came, or the backend is gone: the timer looks again.
-    wake: Arc<Notify>,
+    timers: Mutex<Vec<Arc<Timer>>>,
     /// Told when every lease should renew at once (a lost connection).
     renew_now: Option<Arc<Notify>>,
-    /// The runtime the backend was made on: the timer runs on the current
-    /// one, else there.
-    home: Option<tokio::runtime::Handle>,
+}
+
+/// The leases of one runtime waiting for their first renewal, and the task
+/// that starts them.
+pub(crate) struct Timer {
+    runtime: tokio::runtime::Id,
+    due: Mutex<Due>,
+    /// An earlier lease came: the task looks again.
+    wake: Arc<Notify>,
 }
 
 #[derive(Default)]
 struct Due {
     leases: BTreeMap<Place, Weak<dyn Renewable>>,
     numbered: u64,
-    timer: Option<JoinHandle<()>>,
+    task: Option<JoinHandle<()>>,
 }
 
 impl Renewals {
@@ -54,37 +63,67 @@ impl Renewals {
     /// lease's renewal at once.
     pub(crate) fn new(renew_now: Option<Arc<Notify>>) -> Arc<Self> {
         Arc::new(Renewals {
-            due: Arc::default(),
-            wake: Arc::default(),
+            timers: Mutex::default(),
             renew_now,
-            home: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
-    /// Starts `lease`'s renewal at `at`, unless [`cancel`](Self::cancel)led
-    /// first.
-    pub(crate) fn add(&self, at: Instant, lease: Weak<dyn Renewable>) -> Place {
+    /// Starts `lease`'s renewal at `at` (by the current runtime's clock) on
+    /// the current runtime, unless [`cancel`](Timer::cancel)led first.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime.
+    pub(crate) fn add(&self, at: Instant, lease: Weak<dyn Renewable>) -> (Arc<Timer>, Place) {
+        let rt = Handle::current();
+        let timer = {
+            let mut timers = lock(&self.timers);
+            // A runtime shut down: its timer ended with it.
+            timers.retain(|t| !t.ended());
+            match timers.iter().find(|t| t.runtime == rt.id()) {
+                Some(timer) => timer.clone(),
+                None => {
+                    let timer = Arc::new(Timer {
+                        runtime: rt.id(),
+                        due: Mutex::default(),
+                        wake: Arc::default(),
+                    });
+                    let task = rt.spawn(watch(
+                        Arc::downgrade(&timer),
+                        timer.wake.clone(),
+                        self.renew_now.clone(),
+                    ));
+                    lock(&timer.due).task = Some(task);
+                    timers.push(timer.clone());
+                    timer
+                }
+            }
+        };
+        let place = timer.add(at, lease);
+        (timer, place)
+    }
+
+    /// How many leases wait (for tests).
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        lock(&self.timers)
+            .iter()
+            .map(|t| lock(&t.due).leases.len())
+            .sum()
+    }
+}
+
+impl Timer {
+    fn add(&self, at: Instant, lease: Weak<dyn Renewable>) -> Place {
         let mut due = lock(&self.due);
         due.numbered += 1;
         let place = (at, due.numbered);
-        let first = due.leases.first_key_value().is_none_or(|(p, _)| place < *p);
+        let first = due
+            .leases
+            .first_key_value()
+            .is_none_or(|(p, _)| place < *p);
         due.leases.insert(place, lease);
-        // A timer ends with its runtime: then one starts on this one.
-        if due.timer.as_ref().is_none_or(JoinHandle::is_finished) {
-            let Some(rt) = tokio::runtime::Handle::try_current()
-                .ok()
-                .or_else(|| self.home.clone())
-            else {
-                // No runtime at all: nothing could renew it.
-                return place;
-            };
-            let timer = watch(
-                Arc::downgrade(&self.due),
-                self.wake.clone(),
-                self.renew_now.clone(),
-            );
-            due.timer = Some(rt.spawn(timer));
-        } else if first {
+        if first {
             self.wake.notify_one();
         }
         place
@@ -95,24 +134,26 @@ impl Renewals {
         lock(&self.due).leases.remove(&place);
     }
 
-    /// How many leases wait (for tests).
-    #[cfg(test)]
-    pub(crate) fn waiting(&self) -> usize {
-        lock(&self.due).leases.len()
+    fn ended(&self) -> bool {
+        lock(&self.due)
+            .task
+            .as_ref()
+            .is_none_or(JoinHandle::is_finished)
     }
 }
 
-impl Drop for Renewals {
+impl Drop for Timer {
     fn drop(&mut self) {
-        if let Some(timer) = lock(&self.due).timer.take() {
-            timer.abort();
+        if let Some(task) = lock(&self.due).task.take() {
+            task.abort();
         }
     }
 }
 
-/// The timer: starts each lease's renewal when due, every one at
-/// `renew_now`.
-async fn watch(due: Weak<Mutex<Due>>, wake: Arc<Notify>, renew_now: Option<Arc<Notify>>) {
+/// The timer's task: starts each lease's renewal when due, every one at
+/// `renew_now`. Ends with its [`Timer`] (the backend and its last waiting
+/// lease gone) or its runtime.
+async fn watch(timer: Weak<Timer>, wake: Arc<Notify>, renew_now: Option<Arc<Notify>>) {
     let mut ready = Vec::new();
     loop {
         // Armed before looking, so that a call between the look and the
@@ -122,9 +163,9 @@ async fn watch(due: Weak<Mutex<Due>>, wake: Arc<Notify>, renew_now: Option<Arc<N
         if let Some(now_all) = now_all.as_mut().as_pin_mut() {
             now_all.enable();
         }
+        let Some(this) = timer.upgrade() else { return };
         let next = {
-            let Some(due) = due.upgrade() else { return };
-            let mut due = lock(&due);
+            let mut due = lock(&this.due);
             let now = Instant::now();
             while let Some(entry) = due.leases.first_entry() {
                 if entry.key().0 > now {
@@ -153,12 +194,14 @@ async fn watch(due: Weak<Mutex<Due>>, wake: Arc<Notify>, renew_now: Option<Arc<N
                 None => std::future::pending().await,
             }
         };
+        // Not kept while waiting: the timer ends once nothing else holds it.
+        drop(this);
         tokio::select! {
             _ = sleep => {}
             _ = wake.notified() => {}
             _ = now_all => {
-                let Some(due) = due.upgrade() else { return };
-                let all = std::mem::take(&mut lock(&due).leases);
+                let Some(this) = timer.upgrade() else { return };
+                let all = std::mem::take(&mut lock(&this.due).leases);
                 for lease in all.into_values() {
                     if let Some(lease) = lease.upgrade() {
                         lease.start_renewal();
