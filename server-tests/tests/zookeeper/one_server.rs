@@ -322,9 +322,10 @@ async fn an_unreachable_server_is_a_clear_error_within_the_timeout() {
     ));
 }
 
-/// A key locked for the first time costs one round trip to take: its
-/// parent's create is sent just before its node's (with the listing), where
-/// the node's create used to fail first and the parent be made after.
+/// A key locked for the first time costs one round trip and one write to
+/// take: its parent and node are created in one `multi`, where the node's
+/// create used to fail first and the parent be made after (then, the
+/// parent's create sent just before the node's, with a listing).
 /// Counted by the server (`cons`: the requests each session sent), the
 /// least over five keys, so that a ping in between does not count.
 #[tokio::test]
@@ -362,12 +363,25 @@ async fn a_new_key_is_taken_in_one_round_trip() {
     for i in 0..5 {
         let before = sent();
         let guard = zk.lock(format!("new-{i}").as_str()).await.unwrap();
+        if i == 0 {
+            // Created with its parent in one transaction; the token is the
+            // node's creation zxid all the same.
+            let node = lock_nodes(&raw, &format!("{root}/new-0"))
+                .await
+                .pop()
+                .unwrap();
+            let (_, stat) = raw.get_data(&node).await.unwrap();
+            let (_, parent) = raw.get_data(&format!("{root}/new-0")).await.unwrap();
+            assert_eq!(parent.czxid, stat.czxid, "the parent was created apart");
+            let spacing = u64::from(ZookeeperBackend::TOKEN_SPACING);
+            assert_eq!(guard.token().get(), stat.czxid as u64 * spacing);
+        }
         guard.release().await.unwrap();
         least = least.min(sent() - before);
     }
-    // The parent's create, the node's, the listing (one round trip), and
-    // the release's delete.
-    assert_eq!(least, 4, "requests to lock and release a new key");
+    // The `multi` that creates the parent and the node (its only child: no
+    // listing), and the release's delete.
+    assert_eq!(least, 2, "requests to lock and release a new key");
 }
 
 /// A parent the backend has seen, reaped since (a container, once empty),

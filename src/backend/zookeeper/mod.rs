@@ -30,8 +30,10 @@
 //! the server answers a session's requests in order, so the listing already
 //! contains the new node and an uncontended acquire costs one write round
 //! trip. Under a parent the session has not seen exist (a key new to it),
-//! the parent's `create` goes just before, in the same round trip. A
-//! release is one `delete`.
+//! the parent and the node are created in one `multi`, one write whose
+//! node is the parent's only child, so no listing is sent; where the parent
+//! did exist after all, the `multi` fails whole and the node's `create`
+//! follows, one round trip more. A release is one `delete`.
 //!
 //! # Key encoding
 //!

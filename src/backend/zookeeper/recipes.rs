@@ -198,11 +198,12 @@ impl Session {
     /// listing already holds the new node.
     ///
     /// Under a parent not known to exist (see
-    /// [`KnownDirs`](super::session::KnownDirs)), the parent's create is
-    /// sent just before: a key locked for the first time costs one round
-    /// trip, not three. (Not a `multi`: ZooKeeper 3.8 answers a create in a
-    /// `multi` without the node's stat, ZOOKEEPER-4026, and its creation
-    /// zxid is the token.)
+    /// [`KnownDirs`](super::session::KnownDirs)), a lock node is created
+    /// with its parent in one transaction ([`Session::create_with_parent`]):
+    /// a key locked for the first time costs one round trip and one write,
+    /// and needs no listing. Where the parent did exist, the transaction
+    /// fails whole and the node's create follows; a semaphore's lease sends
+    /// the parent's create just before its own instead.
     async fn create_node(
         self: &Arc<Self>,
         dir: &str,
@@ -212,11 +213,43 @@ impl Session {
         let protected = format!("{PROTECTED}{}-", uuid::Uuid::new_v4());
         let prefix = format!("{dir}/{protected}{name}");
         let mut node = Node::new(self.clone(), dir.to_owned(), protected);
+        let mut parent_exists = false;
         loop {
+            let known = parent_exists || self.known_dirs.contains(dir);
+            if !known && list {
+                match self.create_with_parent(dir, &prefix).await {
+                    Ok((path, czxid)) => {
+                        self.known_dirs.insert(dir);
+                        node.path = Some(path);
+                        node.czxid = czxid;
+                        let children = vec![node.name().to_owned()];
+                        return Ok((node, children));
+                    }
+                    Err(zk::Error::NodeExists) => {
+                        self.known_dirs.insert(dir);
+                        parent_exists = true;
+                    }
+                    // A parent above it is missing.
+                    Err(zk::Error::NoNode) => {
+                        self.make_dir(dir).await?;
+                        self.known_dirs.insert(dir);
+                        parent_exists = true;
+                    }
+                    Err(e) if uncertain(&e) && self.usable() => {
+                        // Protected mode: the transaction may have happened.
+                        if node.find_own().await? {
+                            let children = self.list(dir).await?;
+                            return Ok((node, children));
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => return Err(zk_error("creating a lock node", e)),
+                }
+                continue;
+            }
             // Sent back to back, answered in order: under a parent not
             // known to exist, the parent's create goes first, so the
             // node's finds it either way.
-            let known = self.known_dirs.contains(dir);
             let parent = (!known).then(|| self.client.create(dir, &[], &CONTAINER));
             let create = self
                 .client
@@ -246,6 +279,7 @@ impl Session {
                 }
                 Err(zk::Error::NoNode) => {
                     self.known_dirs.remove(dir);
+                    parent_exists = false;
                     // Reaped since it was seen, or a parent above it is
                     // missing.
                     if !known {
@@ -267,6 +301,33 @@ impl Session {
                 }
                 Err(e) => return Err(zk_error("creating a lock node", e)),
             }
+        }
+    }
+
+    /// Creates `dir` (a container) and our node under it in one
+    /// transaction; returns the node's path and creation zxid. Fails with
+    /// `NodeExists` where `dir` exists, creating nothing.
+    ///
+    /// The zxid is read from an empty `setData` on `dir` in the same
+    /// transaction: every change of one transaction carries its zxid, and
+    /// ZooKeeper before 3.9 answers a create in a `multi` without the
+    /// node's stat (ZOOKEEPER-4026).
+    async fn create_with_parent(
+        &self,
+        dir: &str,
+        prefix: &str,
+    ) -> Result<(String, i64), zk::Error> {
+        let mut both = self.client.new_multi_writer();
+        both.add_create(dir, &[], &CONTAINER)?;
+        both.add_create(prefix, &self.identity, &EPHEMERAL_SEQUENTIAL)?;
+        both.add_set_data(dir, &[], Some(0))?;
+        match both.commit().await.map_err(zk::Error::from)?.as_slice() {
+            [_, zk::MultiWriteResult::Create { path, .. }, zk::MultiWriteResult::SetData { stat }] => {
+                Ok((path.clone(), stat.mzxid))
+            }
+            other => Err(zk::Error::UnexpectedError(format!(
+                "a create of a lock node with its parent answered {other:?}"
+            ))),
         }
     }
 
