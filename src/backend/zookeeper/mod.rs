@@ -33,7 +33,8 @@
 //! the parent and the node are created in one `multi`, one write whose
 //! node is the parent's only child, so no listing is sent; where the parent
 //! did exist after all, the `multi` fails whole and the node's `create`
-//! follows, one round trip more. A release is one `delete`.
+//! follows, one round trip more (once per key, while the session remembers
+//! the parents it has seen: 4096 of them). A release is one `delete`.
 //!
 //! # Key encoding
 //!

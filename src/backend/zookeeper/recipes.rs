@@ -193,9 +193,10 @@ impl Session {
     }
 
     /// Creates one protected ephemeral sequential node under `dir`, making
-    /// parents. With `list`, also lists `dir`, sent back to back with the
-    /// create: the server answers a session's requests in order, so the
-    /// listing already holds the new node.
+    /// parents. With `list`, also returns `dir`'s children: listed back to
+    /// back with the create (the server answers a session's requests in
+    /// order, so the listing already holds the new node), or only ours
+    /// when the parent was created with it.
     ///
     /// Under a parent not known to exist (see
     /// [`KnownDirs`](super::session::KnownDirs)), a lock node is created
@@ -238,6 +239,7 @@ impl Session {
                     Err(e) if uncertain(&e) && self.usable() => {
                         // Protected mode: the transaction may have happened.
                         if node.find_own().await? {
+                            self.known_dirs.insert(dir);
                             let children = self.list(dir).await?;
                             return Ok((node, children));
                         }

@@ -281,14 +281,16 @@ where
 }
 
 /// Lock parents this session has seen exist, so that it creates a lock
-/// node under one with a plain `create`, and under any other sends the
-/// parent's `create` just before the node's: one round trip either way,
-/// where a `create` under a missing parent fails and costs two more (the
-/// parent, then the node again). Wrong, it costs a failed create: of a
-/// parent another client made, sent along, or of a node under a parent the
-/// server has reaped since (a container, once empty), with two round trips
-/// more. Bounded: emptied when full, so a service that locks ever new keys
-/// keeps at most [`KnownDirs::MAX`] names.
+/// node under one with a plain `create` (and a listing), and under any
+/// other creates the parent and the node in one `multi` (a semaphore's
+/// lease: the parent's `create` sent just before the node's): one round
+/// trip either way, where a `create` under a missing parent fails and costs
+/// two more (the parent, then the node again). Wrong, it costs a round trip
+/// more: a failed `multi` under a parent another client made, or a failed
+/// `create` under a parent the server has reaped since (a container, once
+/// empty), with two more. Bounded: emptied when full, so a service that
+/// locks ever new keys keeps at most [`KnownDirs::MAX`] names, and after
+/// each emptying a key it locks again costs that failed `multi` once.
 #[derive(Default)]
 pub(super) struct KnownDirs(std::sync::Mutex<std::collections::HashSet<String>>);
 
