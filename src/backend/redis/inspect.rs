@@ -43,11 +43,17 @@ end
 /// and the floor last. KEYS: lock, writer, readers, permits, fence, and
 /// with a queue its queue, places and successor. ARGV: fence ttl ms, fence
 /// floor (as the acquire scripts take it), channel, `PUBLISH` or
-/// `SPUBLISH`, successor ttl ms.
+/// `SPUBLISH`, successor ttl ms, the least the fence is raised to (a
+/// Redlock break's floor, from its first round; else 0).
 const BREAK: &str = r"
 local floor = floor_of(ARGV[2])
 local h = holders()
 local f = fence(KEYS[5], ARGV[1], 1, floor)
+local least = tonumber(ARGV[6])
+if f < least then
+  redis.call('SET', KEYS[5], string.format('%.0f', least), 'PX', ARGV[1])
+  f = least
+end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 redis.pcall(ARGV[4], ARGV[3], 'released')
 if #KEYS >= 8 then
@@ -95,7 +101,7 @@ impl RedisStore {
         let queued = !self.conn.is_cluster();
         let fail = |e| redis_error("breaking a lock", e);
         let broken = match self.replicas {
-            None => break_on(&mut conn, &self.prefix, &key, &floor, publish, queued)
+            None => break_on(&mut conn, &self.prefix, &key, &floor, publish, queued, 0)
                 .await
                 .map_err(fail),
             Some(replicas) => {
@@ -103,7 +109,7 @@ impl RedisStore {
                 // must not bring the broken lock back.
                 let mut acked = Acked::new(&mut conn, replicas);
                 let broken =
-                    break_on(&mut acked, &self.prefix, &key, &floor, publish, queued).await;
+                    break_on(&mut acked, &self.prefix, &key, &floor, publish, queued, 0).await;
                 broken
                     .map_err(fail)
                     .and_then(|b| acked.check("the break").map(|()| b))
@@ -335,9 +341,36 @@ pub(super) async fn holders<C: ConnectionLike + Send>(
 /// LOAD`, which a Redis Cluster sends to every node (one down fails it).
 static BREAK_LUA: OnceLock<Lua> = OnceLock::new();
 
+/// Raises `key`'s fencing counter on one server as a grant would (the
+/// Redlock break's first round: nothing freed yet), and returns it.
+pub(super) async fn raise_fence<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    key: &LockKey,
+) -> Result<u64, redis::RedisError> {
+    static RAISE: OnceLock<Lua> = OnceLock::new();
+    let script = RAISE.get_or_init(|| {
+        Lua::new(
+            [
+                fence().as_str(),
+                "return fence(KEYS[1], ARGV[1], 1, floor_of(ARGV[2]))",
+            ]
+            .concat(),
+        )
+    });
+    let fence: i64 = script
+        .call(1)
+        .key_suffixed(&redis_name(prefix, key.as_str()), ":fence")
+        .arg(FENCE_TTL.as_millis() as u64)
+        .arg("0")
+        .invoke(conn)
+        .await?;
+    Ok(u64::try_from(fence).unwrap_or(0))
+}
+
 /// Breaks `key`'s lock on one server, as [`BREAK`] does: the holders freed
-/// and the fencing floor. `floor` is what the acquire scripts take: a
-/// number, or `cluster`.
+/// and the fencing floor, raised to at least `at_least`. `floor` is what
+/// the acquire scripts take: a number, or `cluster`.
 pub(super) async fn break_on<C: ConnectionLike + Send>(
     conn: &mut C,
     prefix: &str,
@@ -345,6 +378,7 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
     floor: &str,
     publish: &str,
     queued: bool,
+    at_least: u64,
 ) -> Result<(Vec<Holder>, u64), redis::RedisError> {
     let base = redis_name(prefix, key.as_str());
     let script = BREAK_LUA.get_or_init(|| {
@@ -382,6 +416,7 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
         .arg(format!("{base}:rel"))
         .arg(publish)
         .arg(NEXT_TTL.as_millis() as u64)
+        .arg(at_least)
         .invoke(conn)
         .await?;
     Ok((

@@ -564,18 +564,37 @@ impl Store for RedlockStore {
         key: LockKey,
         _scope: BreakScope,
     ) -> Result<Broken, LockError> {
+        // Two rounds. Every counter is raised first, freeing nothing, and
+        // the highest is the floor; only then is the lock freed, every
+        // counter raised to at least the floor. Freed in one round, a
+        // waiter could take a majority from the instances broken first,
+        // with tokens under the counter of one broken last.
+        let raised = self
+            .on_all(|mut conn| {
+                let (prefix, key) = (self.prefix.clone(), key.clone());
+                async move {
+                    super::inspect::raise_fence(&mut conn, &prefix, &key)
+                        .await
+                        .map_err(|e| redis_error("breaking a lock", e))
+                }
+            })
+            .await;
+        let floor = self
+            .answered_by_a_majority(raised, "breaking a lock")?
+            .into_iter()
+            .max()
+            .unwrap_or(0);
         let answers = self
             .on_all(|mut conn| {
                 let (prefix, key) = (self.prefix.clone(), key.clone());
                 async move {
-                    super::inspect::break_on(&mut conn, &prefix, &key, "0", "PUBLISH", false)
+                    super::inspect::break_on(&mut conn, &prefix, &key, "0", "PUBLISH", false, floor)
                         .await
                         .map_err(|e| redis_error("breaking a lock", e))
                 }
             })
             .await;
         let answered = self.answered_by_a_majority(answers, "breaking a lock")?;
-        let floor = answered.iter().map(|(_, fence)| *fence).max().unwrap_or(0);
         let holders = self.tally(answered.into_iter().map(|(h, _)| h).collect(), 1);
         Ok(Broken {
             key,
