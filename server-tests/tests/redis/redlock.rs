@@ -242,3 +242,77 @@ async fn redlock_holder_cut_off_from_a_majority_is_told_before_anyone_else_is_gr
     g2.release().await.unwrap();
     drop(g);
 }
+
+/// An operator's break reaches one of the three servers late (its requests
+/// held in a proxy, less than the response timeout). While they are held,
+/// no other client may be granted the key with a token under the floor the
+/// break reports: a break that frees the servers it reaches first would
+/// let a waiter take those two, below the counter the late server raises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_break_grants_nothing_under_its_floor_while_one_server_lags() {
+    use tower_lock::backend::redis::redlock::RedlockBackend;
+    use tower_lock::backend::BreakScope;
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let late = FaultProxy::start(servers[2].addr()).await.unwrap();
+    let operator = RedlockBackend::connect(&format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},{}",
+        servers[0].port,
+        servers[1].port,
+        late.addr()
+    ))
+    .await
+    .unwrap();
+    // Connected before the fault, so that its connections are up.
+    operator.inspect(LockKey::new("k").unwrap()).await.unwrap();
+    let holder = RedlockBackend::connect(&redlock_url(&servers))
+        .await
+        .unwrap();
+    let waiter = RedlockBackend::connect(&redlock_url(&servers))
+        .await
+        .unwrap();
+    let held = holder
+        .lock("k")
+        .lease(Duration::from_secs(10))
+        .await
+        .unwrap();
+    late.set(ProxyFault::FreezeUp).await;
+    let broken = tokio::spawn({
+        let operator = operator.clone();
+        async move {
+            operator
+                .break_lock(LockKey::new("k").unwrap(), BreakScope::LocksOnly)
+                .await
+        }
+    });
+    // The two prompt servers have answered whatever the break sent them.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let during = waiter.lock("k").fail_fast().await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    late.heal().await;
+    let broken = broken.await.unwrap().expect("the break");
+    assert!(broken.floor > held.token(), "{broken:?}");
+    if let Ok(g) = &during {
+        assert!(
+            g.token() >= broken.floor,
+            "granted during the break with token {} under its floor {}",
+            g.token(),
+            broken.floor
+        );
+    }
+    drop(during);
+    waiter.flush().await;
+    let next = waiter
+        .lock("k")
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("free once broken");
+    assert!(
+        next.token() >= broken.floor,
+        "{} < {}",
+        next.token(),
+        broken.floor
+    );
+    next.release().await.unwrap();
+    drop(held);
+    holder.flush().await;
+}

@@ -272,13 +272,19 @@ impl RedlockStore {
         self.nodes.len() / 2 + 1
     }
 
-    /// The answers of the instances that answered, if a majority did.
-    fn answered_by_a_majority<T>(
-        &self,
-        answers: Vec<Result<T, LockError>>,
-        doing: &str,
-    ) -> Result<Vec<T>, LockError> {
-        let answered: Vec<T> = answers.into_iter().filter_map(Result::ok).collect();
+    /// Runs `op` on every instance with the key prefix; the answers of
+    /// those that answered, if a majority did. `doing` names it in errors.
+    async fn on_a_majority<T, F, Fut>(&self, doing: &str, op: F) -> Result<Vec<T>, LockError>
+    where
+        F: Fn(ConnectionManager, String) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let answers = self
+            .on_all(|conn| op(conn, self.prefix.clone()))
+            .await
+            .into_iter()
+            .map(|answer| answer.map_err(|e| redis_error(doing, e)));
+        let answered: Vec<T> = answers.filter_map(Result::ok).collect();
         if answered.len() < self.quorum() {
             return Err(LockError::backend(
                 "redlock",
@@ -322,18 +328,17 @@ impl RedlockStore {
     /// Runs `op` on every instance at once; the results in instance order.
     /// The futures are polled together in place: a task per instance would
     /// cost more than the work.
-    async fn on_all<T, F, Fut>(&self, op: F) -> Vec<Result<T, LockError>>
+    async fn on_all<T, E, F, Fut>(&self, op: F) -> Vec<Result<T, E>>
     where
         F: Fn(ConnectionManager) -> Fut,
-        Fut: Future<Output = Result<T, LockError>>,
+        Fut: Future<Output = Result<T, E>>,
     {
         let mut pending: Vec<Pin<Box<Fut>>> = self
             .nodes
             .iter()
             .map(|node| Box::pin(op(node.conn.clone())))
             .collect();
-        let mut results: Vec<Option<Result<T, LockError>>> =
-            (0..pending.len()).map(|_| None).collect();
+        let mut results: Vec<Option<Result<T, E>>> = (0..pending.len()).map(|_| None).collect();
         poll_fn(|cx| {
             let mut waiting = false;
             for (fut, slot) in pending.iter_mut().zip(results.iter_mut()) {
@@ -512,17 +517,12 @@ impl Store for RedlockStore {
     /// owner, with the least time left among them (the one that bounds the
     /// lock). No token, no waiters, as on one server.
     async fn inspect(self: Arc<Self>, key: LockKey) -> Result<Inspection, LockError> {
-        let answers = self
-            .on_all(|mut conn| {
-                let (prefix, key) = (self.prefix.clone(), key.clone());
-                async move {
-                    super::inspect::holders(&mut conn, &prefix, &key)
-                        .await
-                        .map_err(|e| redis_error("inspecting a lock", e))
-                }
+        let answered = self
+            .on_a_majority("inspecting a lock", |mut conn, prefix| {
+                let key = key.clone();
+                async move { super::inspect::holders(&mut conn, &prefix, &key).await }
             })
-            .await;
-        let answered = self.answered_by_a_majority(answers, "inspecting a lock")?;
+            .await?;
         let holders = self.tally(answered, self.quorum());
         Ok(Inspection {
             key,
@@ -533,17 +533,12 @@ impl Store for RedlockStore {
 
     /// The keys a majority of the instances has a lock key for.
     async fn list(self: Arc<Self>, prefix: String) -> Result<Vec<LockKey>, LockError> {
-        let answers = self
-            .on_all(|mut conn| {
-                let (lock_prefix, prefix) = (self.prefix.clone(), prefix.clone());
-                async move {
-                    super::inspect::held_keys(&mut conn, &lock_prefix, &prefix)
-                        .await
-                        .map_err(|e| redis_error("listing locks", e))
-                }
+        let answered = self
+            .on_a_majority("listing locks", |mut conn, lock_prefix| {
+                let prefix = prefix.clone();
+                async move { super::inspect::held_keys(&mut conn, &lock_prefix, &prefix).await }
             })
-            .await;
-        let answered = self.answered_by_a_majority(answers, "listing locks")?;
+            .await?;
         let mut all: Vec<LockKey> = answered.into_iter().flatten().collect();
         all.sort_unstable();
         let mut keys = Vec::new();
@@ -569,32 +564,25 @@ impl Store for RedlockStore {
         // counter raised to at least the floor. Freed in one round, a
         // waiter could take a majority from the instances broken first,
         // with tokens under the counter of one broken last.
-        let raised = self
-            .on_all(|mut conn| {
-                let (prefix, key) = (self.prefix.clone(), key.clone());
-                async move {
-                    super::inspect::raise_fence(&mut conn, &prefix, &key)
-                        .await
-                        .map_err(|e| redis_error("breaking a lock", e))
-                }
-            })
-            .await;
         let floor = self
-            .answered_by_a_majority(raised, "breaking a lock")?
+            .on_a_majority("breaking a lock", |mut conn, prefix| {
+                let key = key.clone();
+                async move { super::inspect::raise_fence(&mut conn, &prefix, &key).await }
+            })
+            .await?
             .into_iter()
             .max()
             .unwrap_or(0);
-        let answers = self
-            .on_all(|mut conn| {
-                let (prefix, key) = (self.prefix.clone(), key.clone());
+        let answered = self
+            .on_a_majority("breaking a lock", |mut conn, prefix| {
+                let key = key.clone();
                 async move {
-                    super::inspect::break_on(&mut conn, &prefix, &key, "0", "PUBLISH", false, floor)
+                    let (publish, queued) = ("PUBLISH", false);
+                    super::inspect::break_on(&mut conn, &prefix, &key, "0", publish, queued, floor)
                         .await
-                        .map_err(|e| redis_error("breaking a lock", e))
                 }
             })
-            .await;
-        let answered = self.answered_by_a_majority(answers, "breaking a lock")?;
+            .await?;
         let holders = self.tally(answered.into_iter().map(|(h, _)| h).collect(), 1);
         Ok(Broken {
             key,
