@@ -152,6 +152,18 @@ fn err(what: &str) -> impl Fn(&dyn std::fmt::Display) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
+/// A PostgreSQL (or PgBouncer) error with the server's own message and
+/// code, which the driver's `Display` ("db error") leaves out.
+fn pg(e: tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("postgres: {} ({})", db.message(), db.code().code()),
+        None => match std::error::Error::source(&e) {
+            Some(cause) => format!("postgres: {e}: {cause}"),
+            None => format!("postgres: {e}"),
+        },
+    }
+}
+
 impl RawLock {
     /// Connects to the servers `url` names (a backend URL as the library
     /// takes it); `None` for the memory backend.
@@ -210,9 +222,8 @@ impl RawLock {
                 let plain = tower_lock::backend::postgres::driver_url(url);
                 let (client, connection) = tokio_postgres::connect(&plain, tokio_postgres::NoTls)
                     .await
-                    .map_err(|e| err("postgres")(&e))?;
+                    .map_err(pg)?;
                 tokio::spawn(connection);
-                let pg = |e: tokio_postgres::Error| err("postgres")(&e);
                 client
                     .batch_execute(&format!("CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}"))
                     .await
@@ -360,10 +371,7 @@ impl RawLock {
                 Ok(held(stat.czxid as u64))
             }
             RawLock::Postgres { client, lock, .. } => {
-                let row = client
-                    .query_one(lock, &[&key])
-                    .await
-                    .map_err(|e| err("postgres")(&e))?;
+                let row = client.query_one(lock, &[&key]).await.map_err(pg)?;
                 match row.get::<_, bool>(0) {
                     true => Ok(held(row.get::<_, i64>(1) as u64)),
                     false => Err("taken".into()),
@@ -381,7 +389,7 @@ impl RawLock {
                             .await
                     }
                 }
-                .map_err(|e| err("postgres")(&e))?;
+                .map_err(pg)?;
                 match rows.first() {
                     Some(row) => Ok(held(row.get::<_, i64>(0) as u64)),
                     None => Err("taken".into()),
@@ -452,7 +460,7 @@ impl RawLock {
                 .query_one(unlock, &[&key])
                 .await
                 .map(drop)
-                .map_err(|e| err("postgres")(&e)),
+                .map_err(pg),
             RawLock::PostgresTable { clients } => {
                 let TableClient { client, prepared } = table_client(clients, &key);
                 let token = token as i64;
@@ -466,7 +474,7 @@ impl RawLock {
                             .map(drop)
                     }
                 }
-                .map_err(|e| err("postgres")(&e))
+                .map_err(pg)
             }
             RawLock::Mysql(pool) => {
                 use mysql_async::prelude::Queryable;
