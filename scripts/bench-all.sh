@@ -62,6 +62,8 @@ run "$rslock" --backend "$redis" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis" "${contended[@]}" --no-lock
 run "$bench" --backend "$redis" --workload contended --secs "$secs" --workers 4 --processes 2
 eight "$redis"
+# The fair floor: a token passed round the eight through Redis lists.
+eight "$redis" --ring
 peer8 "$rslock" --backend "$redis"
 peer8 /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis"
 eight "$redis" --no-lock

@@ -222,10 +222,13 @@ def bench_summary(path):
 
 def bench_replicas(path):
     """Per backend: eight independent clients on one key, this library
-    beside each peer, and how evenly the processes were served."""
+    beside each peer, and how evenly the processes were served; beside
+    them the fair floor where the run has one (`--ring`: a token passed
+    round the processes through the server, bench/README.md)."""
     out = [
-        "| backend | tower-lock | fewest ÷ most per process | peer | peer's fewest ÷ most | tower-lock ÷ peer |",
-        "|---|---|---|---|---|---|",
+        "| backend | tower-lock | fewest ÷ most per process | peer | peer's fewest ÷ most "
+        "| tower-lock ÷ peer | fair floor | tower-lock ÷ floor |",
+        "|---|---|---|---|---|---|---|---|",
     ]
 
     def evenness(line):
@@ -239,13 +242,17 @@ def bench_replicas(path):
         if not ours:
             continue
         mine = float(ours[0]["cycles_per_s"])
-        others = [r for r in eight if r["impl"] != "tower-lock"] or [None]
+        rings = [float(r["cycles_per_s"]) for r in eight if r["impl"] == "ring-floor"]
+        ring = rings[0] if rings else None
+        floor = (f"| {number(ring)} cycles/s | {ratio(mine, ring)} |" if ring else "| | |")
+        others = [r for r in eight if r["impl"] not in ("tower-lock", "ring-floor")] or [None]
         for peer in others:
             theirs = float(peer["cycles_per_s"]) if peer else None
             out.append(
                 f"| {g} | {number(mine)} cycles/s | {evenness(ours[0])} "
-                + (f"| `{peer['impl']}` {number(theirs)} cycles/s | {evenness(peer)} | {ratio(mine, theirs)} |"
-                   if peer else "| | | |")
+                + (f"| `{peer['impl']}` {number(theirs)} cycles/s | {evenness(peer)} | {ratio(mine, theirs)} "
+                   if peer else "| | | ")
+                + floor
             )
     return out
 

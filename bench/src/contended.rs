@@ -2,6 +2,7 @@
 //! several, counting overlaps.
 
 use super::*;
+use crate::ring::Place;
 
 /// `contended --processes P`: P copies of this program run W workers each
 /// on the same key; this one adds up their tallies and checks their
@@ -14,12 +15,19 @@ pub(super) async fn contended_processes(args: &Args) -> Result<String, String> {
     let release = if args.await_release { "await" } else { "drop" };
     let hold = args.hold.as_micros().to_string();
     let mut children = Vec::new();
-    for _ in 0..args.processes {
+    for index in 0..args.processes {
+        let ring = args.ring.then(|| {
+            [
+                "--ring-place".into(),
+                Place::new(index, args.processes).arg(),
+            ]
+        });
         let child = tokio::process::Command::new(&exe)
             .args(["--backend", &args.backend, "--workload", "contended"])
             .args(["--secs", &secs, "--workers", &workers, "--release", release])
             .args(["--hold-us", &hold])
             .args(args.no_lock.then_some("--no-lock"))
+            .args(ring.into_iter().flatten())
             .arg("--section-log")
             .arg(&log)
             .stdout(std::process::Stdio::piped())
@@ -129,7 +137,7 @@ pub(super) struct Run {
 /// Cycles that start within this long of the workers' start are not counted,
 /// in this program and in every peer's: connections, caches and the JIT warm
 /// up first.
-const WARM_UP: Duration = Duration::from_millis(500);
+pub(super) const WARM_UP: Duration = Duration::from_millis(500);
 
 /// `workers` tasks loop for `secs` seconds after [`WARM_UP`]: pick one of
 /// `keys` (a fixed pseudo-random sequence per worker), acquire, run the

@@ -59,6 +59,7 @@ mod flash_sale;
 mod floors;
 mod http;
 mod raw_locks;
+mod ring;
 
 use contended::{contended, contended_processes, keys, run_workers};
 use flash_sale::flash_sale;
@@ -98,15 +99,20 @@ struct Args {
     calibrate: bool,
     /// `http`: where `LockLayer` is mounted, if `--mount` says.
     mount: Option<Mount>,
+    /// `contended --processes`: pass a token round the processes through
+    /// Redis lists instead of locking (the floor of a fair hand-off).
+    ring: bool,
     /// Internal: run as one of `--processes`, logging critical sections to
     /// this file.
     section_log: Option<String>,
+    /// Internal: this process's place in the `--ring`.
+    ring_place: Option<ring::Place>,
 }
 
 const USAGE: &str = "usage: bench --backend <memory|redis://..|redlock://..|zk://..> \
 --workload <uncontended|contended|keys|http|flash-sale|floor> [--n N] [--secs S] [--workers W] \
 [--keys K] [--conns C] [--processes P] [--release drop|await] [--hold-us H] [--no-lock] \
-[--calibrate] [--mount handler|route] [--wait-ms W] [--max-waiters M]";
+[--calibrate] [--mount handler|route] [--wait-ms W] [--max-waiters M] [--ring]";
 
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
@@ -125,7 +131,9 @@ fn parse_args() -> Result<Args, String> {
         no_lock: false,
         calibrate: false,
         mount: None,
+        ring: false,
         section_log: None,
+        ring_place: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -144,6 +152,8 @@ fn parse_args() -> Result<Args, String> {
             "--conns" => a.conns = num(&flag, value()?)?,
             "--processes" => a.processes = num(&flag, value()?)?,
             "--section-log" => a.section_log = Some(value()?),
+            "--ring-place" => a.ring_place = Some(ring::Place::parse(&value()?)?),
+            "--ring" => a.ring = true,
             "--hold-us" => a.hold = Duration::from_micros(num(&flag, value()?)?),
             "--wait-ms" => a.wait = Duration::from_millis(num(&flag, value()?)?),
             "--max-waiters" => a.max_waiters = num(&flag, value()?)?,
@@ -172,6 +182,11 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.no_lock && !matches!(a.workload.as_str(), "contended" | "keys") {
         return Err("--no-lock applies to the contended and keys workloads".into());
+    }
+    if a.ring && (a.workload != "contended" || a.processes < 2 || a.no_lock) {
+        return Err(
+            "--ring applies to the contended workload with --processes, without --no-lock".into(),
+        );
     }
     if a.calibrate && a.workload != "http" {
         return Err("--calibrate applies to the http workload".into());
@@ -273,14 +288,19 @@ async fn run(args: Args) -> ExitCode {
     };
     if args.section_log.is_some() {
         // One of `--processes`: its raw tally, for the parent to add up.
-        let r = run_workers(
-            &backend,
-            args.workers,
-            vec!["bench:contended".into()],
-            args.secs,
-            &how,
-        )
-        .await;
+        let r = match args.ring_place {
+            Some(place) => match ring::run(&args.backend, place, args.secs, &how).await {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("bench: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            None => {
+                let keys = vec!["bench:contended".into()];
+                run_workers(&backend, args.workers, keys, args.secs, &how).await
+            }
+        };
         backend.flush().await;
         let waits: Vec<String> = r.waits.iter().map(|w| w.as_nanos().to_string()).collect();
         println!(
@@ -399,6 +419,8 @@ async fn run(args: Args) -> ExitCode {
     // figures: they say so in the first field.
     let implementation = if args.no_lock {
         "no-lock"
+    } else if args.ring {
+        "ring-floor"
     } else if args.calibrate {
         "bare-vs-bare"
     } else {
