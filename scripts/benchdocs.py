@@ -179,7 +179,7 @@ def bench_table(path):
 # The floor lines of each backend (`--workload floor`), and the peers.
 FLOORS = ("redis-rs-2xping", "raw-create-delete", "tokio-postgres-2xselect",
           "tokio-postgres-2xupsert", "mysql-async-2xselect", "etcd-client-put-delete")
-NOT_PEERS = FLOORS + ("tower-lock", "bare-vs-bare", "layer-floor")
+NOT_PEERS = FLOORS + ("tower-lock", "bare-vs-bare", "layer-floor", "ring-floor")
 
 
 def ratio(a, b):

@@ -183,9 +183,17 @@ fn parse_args() -> Result<Args, String> {
     if a.no_lock && !matches!(a.workload.as_str(), "contended" | "keys") {
         return Err("--no-lock applies to the contended and keys workloads".into());
     }
-    if a.ring && (a.workload != "contended" || a.processes < 2 || a.no_lock) {
+    if a.ring
+        && (a.workload != "contended"
+            || a.processes < 2
+            || a.workers != 1
+            || a.no_lock
+            || !a.backend.starts_with("redis://"))
+    {
         return Err(
-            "--ring applies to the contended workload with --processes, without --no-lock".into(),
+            "--ring applies to the contended workload on a redis:// backend, with --processes and \
+             --workers 1, without --no-lock"
+                .into(),
         );
     }
     if a.calibrate && a.workload != "http" {

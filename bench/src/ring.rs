@@ -5,9 +5,11 @@
 //! `BLPOP` on its own list, runs the critical section, and `LPUSH`es the
 //! token on to the next one's list. A hand-off is then one command to the
 //! server and one answer to the next process, which the server sends the
-//! moment the command runs: no lock's protocol that serves processes in
-//! turn through one server can hand on faster. Nothing here can hand the
-//! token to two processes, and the section log checks that it does not.
+//! moment the command runs: a lock that serves processes in turn through
+//! one server sends at least that per hand-off, so its rate here, through
+//! the same client, runtime and section log, is the reference for such a
+//! lock. Nothing here can hand the token to two processes, and the section
+//! log checks that it does not.
 
 use super::*;
 use crate::contended::{Run, WARM_UP};
@@ -79,12 +81,14 @@ pub(super) async fn run(url: &str, place: Place, secs: u64, how: &How) -> Result
         place.list((place.index + 1) % place.of),
     );
     if place.index == 0 {
-        let () = redis::cmd("LPUSH")
-            .arg(&own)
-            .arg(1u64)
-            .query_async(&mut conn)
-            .await
-            .map_err(fail)?;
+        // One token, whatever an earlier run of the same parent id left.
+        let mut start = redis::pipe();
+        start.atomic().cmd("DEL");
+        for index in 0..place.of {
+            start.arg(place.list(index));
+        }
+        start.ignore().cmd("LPUSH").arg(&own).arg(1u64).ignore();
+        let () = start.query_async(&mut conn).await.map_err(fail)?;
     }
     let (inside, overlaps) = (AtomicUsize::new(0), AtomicU64::new(0));
     let counting = Instant::now() + WARM_UP;
@@ -92,11 +96,14 @@ pub(super) async fn run(url: &str, place: Place, secs: u64, how: &How) -> Result
     let mut waits = Vec::with_capacity(1 << 16);
     let mut cycles = 0;
     let mut last = stop;
+    // When the wait for the token began, across `BLPOP`s that timed out.
+    let mut waiting = None;
     loop {
-        let t = Instant::now();
-        if t >= stop {
+        let now = Instant::now();
+        if now >= stop {
             break;
         }
+        let t = *waiting.get_or_insert(now);
         let got: Option<(String, u64)> = redis::cmd("BLPOP")
             .arg(&own)
             .arg(POLL)
@@ -104,6 +111,7 @@ pub(super) async fn run(url: &str, place: Place, secs: u64, how: &How) -> Result
             .await
             .map_err(fail)?;
         let Some((_, token)) = got else { continue };
+        waiting = None;
         let waited = t.elapsed();
         how.section(&inside, &overlaps, token).await;
         let _: u64 = redis::cmd("LPUSH")
@@ -118,9 +126,10 @@ pub(super) async fn run(url: &str, place: Place, secs: u64, how: &How) -> Result
             last = last.max(Instant::now());
         }
     }
-    // Every other process stops within a `BLPOP` of the same moment; the
-    // token is then left in some list, which goes with the rest.
-    tokio::time::sleep(Duration::from_secs_f64(3.0 * POLL)).await;
+    // The processes started (so stop) up to some milliseconds apart; once
+    // the last one stops the token rests in some list, deleted by its
+    // owner after this pause.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let _: u64 = redis::cmd("DEL")
         .arg(&own)
         .query_async(&mut conn)

@@ -279,24 +279,22 @@ impl RedlockStore {
         F: Fn(ConnectionManager, String) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
     {
-        let answers = self
-            .on_all(|conn| op(conn, self.prefix.clone()))
-            .await
-            .into_iter()
-            .map(|answer| answer.map_err(|e| redis_error(doing, e)));
-        let answered: Vec<T> = answers.filter_map(Result::ok).collect();
-        if answered.len() < self.quorum() {
-            return Err(LockError::backend(
-                "redlock",
-                format!(
-                    "{doing}: only {} of {} instances answered",
-                    answered.len(),
-                    self.nodes.len()
-                ),
-                None,
-            ));
+        let mut answered = Vec::with_capacity(self.nodes.len());
+        let mut failed = None;
+        for answer in self.on_all(|conn| op(conn, self.prefix.clone())).await {
+            match answer {
+                Ok(answer) => answered.push(answer),
+                Err(e) => failed = failed.or(Some(e)),
+            }
         }
-        Ok(answered)
+        if answered.len() >= self.quorum() {
+            return Ok(answered);
+        }
+        let (n, of) = (answered.len(), self.nodes.len());
+        // The first failure is the source.
+        let source = failed.map(|e| Box::new(e) as _);
+        let message = format!("{doing}: only {n} of {of} instances answered");
+        Err(LockError::backend("redlock", message, source))
     }
 
     /// The holders seen on at least `least` instances, once each, with the
