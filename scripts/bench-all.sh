@@ -32,6 +32,8 @@ flash_sale=(--workload flash-sale --secs 20 --conns 256 --hold-us 5000 --wait-ms
 replicas=(--workload contended --secs "$secs" --workers 1)
 eight() { run "$bench" --backend "$1" "${replicas[@]}" --processes 8 "${@:2}"; }
 peer8() { run /usr/bin/python3 bench/peers/processes.py 8 "$@" "${replicas[@]}"; }
+# Two processes of four workers, three rounds: evenness must hold in each.
+pairs() { for _ in 1 2 3; do run "$bench" --backend "$1" --workload contended --secs "$secs" --workers 4 --processes 2; done; }
 
 run() { "$@" || die "failed: $*"; }
 
@@ -60,7 +62,7 @@ done
 run "$bench" --backend "$redis" "${contended[@]}" --no-lock
 run "$rslock" --backend "$redis" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/redis_py_lock.py --backend "$redis" "${contended[@]}" --no-lock
-for _ in 1 2 3; do run "$bench" --backend "$redis" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$redis"
 eight "$redis"
 # The fair floor: a token passed round the eight through Redis lists.
 eight "$redis" --ring
@@ -105,7 +107,7 @@ for _ in 1 2; do
     run "$bench" --backend "$rcluster_acked" "${contended[@]}"
 done
 run "$bench" --backend "$rcluster" "${contended[@]}" --no-lock
-for _ in 1 2 3; do run "$bench" --backend "$rcluster" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$rcluster"
 run "$bench" --backend "$rcluster" --workload keys --secs "$secs" --workers 8 --keys 100
 run "$bench" --backend "$rcluster" --workload http --secs "$secs" --conns 32
 
@@ -117,7 +119,7 @@ for _ in 1 2 3; do
 done
 run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" "${contended[@]}"
 run "$rslock" --backend "$TOWER_LOCK_REDLOCK_URL" "${contended[@]}"
-for _ in 1 2 3; do run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$TOWER_LOCK_REDLOCK_URL"
 eight "$TOWER_LOCK_REDLOCK_URL"
 peer8 "$rslock" --backend "$TOWER_LOCK_REDLOCK_URL"
 run "$bench" --backend "$TOWER_LOCK_REDLOCK_URL" --workload keys --secs "$secs" --workers 8 --keys 100
@@ -139,7 +141,7 @@ done
 run "$bench" --backend "$zk" "${contended[@]}" --no-lock
 run bench/peers/curator/run --backend "$zk" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk" "${contended[@]}" --no-lock
-for _ in 1 2 3; do run "$bench" --backend "$zk" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$zk"
 eight "$zk"
 peer8 bench/peers/curator/run --backend "$zk"
 peer8 /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk"
@@ -162,7 +164,7 @@ for _ in 1 2; do
     run bench/peers/curator/run --backend "$zk3" "${contended[@]}"
     run /usr/bin/python3 bench/peers/kazoo_lock.py --backend "$zk3" "${contended[@]}"
 done
-for _ in 1 2 3; do run "$bench" --backend "$zk3" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$zk3"
 run "$bench" --backend "$zk3" --workload keys --secs "$secs" --workers 8 --keys 100
 
 # PostgreSQL advisory locks: the floor is two prepared SELECT 1 through the
@@ -180,7 +182,7 @@ for _ in 1 2; do
 done
 run "$bench" --backend "$pg" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg" "${contended[@]}" --no-lock
-for _ in 1 2 3; do run "$bench" --backend "$pg" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$pg"
 eight "$pg"
 peer8 /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg"
 peer8 /usr/bin/python3 bench/peers/psycopg2_advisory.py --backend "$pg" --no-lock
@@ -204,7 +206,7 @@ for _ in 1 2; do
 done
 run "$bench" --backend "$pgt" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt" "${contended[@]}" --no-lock
-for _ in 1 2 3; do run "$bench" --backend "$pgt" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$pgt"
 eight "$pgt"
 peer8 /usr/bin/python3 bench/peers/psycopg2_lease_table.py --backend "$pgt"
 run "$bench" --backend "$pgt" --workload keys --secs "$secs" --workers 8 --keys 100
@@ -214,7 +216,7 @@ for _ in 1 2 3; do
     run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload floor --n 2000
     run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload uncontended --n 2000
 done
-for _ in 1 2 3; do run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$TOWER_LOCK_PGBOUNCER_URL?lease_table"
 run "$bench" --backend "$TOWER_LOCK_PGBOUNCER_URL?lease_table" --workload http --secs "$secs" --conns 32
 
 # MariaDB GET_LOCK: the floor is two prepared SELECT 1 through the same
@@ -232,7 +234,7 @@ for _ in 1 2; do
 done
 run "$bench" --backend "$my" "${contended[@]}" --no-lock
 run /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" "${contended[@]}" --no-lock
-for _ in 1 2 3; do run "$bench" --backend "$my" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$my"
 eight "$my"
 peer8 /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my"
 peer8 /usr/bin/python3 bench/peers/pymysql_get_lock.py --backend "$my" --no-lock
@@ -255,7 +257,7 @@ for _ in 1 2; do
 done
 run "$bench" --backend "$etcd" "${contended[@]}" --no-lock
 run bench/peers/etcd_go/run --backend "$etcd" "${contended[@]}" --no-lock
-for _ in 1 2 3; do run "$bench" --backend "$etcd" --workload contended --secs "$secs" --workers 4 --processes 2; done
+pairs "$etcd"
 eight "$etcd"
 peer8 bench/peers/etcd_go/run --backend "$etcd"
 peer8 bench/peers/etcd_go/run --backend "$etcd" --no-lock

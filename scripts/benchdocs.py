@@ -245,7 +245,7 @@ def bench_replicas(path):
         rings = [float(r["cycles_per_s"]) for r in eight if r["impl"] == "ring-floor"]
         ring = rings[0] if rings else None
         floor = (f"| {number(ring)} cycles/s | {ratio(mine, ring)} |" if ring else "| | |")
-        others = [r for r in eight if r["impl"] not in ("tower-lock", "ring-floor")] or [None]
+        others = [r for r in eight if r["impl"] not in NOT_PEERS] or [None]
         for peer in others:
             theirs = float(peer["cycles_per_s"]) if peer else None
             out.append(
