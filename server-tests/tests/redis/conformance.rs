@@ -60,7 +60,7 @@ impl common::contract::Subject for Redis {
 
 /// Waits until no key but fencing counters (kept on purpose: tokens rise
 /// across holders) is left under `prefix` on any of `urls`.
-async fn no_lock_left(urls: &[String], prefix: &str) {
+pub(super) async fn no_lock_left(urls: &[String], prefix: &str) {
     let mut left = Vec::new();
     for _ in 0..250 {
         left.clear();
@@ -115,19 +115,6 @@ impl common::contract::Subject for Redlock {
             .unwrap()
             .with_cohort(common::contract::cohort(self.cohort));
         Some((proxies, backend))
-    }
-
-    /// Without a cohort each waiter retries rounds on its own: Redlock has
-    /// no queue.
-    fn serves_one_process_in_order(&self) -> bool {
-        self.cohort
-    }
-
-    /// Nor any share without one: a waiter retries after a jittered delay,
-    /// and waiters in the releasing process, woken by the release, win
-    /// most races (seen: 35 holds against 2,188).
-    fn takes_turns_across_processes(&self) -> bool {
-        self.cohort
     }
 
     async fn assert_nothing_left(&self, _test: &str, _keys: &[String]) {

@@ -16,6 +16,7 @@ mod one_server;
 mod processes;
 mod queue;
 mod redlock;
+mod redlock_queue;
 mod tls;
 
 use std::io::{BufRead, BufReader, Write};

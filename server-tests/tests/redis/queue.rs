@@ -6,8 +6,8 @@ use super::*;
 
 /// A waiter in its own process (backend) on `key`: records its turn in
 /// `order`, holds for `hold`, releases.
-pub(super) fn waiter(
-    b: &RedisBackend,
+pub(super) fn waiter<B: Backend + Clone>(
+    b: &B,
     key: &str,
     name: &'static str,
     order: &Arc<Mutex<Vec<&'static str>>>,
@@ -27,7 +27,7 @@ pub(super) fn waiter(
 }
 
 /// How long each waiter of the order test holds the lock.
-const HOLD: Duration = Duration::from_millis(5);
+pub(super) const HOLD: Duration = Duration::from_millis(5);
 
 /// Without a queue every waiter woken by a release asks at once and the
 /// fastest wins: three waiters would come out in their order by chance

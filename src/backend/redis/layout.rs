@@ -141,12 +141,6 @@ impl Layout {
         self
     }
 
-    /// Without a queue of waiters (Redlock's, which retry).
-    pub(crate) fn without_queue(mut self) -> Self {
-        self.queued = false;
-        self
-    }
-
     /// The channel its releases are published on.
     pub(crate) fn channel(&self) -> String {
         [&self.base, CHANNEL].concat()
@@ -185,7 +179,8 @@ impl Layout {
 
     /// One attempt to take the lock for `token` on `conn`; the key's fencing
     /// counter is raised to at least `floor` plus the server's clock in µs.
-    /// Busy, an exclusive lock's attempt joins its queue as `queue` says.
+    /// Busy, an exclusive lock's attempt joins its queue as `queue` says,
+    /// at `score` (0: the server's clock in µs; see `scripts::ENQUEUE`).
     pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
@@ -193,7 +188,7 @@ impl Layout {
         lease: Duration,
         tokens: u32,
         floor: Floor,
-        queue: Queue,
+        (queue, score): (Queue, u64),
     ) -> Result<Attempt, LockError> {
         let s = scripts();
         let script = match self.kind {
@@ -234,7 +229,8 @@ impl Layout {
             Kind::Exclusive if self.queued => call
                 .arg(tokens.max(1))
                 .arg(queue as u8)
-                .arg(QUEUE_TTL.as_millis() as u64),
+                .arg(QUEUE_TTL.as_millis() as u64)
+                .arg(score),
             Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),
             Kind::Read => &mut call,
         };
@@ -405,7 +401,7 @@ impl redis::ToRedisArgs for QueueKeys<'_> {
 /// Whether an attempt on an exclusive lock joins its queue when busy.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Queue {
-    /// Never (a fail-fast attempt; Redlock, whose waiters retry).
+    /// Never (a fail-fast attempt).
     Never = 0,
     /// Joins it if busy: a waiter's first attempt.
     OnBusy = 1,

@@ -65,9 +65,10 @@
 //! waiters look when they expected it to run out, and the first to ask
 //! wins. Processes with a waiter each are thus served in turn (measured:
 //! eight processes of one worker each, equal shares within 0.1%). Read,
-//! write and semaphore locks, Redis Cluster (a script's keys must all be on
-//! the node while its slot migrates) and Redlock have no such queue: there
-//! every waiter tries again when it hears of a release. Versions before the
+//! write and semaphore locks and Redis Cluster (a script's keys must all be
+//! on the node while its slot migrates) have no such queue: there every
+//! waiter tries again when it hears of a release. Redlock queues on every
+//! instance ([its waiting](redlock#waiting)). Versions before the
 //! queue listen on the key's channel only: mixed with them during an
 //! upgrade, a waiter may not hear the other version's releases and looks
 //! again within a second.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use redis::{IntoConnectionInfo, ProtocolVersion};
+use redis::{ConnectionInfo, IntoConnectionInfo, ProtocolVersion};
 
 use super::replicas::Replicas;
 use crate::backend::CohortOptions;
@@ -211,12 +211,7 @@ impl RedisOptions {
         let info = url
             .into_connection_info()
             .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))?;
-        // Releases arrive as RESP3 pushes on the same connection.
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let info = info.set_redis_settings(settings);
+        let info = resp3(info);
         #[cfg(feature = "redis-tls")]
         if let Some(pem) = &self.tls_root_certificate {
             if !wants_tls(url) {
@@ -236,6 +231,16 @@ impl RedisOptions {
         redis::Client::open(info)
             .map_err(|e| LockError::Config(format!("invalid Redis URL {url:?}: {e}")))
     }
+}
+
+/// `info` speaking RESP3: release messages arrive as pushes on the
+/// connection the commands go on.
+pub(super) fn resp3(info: ConnectionInfo) -> ConnectionInfo {
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    info.set_redis_settings(settings)
 }
 
 /// Whether `url` asks for TLS: `rediss://`, or the redis crate's

@@ -121,16 +121,18 @@ pub(super) const NEXT_TTL: Duration = Duration::from_millis(100);
 pub(super) const QUEUE_TTL: Duration = Duration::from_secs(3);
 
 /// The queue of an exclusive lock: its waiters in the order they first
-/// found it busy (a sorted set scored by the server's clock in µs), when
-/// each one's place runs out (a sorted set scored in ms), and the waiter
-/// a release named.
+/// found it busy (a sorted set scored by the server's clock in µs, or by
+/// the score the waiter chose: Redlock's waiters give every instance the
+/// same, so that all queue them in one order), when each one's place runs
+/// out (a sorted set scored in ms), and the waiter a release named.
 ///
-/// `enqueue` gives `token` a place, or keeps its place alive. Needs the
-/// `int` of `NOW_MS`; loaded by `lazily`.
+/// `enqueue` gives `token` a place, or keeps its place alive; a `score` of
+/// 0 is the server's clock. Needs the `int` of `NOW_MS`; loaded by `lazily`.
 const ENQUEUE: &str = r#"
-local function enqueue(queue, places, token, ttl)
+local function enqueue(queue, places, token, ttl, score)
   local t = redis.call('TIME')
-  redis.call('ZADD', queue, 'NX', int(tonumber(t[1]) * 1000000 + tonumber(t[2])), token)
+  if score == 0 then score = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
+  redis.call('ZADD', queue, 'NX', int(score), token)
   redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl), token)
   redis.call('PEXPIRE', queue, ttl)
   redis.call('PEXPIRE', places, ttl)
@@ -201,7 +203,7 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// `ACQUIRE_EXCLUSIVE` with the lock's queue. KEYS: lock, fence, queue,
 /// places, successor. ARGV: token, lease ms, fence ttl ms, fence floor,
 /// tokens to reserve, queue (`0`: never, `1`: join it if busy, `2`: in it
-/// already), place ttl ms.
+/// already), place ttl ms, place score (`0`: the server's clock in µs).
 ///
 /// A free lock whose release named a successor is that successor's alone
 /// until its turn runs out (`NEXT_TTL`), so that no one, the process that
@@ -220,7 +222,7 @@ elseif held ~= ARGV[1] then
   busy = redis.call('PTTL', KEYS[1])
 end
 if busy then
-  if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[7])) end
+  if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8])) end
   return {0, busy}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])

@@ -222,13 +222,13 @@ impl RedisStore {
         let result = match self.replicas {
             None => {
                 layout
-                    .try_acquire(&mut conn, token, lease, tokens, floor, queue)
+                    .try_acquire(&mut conn, token, lease, tokens, floor, (queue, 0))
                     .await
             }
             Some(replicas) => {
                 let mut acked = Acked::new(&mut conn, replicas);
                 match layout
-                    .try_acquire(&mut acked, token, lease, tokens, floor, queue)
+                    .try_acquire(&mut acked, token, lease, tokens, floor, (queue, 0))
                     .await
                 {
                     // Not on enough replicas: released when `in_flight` drops.
