@@ -59,6 +59,18 @@ async fn bounced() -> PostgresBackend {
     connect(&bouncer_url(), options().listen_url(pg_url())).await
 }
 
+/// As [`bounced`], the listener's address given in the URL
+/// (`listen=host:port`).
+async fn bounced_by_url() -> PostgresBackend {
+    let pg = pg_url();
+    let rest = pg.split_once("://").map_or(pg.as_str(), |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let hosts = rest.split(['/', '?']).next().unwrap();
+    let bouncer = bouncer_url();
+    let join = if bouncer.contains('?') { '&' } else { '?' };
+    connect(&format!("{bouncer}{join}listen={hosts}"), options()).await
+}
+
 /// A plain client, to look at the table.
 async fn raw() -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(&pg_url(), tokio_postgres::NoTls)
@@ -227,6 +239,11 @@ async fn waiters_hear_the_release_and_poll_where_they_cannot() {
         with_listener.hears_releases()
     })
     .await;
+    let listener_in_url = bounced_by_url().await;
+    common::eventually("the listener the URL sends to the server hears", || {
+        listener_in_url.hears_releases()
+    })
+    .await;
     // Through the pooler the test notification never comes (give it its
     // second to arrive).
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -238,6 +255,7 @@ async fn waiters_hear_the_release_and_poll_where_they_cannot() {
         (&holder, true),
         (&bounced_only, false),
         (&with_listener, true),
+        (&listener_in_url, true),
     ] {
         // A long lease: a waiter that got the lock before it ended heard
         // of (or polled for) the release.

@@ -121,8 +121,9 @@
 //!   notified, or when the holder's time is up (at most a second). Where
 //!   notifications do not arrive (the listener behind a pooler in
 //!   transaction mode: give it a direct address with
-//!   [`PostgresOptions::listen_url`]), waiters look every 50 ms instead,
-//!   with a warning in the log.
+//!   [`PostgresOptions::listen_url`], or in the URL as
+//!   `?lease_table&listen=db:5432`), waiters look every 50 ms instead, with
+//!   a warning in the log.
 //! - Every statement is a single statement in its own transaction, so any
 //!   server session may run it: PgBouncer in transaction mode works.
 //!   Statements are unnamed (parsed each time) until the listener, on the
@@ -340,7 +341,12 @@ impl PostgresBackend {
 
     /// Connects with explicit [options](PostgresOptions).
     pub async fn connect_with(url: &str, mut options: PostgresOptions) -> Result<Self, LockError> {
-        let (mut config, from_url, sequence) = parse_url(url)?;
+        let UrlParts {
+            mut config,
+            table: from_url,
+            sequence,
+            listen,
+        } = parse_url(url)?;
         if let Some(sequence) =
             sequence.filter(|_| options.sequence == PostgresOptions::DEFAULT_SEQUENCE)
         {
@@ -361,9 +367,10 @@ impl PostgresBackend {
                     "PostgresOptions::lease_table {table:?}: at most 63 characters"
                 )));
             }
+            // The builder's address, else the URL's.
             let listen_config = match &options.listen_url {
-                Some(url) => Some(parse_url(url)?.0),
-                None => None,
+                Some(url) => Some(parse_url(url)?.config),
+                None => listen,
             };
             let target = target(&config);
             let inner = LeaseTable::new(
@@ -380,10 +387,10 @@ impl PostgresBackend {
             };
             return Ok(RemoteBackend::new(store, options.cohort));
         }
-        if options.listen_url.is_some() {
+        if options.listen_url.is_some() || listen.is_some() {
             return Err(LockError::Config(
-                "PostgresOptions::listen_url applies to the lease-table mode only \
-                 (PostgresOptions::lease_table)"
+                "PostgresOptions::listen_url (or the URL's listen parameter) applies to the \
+                 lease-table mode only (PostgresOptions::lease_table)"
                     .into(),
             ));
         }
@@ -464,9 +471,7 @@ impl fmt::Debug for PostgresBackend {
 /// The driver's settings, and the lease table and token sequence the
 /// `?lease_table[=name]` and `?sequence=name` parameters name (taken out:
 /// the driver knows no such parameter).
-fn parse_url(
-    url: &str,
-) -> Result<(tokio_postgres::Config, Option<String>, Option<String>), LockError> {
+fn parse_url(url: &str) -> Result<UrlParts, LockError> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(LockError::Config(format!(
             "not a PostgreSQL URL: {:?} (expected postgres://user@host:port/database)",
@@ -485,25 +490,68 @@ fn parse_url(
             "the URL's sequence parameter needs a name: ?sequence=schema.name".into(),
         ));
     }
-    let config = tokio_postgres::Config::from_str(&url)
-        .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))?;
-    Ok((config, table, sequence))
+    let (url, listen) = super::sql::take_param(&url, "listen");
+    let driver = |url: &str| {
+        tokio_postgres::Config::from_str(url)
+            .map_err(|e| LockError::Config(format!("invalid PostgreSQL URL: {e}")))
+    };
+    let config = driver(&url)?;
+    let listen = match listen.as_deref() {
+        None => None,
+        Some(hosts) if !hosts.is_empty() && !hosts.contains(['/', '@', '?', '#']) => {
+            Some(driver(&with_hosts(&url, hosts))?)
+        }
+        Some(_) => {
+            return Err(LockError::Config(
+                "the URL's listen parameter needs a host and port: ?listen=db:5432".into(),
+            ))
+        }
+    };
+    Ok(UrlParts {
+        config,
+        table,
+        sequence,
+        listen,
+    })
 }
 
-/// `url` without this crate's own parameters (`lease_table`, `sequence`), as the
-/// driver takes it: for a connection of the application's own to the same
-/// database.
+/// What a PostgreSQL URL says.
+struct UrlParts {
+    /// The driver's configuration.
+    config: tokio_postgres::Config,
+    /// The lease table a `lease_table` parameter names.
+    table: Option<String>,
+    /// The sequence a `sequence` parameter names.
+    sequence: Option<String>,
+    /// The listener's configuration when a `listen=host:port` parameter
+    /// sends it elsewhere: the URL's, with those hosts.
+    listen: Option<tokio_postgres::Config>,
+}
+
+/// `url` with its hosts (and ports) replaced by `hosts`, its user,
+/// password, database and parameters kept.
+fn with_hosts(url: &str, hosts: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let user = authority.rfind('@').map_or("", |at| &authority[..=at]);
+    format!("{scheme}://{user}{hosts}{path}")
+}
+
+/// `url` without this crate's own parameters (`lease_table`, `sequence`,
+/// `listen`), as the driver takes it: for a connection of the application's
+/// own to the same database.
 ///
 /// # Examples
 ///
 /// ```
 /// use tower_lock::backend::postgres::driver_url;
 ///
-/// let url = "postgres://app@db:6432/orders?lease_table&connect_timeout=2";
+/// let url = "postgres://app@db:6432/orders?lease_table&listen=db:5432&connect_timeout=2";
 /// assert_eq!(driver_url(url), "postgres://app@db:6432/orders?connect_timeout=2");
 /// ```
 pub fn driver_url(url: &str) -> String {
-    split_url(url).0
+    super::sql::take_param(&split_url(url).0, "listen").0
 }
 
 /// The driver's URL, the lease table a `lease_table` parameter names and
@@ -554,14 +602,15 @@ mod tests {
         assert!(parse_url("postgresql://app:secret@db/orders").is_ok());
         assert!(parse_url("mysql://app@db/orders").is_err());
         assert!(parse_url("postgres://app@db:port/orders").is_err());
-        let (config, table, sequence) = parse_url("postgres://app:secret@db:6543/orders").unwrap();
-        assert_eq!(target(&config), "db:6543/orders");
-        assert_eq!((table, sequence), (None, None));
+        let parts = parse_url("postgres://app:secret@db:6543/orders").unwrap();
+        assert_eq!(target(&parts.config), "db:6543/orders");
+        assert_eq!((parts.table, parts.sequence), (None, None));
+        assert!(parts.listen.is_none());
     }
 
     #[test]
     fn a_url_may_name_the_lease_table_and_the_sequence() {
-        let table = |url: &str| parse_url(url).unwrap().1;
+        let table = |url: &str| parse_url(url).unwrap().table;
         assert_eq!(
             table("postgres://app@db/orders?lease_table=locks.leases"),
             Some("locks.leases".to_owned())
@@ -570,11 +619,43 @@ mod tests {
             table("postgres://app@db/orders?connect_timeout=2&lease_table"),
             Some(PostgresOptions::DEFAULT_LEASE_TABLE.to_owned())
         );
-        let (config, _, sequence) =
+        let parts =
             parse_url("postgres://app@db/orders?lease_table=t&sequence=s.t&connect_timeout=2")
                 .unwrap();
-        assert_eq!(config.get_connect_timeout(), Some(&Duration::from_secs(2)));
-        assert_eq!(sequence.as_deref(), Some("s.t"));
+        assert_eq!(
+            parts.config.get_connect_timeout(),
+            Some(&Duration::from_secs(2))
+        );
+        assert_eq!(parts.sequence.as_deref(), Some("s.t"));
         assert!(parse_url("postgres://app@db/orders?no_such_thing=1").is_err());
+    }
+
+    #[test]
+    fn a_url_may_send_the_listener_to_another_address() {
+        let url = "postgres://app:secret@pgbouncer:6432/orders?lease_table&listen=db:5432&connect_timeout=2";
+        let parts = parse_url(url).unwrap();
+        assert_eq!(target(&parts.config), "pgbouncer:6432/orders");
+        let listen = parts.listen.unwrap();
+        assert_eq!(target(&listen), "db:5432/orders");
+        assert_eq!(listen.get_user(), Some("app"));
+        assert_eq!(listen.get_password(), Some(&b"secret"[..]));
+        assert_eq!(listen.get_connect_timeout(), Some(&Duration::from_secs(2)));
+        let two = parse_url("postgres://app@pgb/orders?listen=a:5432,b:5433&lease_table").unwrap();
+        assert_eq!(target(&two.listen.unwrap()), "a:5432,b:5433/orders");
+        for wrong in [
+            "listen",
+            "listen=",
+            "listen=x@db:5432",
+            "listen=db:5432/other",
+        ] {
+            let err = parse_url(&format!(
+                "postgres://app:secret@pgb/orders?lease_table&{wrong}"
+            ));
+            assert!(matches!(err, Err(LockError::Config(_))), "{wrong}");
+        }
+        let Err(err) = parse_url("postgres://app:secret@pgb/orders?listen=db:port") else {
+            panic!("a port that is no number was taken");
+        };
+        assert!(!err.to_string().contains("secret"), "{err}");
     }
 }

@@ -135,8 +135,10 @@ impl PostgresOptions {
     /// In the lease-table mode, where the connection that listens for
     /// releases goes (`LISTEN` needs a session of its own, which a pooler
     /// in transaction mode does not keep): the server itself, or a pooler
-    /// in session mode. Default: the backend's URL; where notifications
-    /// do not arrive there, waiters look again every 50 ms instead.
+    /// in session mode. Default: the URL's `listen=host:port` parameter
+    /// (the URL with those hosts: `?lease_table&listen=db:5432`), else the
+    /// backend's URL; where notifications do not arrive there, waiters look
+    /// again every 50 ms instead.
     pub fn listen_url(mut self, url: impl Into<String>) -> Self {
         self.listen_url = Some(url.into());
         self
