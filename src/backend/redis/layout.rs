@@ -304,6 +304,28 @@ impl Layout {
         Ok(released.saturating_sub(1).max(0) as u64)
     }
 
+    /// Undoes `token`'s grant of an exclusive lock (if it still holds it)
+    /// that is not to be kept, putting the waiter back in the queue at
+    /// `score` before the next is named (see `scripts::RELEASE_STRING`).
+    pub(crate) async fn undo<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        token: &str,
+        score: u64,
+    ) -> redis::RedisResult<()> {
+        debug_assert!(
+            self.queued,
+            "only an exclusive lock is undone into its queue"
+        );
+        let _: i64 = self
+            .announcing(&scripts().release_string, token)
+            .arg(score)
+            .arg(QUEUE_TTL.as_millis() as u64)
+            .invoke(conn)
+            .await?;
+        Ok(())
+    }
+
     /// Takes `token` out of the lock's queue (a waiter that gave up); if a
     /// release named it and the lock is still free, names the next one.
     pub(crate) async fn leave_queue<C: ConnectionLike + Send>(

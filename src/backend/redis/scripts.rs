@@ -289,7 +289,11 @@ return {1, fence(KEYS[2], ARGV[3], 1, floor)}
 /// KEYS: lock, and for an exclusive lock its queue, places and successor.
 /// ARGV: token, channel, `PUBLISH` (or, on a cluster, `SPUBLISH`: a
 /// message for the channel's slot only, Redis 7.0+; a server without it
-/// sends none, and waiters look again within a second), successor ttl ms.
+/// sends none, and waiters look again within a second), successor ttl ms,
+/// and to undo a grant that is not to be kept (a Redlock round short of a
+/// majority) the waiter's place score and place ttl ms: it goes back in
+/// the queue at its place before the next is named, so that every
+/// instance still names the waiter first in all their queues.
 /// redis-py's release, plus the message.
 ///
 /// The message is the releasing token, so that a backend tells its own
@@ -303,6 +307,7 @@ const RELEASE_STRING: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if #KEYS >= 4 then
+    if ARGV[5] then enqueue()(KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[6]), tonumber(ARGV[5])) end
     if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
     local heard = hand_on()(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
     return 1 + (heard or 0)
@@ -500,7 +505,7 @@ pub(super) fn scripts() -> &'static Scripts {
             acquire_read: script(&[QUARANTINE, &in_set, fence, ACQUIRE_READ]),
             acquire_write: script(&[QUARANTINE, NOW_MS, fence, ACQUIRE_WRITE]),
             acquire_semaphore: script(&[QUARANTINE, &in_set, fence, ACQUIRE_SEMAPHORE]),
-            release_string: script(&[hand_on, RELEASE_STRING]),
+            release_string: script(&[hand_on, enqueue, RELEASE_STRING]),
             release_member: script(&[RELEASE_MEMBER]),
             leave_queue: script(&[hand_on, LEAVE_QUEUE]),
             extend_string: script(&[EXTEND_STRING]),

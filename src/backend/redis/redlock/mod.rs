@@ -5,11 +5,15 @@
 //! [single-instance backend](super::RedisBackend); it is held if a majority
 //! (N/2 + 1) granted it and time is left, that is if
 //! `validity = lease − elapsed − drift` is positive, drift being 1% of the lease
-//! plus 2 ms. Otherwise the attempt is undone where it was granted, and where
-//! no answer came (sent again there, in the background, until its lease would
-//! have ended), and the waiter [waits](#waiting) to try again, until the
-//! caller's wait runs out. Renewal every third of the lease also needs a
-//! majority; anything less fires the lost signal. Only exclusive locks.
+//! plus 2 ms. Otherwise the attempt is undone where it was granted and where
+//! no answer came, once, and the waiter [waits](#waiting) to try again, until
+//! the caller's wait runs out. Its next round has the same token, which an
+//! undo sent again later could free; what a failed undo leaves is the
+//! waiter's own, which its next round takes again, and an acquisition that
+//! ends without the lock undoes it then in the background, sending again
+//! until its last round's lease would have ended. Renewal every third of the
+//! lease also needs a majority; anything less fires the lost signal. Only
+//! exclusive locks.
 //!
 //! A release runs the release script on every instance, as with the
 //! [single-instance backend](super#release): awaited by
@@ -36,9 +40,15 @@
 //! That order is only as fair as the processes' clocks agree: a waiter
 //! whose clock is behind comes before those that asked earlier. It never
 //! bears on exclusion. An instance that lost a waiter's place (it did not
-//! answer when the waiter joined) may name another: the two then split a
-//! round, undo it, and try again after a random pause of up to 50 ms, as
-//! also after a lock that ran out unreleased and named no one.
+//! answer when the waiter joined) may name another, and a lock that ran out
+//! unreleased names no one: waiters may then split a round. Each undoes
+//! its part, which puts it back in those queues at its place, so that every
+//! instance names the same first waiter next; they try again after a
+//! random pause of up to 50 ms, or sooner when a majority names them.
+//!
+//! Each instance's connection speaks RESP3, which carries the release
+//! messages (Redis 6 or later, as for the single server), and its user
+//! needs `SUBSCRIBE`.
 //!
 //! # Fencing tokens
 //!
@@ -67,7 +77,8 @@
 //! The core drops an acquisition's future when its wait runs out or its
 //! request goes away. Dropped while it waits in this process's queue it leaves
 //! nothing behind; dropped between two rounds, it leaves the lock's queue on
-//! every instance in the background. Dropped while a round is in
+//! every instance in the background, after undoing what a failed undo may
+//! have left granted (above). Dropped while a round is in
 //! flight (the acquire scripts on every instance, or the undo of a failed
 //! round), the round is undone in the background on every instance, retried
 //! until its lease would have ended, as a dropped lock's release is; await
@@ -268,6 +279,27 @@ impl RedlockStore {
         self.release_on(|_| true, layout, token, deadline).await
     }
 
+    /// Undoes a round on the instances `pick` picks, once; a waiter goes
+    /// back in their queues at its `score` (see [`Layout::undo`]).
+    async fn undo_on(
+        &self,
+        pick: impl Fn(usize) -> bool,
+        layout: &Arc<Layout>,
+        token: &Arc<str>,
+        score: Option<u64>,
+    ) {
+        self.on_some(pick, |mut conn| {
+            let (layout, token) = (layout.clone(), token.clone());
+            async move {
+                match score {
+                    Some(score) => layout.undo(&mut conn, &token, score).await,
+                    None => layout.release(&mut conn, &token).await.map(drop),
+                }
+            }
+        })
+        .await;
+    }
+
     /// As [`release_all`](Self::release_all), on the instances `pick`
     /// picks.
     async fn release_on(
@@ -339,20 +371,20 @@ impl Store for RedlockStore {
                 break (round.fence, round.reserved, started);
             }
             // Undone where it was granted, and where no answer came: it
-            // may have landed, or land yet. An instance that did not answer
-            // may not answer the undo either: it is sent again, in the
-            // background, until the round's lease would have ended.
-            if round.granted > 0 {
-                let granted = &round.granted_on;
-                self.release_on(|i| granted[i], &layout, &token, None).await;
+            // may have landed, behind the attempt on the same connection.
+            // Sent once: the next round uses the same token, and an undo
+            // sent again later could free that round's grant. Where it
+            // fails, what landed is this acquisition's own: the next round
+            // takes it again (a script grants again to its holder), and an
+            // acquisition that ends without the lock undoes every round
+            // then, sending again until the last one's lease would end.
+            if round.busy < self.nodes.len() {
+                let busy = &round.busy_on;
+                self.undo_on(|i| !busy[i], &layout, &token, waiter.score())
+                    .await;
+                waiter.may_hold_until((started + lease).into_std());
             }
-            if !round.failed.is_empty() {
-                let silent = (round.busy_on.iter().zip(&round.granted_on))
-                    .map(|(busy, granted)| !busy && !granted)
-                    .collect();
-                let deadline = (started + lease).into_std();
-                self.undo_in_background(&layout, &token, Some(silent), deadline);
-            }
+            waiter.silent_on(&round.busy_on, &round.granted_on);
             std::mem::forget(in_flight);
             if self.nodes.len() - round.failed.len() < quorum {
                 return Err(LockError::backend(
@@ -371,9 +403,11 @@ impl Store for RedlockStore {
             }
             tries += 1;
             // Some instances granted it and others did not: waiters split
-            // them. The queues settle it (every instance names the same
-            // first waiter), but a lock that expired named nobody: a
-            // jittered pause, as Redlock's, spreads the next round.
+            // them (instances that named different waiters, or a lock that
+            // ran out and named nobody). The undo put this waiter back in
+            // those queues at its place, so every instance now names the
+            // same first waiter; a jittered pause, as Redlock's, spreads
+            // the next round meanwhile.
             let recheck = match round.granted {
                 0 => Duration::from_millis(round.busy_for.max(0) as u64 + 1).min(MAX_RECHECK),
                 _ => self.retry_delay(&token, tries),
@@ -539,30 +573,12 @@ struct RoundInFlight<'a> {
 
 impl Drop for RoundInFlight<'_> {
     fn drop(&mut self) {
+        let inner = self.inner.clone();
+        let (layout, token) = (self.layout.clone(), self.token.clone());
         let deadline = Instant::now() + self.lease;
-        (self.inner).undo_in_background(self.layout, self.token, None, deadline);
-    }
-}
-
-impl RedlockStore {
-    /// Undoes a round on the instances `on` picks (by index; `None`: on
-    /// all), in the background, sending again where no answer comes until
-    /// `deadline` (when the round's lease would have ended).
-    fn undo_in_background(
-        self: &Arc<Self>,
-        layout: &Arc<Layout>,
-        token: &Arc<str>,
-        on: Option<Vec<bool>>,
-        deadline: Instant,
-    ) {
-        let inner = self.clone();
-        let (layout, token) = (layout.clone(), token.clone());
         let releases = inner.releases.clone();
         let undo = async move {
-            let pick = |i: usize| on.as_ref().is_none_or(|on| on[i]);
-            inner
-                .release_on(pick, &layout, &token, Some(deadline))
-                .await;
+            inner.release_all(&layout, &token, Some(deadline)).await;
             Ok(())
         };
         release_in_background(undo, &releases, "redlock");

@@ -19,9 +19,12 @@ use crate::backend::redis::scripts::NEXT_TTL;
 const CALLED_BY_SOME: Duration = Duration::from_millis(10);
 
 /// One acquisition's place in the lock's queues, and its subscriptions.
-/// Dropped while it may still have a place (it gave up, failed, or was
-/// granted where some instance had queued it), it leaves every queue in
-/// the background.
+/// Dropped without the lock (it gave up, or failed), it undoes in the
+/// background what its rounds may have left granted, sending again where
+/// no answer comes until the last round's lease would have ended: safe
+/// now that its token is used no more. Dropped while it may still have a
+/// place (also when granted where some instance had queued it), it then
+/// leaves those queues.
 pub(super) struct Waiter<'a> {
     store: &'a Arc<RedlockStore>,
     layout: &'a Arc<Layout>,
@@ -39,6 +42,14 @@ pub(super) struct Waiter<'a> {
     /// Once granted, the instances it may still have a place on (by
     /// index); before, all of them.
     left_on: Option<Vec<bool>>,
+    /// Until when a round short of a majority may still hold the lock
+    /// somewhere (its undo failed or got no answer): the last such
+    /// round's lease.
+    may_hold_until: Option<std::time::Instant>,
+    /// By instance, whether it did not answer the last round: not
+    /// subscribed to again before the next one (which would wait out its
+    /// timeout first).
+    silent: Vec<bool>,
 }
 
 impl<'a> Waiter<'a> {
@@ -64,7 +75,29 @@ impl<'a> Waiter<'a> {
             watching: Vec::new(),
             queued: false,
             left_on: None,
+            may_hold_until: None,
+            silent: Vec::new(),
         }
+    }
+
+    /// The score a waiter's undone grant goes back in the queue at; none
+    /// for an acquisition that fails fast.
+    pub(super) fn score(&self) -> Option<u64> {
+        (self.score != 0).then_some(self.score)
+    }
+
+    /// A round short of a majority may hold the lock somewhere until
+    /// `until`: undone then, if this acquisition ends without the lock.
+    pub(super) fn may_hold_until(&mut self, until: std::time::Instant) {
+        self.may_hold_until = self.may_hold_until.max(Some(until));
+    }
+
+    /// Which instances did not answer the last round: neither busy nor
+    /// granting.
+    pub(super) fn silent_on(&mut self, busy_on: &[bool], granted_on: &[bool]) {
+        self.silent.clear();
+        let silent = busy_on.iter().zip(granted_on).map(|(b, g)| !b && !g);
+        self.silent.extend(silent);
     }
 
     /// How the attempt about to be sent queues, and at what score.
@@ -98,10 +131,13 @@ impl<'a> Waiter<'a> {
                 self.watching = self.store.watch_all(&channel).await;
             }
         }
-        let mut armed = Vec::with_capacity(self.watching.len());
-        for (watch, node) in self.watching.iter().zip(&self.store.nodes) {
-            armed.push(watch.arm());
-            watch.subscribe(&node.link).await;
+        let armed = self.watching.iter().map(Watch::arm).collect();
+        if !self.watching.is_empty() {
+            // Together, and not where the last round got no answer.
+            let silent = |i: usize| self.silent.get(i).copied().unwrap_or(false);
+            let nodes = self.watching.iter().zip(&self.store.nodes).enumerate();
+            let again = nodes.filter(|(i, _)| !silent(*i));
+            join_all(again.map(|(_, (watch, node))| watch.subscribe(&node.link))).await;
         }
         armed
     }
@@ -149,6 +185,8 @@ impl<'a> Waiter<'a> {
     pub(super) fn granted(&mut self, granted_on: Vec<bool>) {
         self.queued &= granted_on.contains(&false);
         self.left_on = Some(granted_on.into_iter().map(|g| !g).collect());
+        // What earlier rounds left granted is this lock's: released with it.
+        self.may_hold_until = None;
     }
 
     /// The channel a release naming one of this backend's waiters is
@@ -160,14 +198,20 @@ impl<'a> Waiter<'a> {
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
-        if !self.queued {
+        if !self.queued && self.may_hold_until.is_none() {
             return;
         }
         let store = self.store.clone();
         let (layout, token) = (self.layout.clone(), self.token.clone());
-        let on = self.left_on.take();
+        let (on, undo_until, queued) = (self.left_on.take(), self.may_hold_until, self.queued);
         let releases = store.releases.clone();
         let leave = async move {
+            if let Some(until) = undo_until {
+                store.release_all(&layout, &token, Some(until)).await;
+            }
+            if !queued {
+                return Ok(());
+            }
             // An instance that does not answer keeps the place until it
             // runs out (`QUEUE_TTL`); named meanwhile, it holds the lock
             // back there for a turn (`NEXT_TTL`), and a majority elsewhere
