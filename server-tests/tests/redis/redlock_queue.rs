@@ -109,3 +109,62 @@ async fn redlock_a_waiter_that_gives_up_leaves_every_queue() {
     }
     nothing_left(&servers).await;
 }
+
+/// A waiter granted by a minority (the other instances held by someone
+/// else) undoes its grant there and goes back in that instance's queue at
+/// its place, so the undo names it first there, as the others would.
+/// Without it back, that instance's queue would lack it and name the next
+/// waiter (here nobody), who would split rounds with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_a_split_round_puts_the_waiter_back_at_its_place() {
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let waiter = RedlockBackend::connect(&redlock_url(&servers))
+        .await
+        .unwrap();
+    let (lock, queue, next) = ("lock:{k}", "lock:{k}:queue", "lock:{k}:next");
+    let mut held = Vec::new();
+    for s in &servers[..2] {
+        let mut conn = raw(&s.url()).await;
+        let () = conn
+            .set_options(lock, "someone-else", set_px(60_000))
+            .await
+            .unwrap();
+        held.push(conn);
+    }
+    let waiting = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move { waiter.lock("k").wait(Duration::from_secs(10)).await })
+    };
+    queued(&servers[..2], "k", 1).await;
+    // The waiter, queued on the held instances at one score.
+    let mut places: Vec<Vec<(String, u64)>> = Vec::new();
+    for conn in &mut held {
+        places.push(conn.zrange_withscores(queue, 0, -1).await.unwrap());
+    }
+    assert_eq!(places[0].len(), 1, "{places:?}");
+    assert_eq!(places[0], places[1], "one place on every instance");
+    let token = &places[0][0].0;
+    // On the free instance, between its rounds: not held, and the waiter
+    // named (a named waiter leaves the queue for its turn).
+    let mut free = raw(&servers[2].url()).await;
+    let mut named = None;
+    for _ in 0..300 {
+        let exists: bool = free.exists(lock).await.unwrap();
+        named = free.get(next).await.unwrap();
+        if !exists && named.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(named.as_ref(), Some(token), "named on the free instance");
+    for conn in &mut held {
+        let () = conn.del(lock).await.unwrap();
+    }
+    waiting.await.unwrap().unwrap().release().await.unwrap();
+    waiter.flush().await;
+    nothing_left(&servers).await;
+}
+
+fn set_px(ms: u64) -> redis::SetOptions {
+    redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(ms))
+}

@@ -292,8 +292,8 @@ return {1, fence(KEYS[2], ARGV[3], 1, floor)}
 /// sends none, and waiters look again within a second), successor ttl ms,
 /// and to undo a grant that is not to be kept (a Redlock round short of a
 /// majority) the waiter's place score and place ttl ms: it goes back in
-/// the queue at its place before the next is named, so that every
-/// instance still names the waiter first in all their queues.
+/// the queue at its place before the next is named, so that the instance
+/// names the waiter first by score, as those where it was not granted do.
 /// redis-py's release, plus the message.
 ///
 /// The message is the releasing token, so that a backend tells its own

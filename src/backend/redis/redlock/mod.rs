@@ -42,13 +42,15 @@
 //! bears on exclusion. An instance that lost a waiter's place (it did not
 //! answer when the waiter joined) may name another, and a lock that ran out
 //! unreleased names no one: waiters may then split a round. Each undoes
-//! its part, which puts it back in those queues at its place, so that every
-//! instance names the same first waiter next; they try again after a
-//! random pause of up to 50 ms, or sooner when a majority names them.
+//! its part, which puts it back at its place in the queue where its grant
+//! still stood, and the instance names the first waiter by score, as the
+//! others do while every waiter's place lasts there; they try again after
+//! a random pause of up to 50 ms, or sooner when a majority names them.
 //!
 //! Each instance's connection speaks RESP3, which carries the release
 //! messages (Redis 6 or later, as for the single server), and its user
-//! needs `SUBSCRIBE`.
+//! needs `SUBSCRIBE` and, under Redis 7 ACLs, the lock channels: without
+//! them waiters hear nothing and look again only on their timers.
 //!
 //! # Fencing tokens
 //!
@@ -280,14 +282,15 @@ impl RedlockStore {
     }
 
     /// Undoes a round on the instances `pick` picks, once; a waiter goes
-    /// back in their queues at its `score` (see [`Layout::undo`]).
+    /// back in their queues at its `score` (see [`Layout::undo`]). Whether
+    /// every one answered.
     async fn undo_on(
         &self,
         pick: impl Fn(usize) -> bool,
         layout: &Arc<Layout>,
         token: &Arc<str>,
         score: Option<u64>,
-    ) {
+    ) -> bool {
         self.on_some(pick, |mut conn| {
             let (layout, token) = (layout.clone(), token.clone());
             async move {
@@ -297,7 +300,9 @@ impl RedlockStore {
                 }
             }
         })
-        .await;
+        .await
+        .iter()
+        .all(Result::is_ok)
     }
 
     /// As [`release_all`](Self::release_all), on the instances `pick`
@@ -380,9 +385,12 @@ impl Store for RedlockStore {
             // then, sending again until the last one's lease would end.
             if round.busy < self.nodes.len() {
                 let busy = &round.busy_on;
-                self.undo_on(|i| !busy[i], &layout, &token, waiter.score())
+                let undone = self
+                    .undo_on(|i| !busy[i], &layout, &token, waiter.score())
                     .await;
-                waiter.may_hold_until((started + lease).into_std());
+                if !undone || !round.failed.is_empty() {
+                    waiter.may_hold_until((started + lease).into_std());
+                }
             }
             waiter.silent_on(&round.busy_on, &round.granted_on);
             std::mem::forget(in_flight);
@@ -408,11 +416,15 @@ impl Store for RedlockStore {
             // those queues at its place, so every instance now names the
             // same first waiter; a jittered pause, as Redlock's, spreads
             // the next round meanwhile.
+            // Held by others on a majority, though, the lock is theirs
+            // until its release names a waiter (or their hold runs out).
+            let held_elsewhere = round.busy >= quorum;
             let recheck = match round.granted {
-                0 => Duration::from_millis(round.busy_for.max(0) as u64 + 1).min(MAX_RECHECK),
+                _ if held_elsewhere => busy_for(&round),
+                0 => busy_for(&round),
                 _ => self.retry_delay(&token, tries),
             };
-            waiter.wait(&mut armed, recheck).await;
+            waiter.wait(&mut armed, recheck, held_elsewhere).await;
         };
         drop(waiter);
         let valid = Arc::new(Deadline::new((started + lease - drift).into_std()));
@@ -457,6 +469,12 @@ impl Store for RedlockStore {
             .max_tokens(MAX_TOKENS)
             .ordered_release(true)
     }
+}
+
+/// How long a round's busy answers say the lock stays held: until the
+/// longest of them runs out, and at most `MAX_RECHECK`.
+fn busy_for(round: &Round) -> Duration {
+    Duration::from_millis(round.busy_for.max(0) as u64 + 1).min(MAX_RECHECK)
 }
 
 /// Runs `futures` together, polled in place; their outputs in order.

@@ -149,7 +149,16 @@ impl<'a> Waiter<'a> {
     /// message, an attempt would find the others still held, and undo a
     /// split round. The first time, it subscribes instead and returns at
     /// once: a release before the subscription went unheard.
-    pub(super) async fn wait(&mut self, armed: &mut [Armed], recheck: Duration) {
+    ///
+    /// With `held_elsewhere` (others hold a majority), a message naming
+    /// this waiter on fewer than a majority (its own undo, where it was
+    /// first) does not cut the wait short.
+    pub(super) async fn wait(
+        &mut self,
+        armed: &mut [Armed],
+        recheck: Duration,
+        held_elsewhere: bool,
+    ) {
         if self.watching.is_empty() {
             self.watching = self.store.watch_all(&self.channel()).await;
             return;
@@ -172,7 +181,8 @@ impl<'a> Waiter<'a> {
                 n if n >= quorum => return,
                 // Named on some only so far: the others' messages follow
                 // (or their instances are down, or named another waiter).
-                n if n > 0 => until.min(now + CALLED_BY_SOME),
+                n if n > 0 && !held_elsewhere => until.min(now + CALLED_BY_SOME),
+                n if n > 0 => until,
                 // A release named a waiter of another process: the lock
                 // is that waiter's until its turn is over.
                 _ => now + NEXT_TTL + Duration::from_millis(1),
@@ -206,21 +216,25 @@ impl Drop for Waiter<'_> {
         let (on, undo_until, queued) = (self.left_on.take(), self.may_hold_until, self.queued);
         let releases = store.releases.clone();
         let leave = async move {
-            if let Some(until) = undo_until {
-                store.release_all(&layout, &token, Some(until)).await;
-            }
-            if !queued {
-                return Ok(());
-            }
-            // An instance that does not answer keeps the place until it
-            // runs out (`QUEUE_TTL`); named meanwhile, it holds the lock
-            // back there for a turn (`NEXT_TTL`), and a majority elsewhere
-            // still grants.
-            let pick = |i: usize| on.as_ref().is_none_or(|on| on[i]);
+            // On each instance in turn, what may be held (sent again until
+            // `until`), then the place. An instance that does not answer
+            // keeps the place until it runs out (`QUEUE_TTL`); named
+            // meanwhile, it holds the lock back there for a turn
+            // (`NEXT_TTL`), and a majority elsewhere still grants.
+            let pick = |i: usize| undo_until.is_some() || on.as_ref().is_none_or(|on| on[i]);
             store
                 .on_some(pick, |mut conn| {
                     let (layout, token) = (layout.clone(), token.clone());
-                    async move { layout.leave_queue(&mut conn, &token).await }
+                    async move {
+                        if let Some(until) = undo_until {
+                            let again = || conn.clone();
+                            let _ = layout.release_until(again, &token, Some(until)).await;
+                        }
+                        match queued {
+                            true => layout.leave_queue(&mut conn, &token).await,
+                            false => Ok(()),
+                        }
+                    }
                 })
                 .await;
             Ok(())
