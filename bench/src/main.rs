@@ -249,12 +249,20 @@ async fn find_pooler(url: &str) -> bool {
     tokio::spawn(connection);
     // The server's own setting: known whether the pooler reaches it by
     // TCP or by a Unix socket.
+    // Unnamed (`query_typed`): through a pooler in transaction mode a
+    // prepared statement may not be on the session that runs it, the
+    // query would fail, and the run would take the pooler for the server
+    // (and prepare its floor's statements: "prepared statement does not
+    // exist").
     let server_port: Option<i32> = match client
-        .query_one("SELECT current_setting('port')::int", &[])
+        .query_typed("SELECT current_setting('port')::int", &[])
         .await
     {
-        Ok(row) => row.get(0),
-        Err(_) => return false,
+        Ok(rows) => rows.first().and_then(|row| row.get(0)),
+        Err(e) => {
+            eprintln!("bench: cannot tell whether {plain:?} leads to a pooler: {e}");
+            std::process::exit(2);
+        }
     };
     // The driver's own reading of the URL (`host:port`, or `?port=`).
     let url_port = plain
