@@ -278,7 +278,20 @@ impl RedlockStore {
         token: &Arc<str>,
         deadline: Option<Instant>,
     ) -> usize {
-        self.release_on(|_| true, layout, token, deadline).await
+        self.on_all(|conn| {
+            let (layout, token) = (layout.clone(), token.clone());
+            async move {
+                layout
+                    .release_until(|| conn.clone(), &token, deadline)
+                    .await
+                    .map(drop)
+                    .map_err(|e| redis_error("releasing a lock", e))
+            }
+        })
+        .await
+        .iter()
+        .filter(|r| r.is_ok())
+        .count()
     }
 
     /// Undoes a round on the instances `pick` picks, once; a waiter goes
@@ -303,31 +316,6 @@ impl RedlockStore {
         .await
         .iter()
         .all(Result::is_ok)
-    }
-
-    /// As [`release_all`](Self::release_all), on the instances `pick`
-    /// picks.
-    async fn release_on(
-        &self,
-        pick: impl Fn(usize) -> bool,
-        layout: &Arc<Layout>,
-        token: &Arc<str>,
-        deadline: Option<Instant>,
-    ) -> usize {
-        self.on_some(pick, |conn| {
-            let (layout, token) = (layout.clone(), token.clone());
-            async move {
-                layout
-                    .release_until(|| conn.clone(), &token, deadline)
-                    .await
-                    .map(drop)
-                    .map_err(|e| redis_error("releasing a lock", e))
-            }
-        })
-        .await
-        .iter()
-        .filter(|r| r.is_ok())
-        .count()
     }
 
     fn retry_delay(&self, token: &str, attempt: u32) -> Duration {
@@ -419,10 +407,9 @@ impl Store for RedlockStore {
             // Held by others on a majority, though, the lock is theirs
             // until its release names a waiter (or their hold runs out).
             let held_elsewhere = round.busy >= quorum;
-            let recheck = match round.granted {
-                _ if held_elsewhere => busy_for(&round),
-                0 => busy_for(&round),
-                _ => self.retry_delay(&token, tries),
+            let recheck = match held_elsewhere || round.granted == 0 {
+                true => busy_for(&round),
+                false => self.retry_delay(&token, tries),
             };
             waiter.wait(&mut armed, recheck, held_elsewhere).await;
         };
