@@ -79,6 +79,30 @@ impl Repr {
             bytes,
         }
     }
+
+    fn as_str(&self) -> &str {
+        match self {
+            Repr::Inline { len, bytes } => inline_str(&bytes[..usize::from(*len)]),
+            Repr::Shared(text) => text,
+        }
+    }
+}
+
+/// A key's text before validation, kept as a [`LockKey`]'s is (in place up
+/// to 23 bytes): how `PathParam` carries a parameter's value out of axum's
+/// deserializer without an allocation or a second UTF-8 check.
+#[cfg(feature = "axum")]
+pub(crate) struct KeyText(Repr);
+
+#[cfg(feature = "axum")]
+impl KeyText {
+    pub(crate) fn of(text: &str) -> Self {
+        KeyText(Repr::of(text))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
 }
 
 impl LockKey {
@@ -129,10 +153,7 @@ impl LockKey {
 
     /// The key as text.
     pub fn as_str(&self) -> &str {
-        match &self.0 {
-            Repr::Inline { len, bytes } => inline_str(&bytes[..usize::from(*len)]),
-            Repr::Shared(text) => text,
-        }
+        self.0.as_str()
     }
 
     /// Whether both share one allocation (and so are equal); false for

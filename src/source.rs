@@ -294,23 +294,26 @@ impl PathParam {
         parts: &mut Parts,
         f: impl FnOnce(&str) -> Result<R, KeyError>,
     ) -> Result<Option<R>, KeyError> {
-        use axum::extract::{rejection::RawPathParamsRejection, FromRequestParts, RawPathParams};
+        use axum::extract::path::ErrorKind;
+        use axum::extract::rejection::PathRejection;
+        use axum::extract::{FromRequestParts, Path};
         use std::future::Future;
         use std::task::{Context, Poll, Waker};
 
+        path_value::WANTED.set(self.0);
         // The extractor reads the request extensions and never waits: one
         // poll finishes it.
-        let mut fut = std::pin::pin!(RawPathParams::from_request_parts(parts, &()));
+        let mut fut = std::pin::pin!(Path::<path_value::Found>::from_request_parts(parts, &()));
         let Poll::Ready(result) = fut.as_mut().poll(&mut Context::from_waker(Waker::noop())) else {
             return Ok(None);
         };
         match result {
-            Ok(params) => params
-                .iter()
-                .find(|(name, _)| *name == self.0)
-                .map(|(_, value)| f(value))
-                .transpose(),
-            Err(RawPathParamsRejection::InvalidUtf8InPathParam(_)) => Err(KeyError::NotUtf8),
+            Ok(Path(found)) => found.as_str().map(f).transpose(),
+            Err(PathRejection::FailedToDeserializePathParams(e))
+                if matches!(e.kind(), ErrorKind::InvalidUtf8InPathParam { .. }) =>
+            {
+                Err(KeyError::NotUtf8)
+            }
             // No route has matched yet: the layer wraps the router from
             // outside. Treating that as "no key" would, with pass-through,
             // lock nothing.
@@ -318,6 +321,88 @@ impl PathParam {
                 "no path parameters in this request: add the LockLayer inside the router, \
                  with `Router::route_layer`, `Router::layer` or `Handler::layer`",
             )),
+        }
+    }
+}
+
+/// One path parameter's value, read through axum's `Path` extractor, which
+/// lends the parameters to a deserializer. `RawPathParams`, the plain way,
+/// copies them all into a `Vec` first: an allocation and two reference
+/// counts per parameter, on every request.
+#[cfg(feature = "axum")]
+mod path_value {
+    use std::cell::Cell;
+    use std::fmt;
+
+    use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    use crate::key::KeyText;
+
+    thread_local! {
+        /// The parameter the read on this thread looks for. `Path<T>` takes
+        /// no seed, so the name comes this way; it is set just before the
+        /// read, which runs at once on the same thread.
+        pub(super) static WANTED: Cell<&'static str> = const { Cell::new("") };
+    }
+
+    /// The wanted parameter's value, if the route has it.
+    pub(super) struct Found(Option<KeyText>);
+
+    impl Found {
+        pub(super) fn as_str(&self) -> Option<&str> {
+            self.0.as_ref().map(KeyText::as_str)
+        }
+    }
+
+    impl<'de> de::Deserialize<'de> for Found {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_map(FoundVisitor(WANTED.get()))
+        }
+    }
+
+    struct FoundVisitor(&'static str);
+
+    impl<'de> Visitor<'de> for FoundVisitor {
+        type Value = Found;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("path parameters")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
+            let mut found = None;
+            // The first parameter of that name, as `RawPathParams` would find.
+            while let Some(wanted) = map.next_key_seed(IsNamed(self.0))? {
+                if wanted && found.is_none() {
+                    found = Some(KeyText::of(map.next_value::<&str>()?));
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(Found(found))
+        }
+    }
+
+    /// A parameter's name, read as whether it is the one wanted.
+    struct IsNamed(&'static str);
+
+    impl<'de> DeserializeSeed<'de> for IsNamed {
+        type Value = bool;
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+            deserializer.deserialize_str(self)
+        }
+    }
+
+    impl Visitor<'_> for IsNamed {
+        type Value = bool;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a path parameter's name")
+        }
+
+        fn visit_str<E: de::Error>(self, name: &str) -> Result<bool, E> {
+            Ok(name == self.0)
         }
     }
 }

@@ -266,6 +266,12 @@ async fn bad_input_gets_a_clear_400_and_takes_no_lock() {
             "invalid lock key in header `x-account`: key is not valid UTF-8",
         ),
         (
+            "path parameter not UTF-8",
+            "/path/%FF".into(),
+            vec![],
+            "invalid lock key in path parameter `sku`: key is not valid UTF-8",
+        ),
+        (
             "query not UTF-8",
             "/query?cart=%FF".into(),
             vec![],
@@ -514,4 +520,44 @@ async fn extractors_without_the_layer_say_how_to_fix_it() {
     assert!(reply.body.contains("add LockLayer"), "{}", reply.body);
     let reply = c.post("/locker").await.unwrap();
     assert!(reply.body.contains("Extension(locker)"), "{}", reply.body);
+}
+
+/// `PathParam` finds its parameter by name among the route's, decoded; says
+/// a route without it has no key; and says a layer outside the router is
+/// misconfigured, since no route has matched there.
+#[tokio::test]
+async fn a_path_parameter_is_found_by_name_and_only_inside_the_router() {
+    use axum::body::{to_bytes, Body};
+    use tower::{ServiceBuilder, ServiceExt};
+
+    async fn send<S>(app: S, path: &str) -> (StatusCode, String)
+    where
+        S: tower::Service<http::Request<Body>, Response = axum::response::Response>,
+        S::Error: std::fmt::Debug,
+    {
+        let request = http::Request::post(path).body(Body::empty()).unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        let status = response.status();
+        let body = to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+    let backend = MemoryBackend::new();
+    let lock = || LockLayer::new(backend.clone(), PathParam("sku"));
+    let key = || post(|held: HeldLock| async move { held.key().to_string() });
+
+    let app = Router::new().route("/shops/{shop}/orders/{sku}", key().route_layer(lock()));
+    let reply = send(app, "/shops/s1/orders/A%201").await;
+    assert_eq!(reply, (StatusCode::OK, "A 1".to_owned()));
+
+    let app = Router::new().route("/shops/{shop}", key().route_layer(lock()));
+    let (status, body) = send(app, "/shops/s1").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body.contains("path parameter `sku`"), "{body}");
+
+    let outside = ServiceBuilder::new()
+        .layer(lock())
+        .service(Router::new().route("/orders/{sku}", key()));
+    let (status, body) = send(outside, "/orders/A1").await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    assert_eq!(backend.active_keys(), 0);
 }
