@@ -370,16 +370,15 @@ mod path_value {
         }
 
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Found, A::Error> {
-            let mut found = None;
-            // The first parameter of that name, as `RawPathParams` would find.
+            // The first parameter of that name, as `RawPathParams` would
+            // find; the rest are not read (axum asks for no end of the map).
             while let Some(wanted) = map.next_key_seed(IsNamed(self.0))? {
-                if wanted && found.is_none() {
-                    found = Some(KeyText::of(map.next_value::<&str>()?));
-                } else {
-                    map.next_value::<IgnoredAny>()?;
+                if wanted {
+                    return Ok(Found(Some(KeyText::of(map.next_value::<&str>()?))));
                 }
+                map.next_value::<IgnoredAny>()?;
             }
-            Ok(Found(found))
+            Ok(Found(None))
         }
     }
 
