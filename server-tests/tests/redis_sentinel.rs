@@ -362,3 +362,72 @@ fn conformance_with_cohorting_on_and_off() {
         |group, cohort| common::contract::every_contract_test(&ThroughSentinels { group, cohort }),
     );
 }
+
+/// Through Sentinel an acquisition confirms the master, which a release
+/// cannot do for it: a release names the first waiter instead of granting
+/// it the lock, and the free lock is that waiter's for its turn (100 ms).
+/// A named waiter that never comes (its task is stuck) holds it back no
+/// longer: the waiter behind, told as well, takes it well within its wait
+/// of 600 ms. Granted the lock for its lease (up to 3 s), the stuck waiter
+/// would hold it past that wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_waiter_that_does_not_come_holds_the_lock_back_only_for_its_turn() {
+    let group = SentinelGroup::start("stuck").await;
+    let url = group.url("");
+    let (holder, stuck, patient) = (
+        backend(&url, RedisOptions::default()).await,
+        backend(&url, RedisOptions::default()).await,
+        backend(&url, RedisOptions::default()).await,
+    );
+    let master = group.redis[0];
+    let queued = |n: usize| {
+        let group = &group;
+        async move {
+            let mut conn = group.redis_conn(master).await;
+            for _ in 0..100 {
+                let waiting: usize = redis::cmd("ZCARD")
+                    .arg("lock:{k}:queue")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                if waiting == n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("the queue did not get {n} waiters");
+        }
+    };
+    let held = holder
+        .lock("k")
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap();
+    // Queued first, then never polled again.
+    let mut forgotten = Box::pin(std::future::IntoFuture::into_future(
+        stuck.lock("k").wait(Duration::from_secs(30)),
+    ));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut forgotten)
+            .await
+            .is_err()
+    );
+    queued(1).await;
+    let next = {
+        let patient = patient.clone();
+        tokio::spawn(async move { patient.lock("k").wait(Duration::from_millis(600)).await })
+    };
+    queued(2).await;
+    held.release().await.unwrap();
+    next.await
+        .unwrap()
+        .expect("the waiter behind took the lock")
+        .release()
+        .await
+        .unwrap();
+    drop(forgotten);
+    for backend in [&holder, &stuck, &patient] {
+        backend.flush().await;
+    }
+    assert!(lock_keys(&group, master).await.is_empty(), "nothing left");
+}

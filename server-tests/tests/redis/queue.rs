@@ -103,47 +103,113 @@ async fn a_waiter_that_gives_up_leaves_the_queue_to_the_next() {
     no_queue_left(test).await;
 }
 
-/// A release names a waiter that never comes to take the lock (its task
-/// is stuck): the waiter behind it, told as well, takes the lock once the
-/// first one's turn is over (100 ms), well within its wait of 600 ms; left
-/// to look when the holder's lease of 30 s would end (after a second at
-/// most), it would give up first.
+/// A release grants the lock to the first waiter in its own script, with
+/// the waiter's fencing tokens: the key is the waiter's as the release
+/// answers, before the waiter's process has heard of it, for no longer
+/// than the waiter's place lives (3 s), and the waiter holds it with no
+/// acquire of its own. Named only, the lock would be free until the
+/// waiter came to take it.
 #[tokio::test]
-async fn a_named_waiter_that_does_not_come_holds_the_lock_back_only_for_its_turn() {
+async fn a_release_grants_the_lock_to_the_first_waiter_directly() {
+    let test = "direct";
+    let (holder, waiter) = (backend(test).await, backend(test).await);
+    let lock = format!("{}{{k}}", prefix(test));
+    let mut conn = raw(&redis_url()).await;
+    for round in 0..3 {
+        let held = holder.lock("k").await.unwrap();
+        let before = held.token();
+        let next = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move { waiter.lock("k").wait(Duration::from_secs(10)).await })
+        };
+        queued(test, "k", 1).await;
+        held.release().await.unwrap();
+        let owner: Option<String> = conn.get(&lock).await.unwrap();
+        let left: i64 = conn.pttl(&lock).await.unwrap();
+        assert!(
+            owner.is_some(),
+            "round {round}: the release left the lock free for the waiter to take"
+        );
+        assert!(
+            (1..=3000).contains(&left),
+            "round {round}: granted for {left} ms, not at most the place's 3 s"
+        );
+        let g = next.await.unwrap().unwrap();
+        assert!(
+            g.token() > before,
+            "round {round}: {} after {before}",
+            g.token()
+        );
+        assert!(!g.is_lost(), "round {round}: the grant is not held");
+        g.release().await.unwrap();
+        let owner: Option<String> = conn.get(&lock).await.unwrap();
+        assert_eq!(owner, None, "round {round}: the waiter's release freed it");
+    }
+    for backend in [&holder, &waiter] {
+        backend.flush().await;
+    }
+    no_queue_left(test).await;
+}
+
+/// A release grants the lock to a waiter that never comes (its task is
+/// stuck): it holds the lock back no longer than its grant's lease (its
+/// own, 300 ms here: at most its place's 3 s), and the waiter behind takes
+/// it then, within its wait of 2 s; left to look when the holder's lease
+/// of 30 s would end, it would give up first. Once the stuck waiter is
+/// dropped, its grant is released at once, as a holder's lock is.
+#[tokio::test]
+async fn a_granted_waiter_that_does_not_come_holds_the_lock_back_only_for_its_grant() {
     let test = "stuck";
     let (holder, stuck, patient) = (
         backend(test).await,
         backend(test).await,
         backend(test).await,
     );
-    let held = holder
-        .lock("k")
-        .lease(Duration::from_secs(30))
-        .await
-        .unwrap();
-    // Queued first, then never polled again.
-    let mut forgotten = Box::pin(std::future::IntoFuture::into_future(
-        stuck.lock("k").wait(Duration::from_secs(30)),
-    ));
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), &mut forgotten)
+    for (round, drop_it) in [false, true].into_iter().enumerate() {
+        let held = holder
+            .lock("k")
+            .lease(Duration::from_secs(30))
             .await
-            .is_err()
-    );
-    queued(test, "k", 1).await;
-    let next = {
-        let patient = patient.clone();
-        tokio::spawn(async move { patient.lock("k").wait(Duration::from_millis(600)).await })
-    };
-    queued(test, "k", 2).await;
-    held.release().await.unwrap();
-    next.await
-        .unwrap()
-        .expect("the waiter behind took the lock")
-        .release()
-        .await
-        .unwrap();
-    drop(forgotten);
+            .unwrap();
+        // Queued first, then never polled again.
+        let lease = match drop_it {
+            false => Duration::from_millis(300),
+            true => Duration::from_secs(10),
+        };
+        let mut forgotten = Box::pin(std::future::IntoFuture::into_future(
+            stuck.lock("k").lease(lease).wait(Duration::from_secs(30)),
+        ));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut forgotten)
+                .await
+                .is_err()
+        );
+        queued(test, "k", 1).await;
+        let wait = match drop_it {
+            false => Duration::from_secs(2),
+            // Under the grant's 3 s: only its release frees the lock in time.
+            true => Duration::from_millis(1500),
+        };
+        let next = {
+            let patient = patient.clone();
+            tokio::spawn(async move { patient.lock("k").wait(wait).await })
+        };
+        queued(test, "k", 2).await;
+        held.release().await.unwrap();
+        if drop_it {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            drop(forgotten);
+            stuck.flush().await;
+        }
+        next.await
+            .unwrap()
+            .unwrap_or_else(|e| {
+                panic!("round {round}: the waiter behind did not take the lock: {e}")
+            })
+            .release()
+            .await
+            .unwrap();
+    }
     for backend in [&holder, &stuck, &patient] {
         backend.flush().await;
     }

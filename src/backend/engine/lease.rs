@@ -129,7 +129,15 @@ impl<P: Protocol> Lease<P> {
     /// renewal task starts when the first renewal is due (`renewals` waits
     /// until then), or now for a grant whose answer came late.
     pub(crate) fn keep_renewed(self: &Arc<Self>, renewals: &Arc<Renewals>) {
-        let wait = renewal_due_in(self.lease, self.valid.left());
+        self.keep_renewed_granted(renewals, self.lease)
+    }
+
+    /// [`keep_renewed`](Self::keep_renewed) for a lock the server holds for
+    /// `granted`, which may be shorter than the lease (a Redis release's
+    /// direct grant): its first renewal is due a third of `granted` in, as
+    /// a lease of that length would be, and renews to the whole lease.
+    pub(crate) fn keep_renewed_granted(self: &Arc<Self>, renewals: &Arc<Renewals>, granted: Duration) {
+        let wait = renewal_due_in(granted.min(self.lease), self.valid.left());
         let mut renewal = lock(&self.renewal);
         *renewal = match wait.is_zero() {
             true => Renewal::Running(tokio::spawn(renew(Arc::downgrade(self)))),

@@ -41,7 +41,8 @@ end
 /// handed out, every lock key deleted and the release published (to the
 /// first of the exclusive lock's queue too, named as a release names it),
 /// and the floor last. KEYS: lock, writer, readers, permits, fence, and
-/// with a queue its queue, places and successor. ARGV: fence ttl ms, fence
+/// with a queue its queue, places, successor and grants (a waiter named
+/// by a break comes to take the lock: no direct grant). ARGV: fence ttl ms, fence
 /// floor (as the acquire scripts take it), channel, `PUBLISH` or
 /// `SPUBLISH`, successor ttl ms, the least the fence is raised to (a
 /// Redlock break's floor, from its first round; else 0).
@@ -56,8 +57,8 @@ if f < least then
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 redis.pcall(ARGV[4], ARGV[3], 'released')
-if #KEYS >= 8 then
-  hand_on()(KEYS[6], KEYS[7], KEYS[8], ARGV[5], ARGV[3], ARGV[4], 'released')
+if #KEYS >= 9 then
+  hand_on()(KEYS[6], KEYS[7], KEYS[8], KEYS[9], ARGV[5], ARGV[3], ARGV[4], 'released', nil)
 end
 h[8] = f
 return h
@@ -384,7 +385,7 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
     let script = BREAK_LUA.get_or_init(|| {
         Lua::new(
             [
-                &lazily("hand_on", &[NOW_MS, HAND_ON]),
+                &lazily("hand_on", &[NOW_MS, &fence(), HAND_ON]),
                 fence().as_str(),
                 HOLDERS,
                 BREAK,
@@ -392,7 +393,7 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
             .concat(),
         )
     });
-    let mut call = script.call(5 + 3 * usize::from(queued));
+    let mut call = script.call(5 + QueueKeys::COUNT * usize::from(queued));
     call.key(&base)
         .key_suffixed(&base, ":w")
         .key_suffixed(&base, ":r")

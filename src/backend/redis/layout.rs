@@ -1,5 +1,6 @@
 //! The Redis keys of one lock and the commands on them.
 
+use std::io::Write;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -29,6 +30,9 @@ pub(crate) struct Layout {
     /// Whether it has a queue of waiters (an exclusive lock): its keys,
     /// named from `base` as they are sent ([`QueueKeys`]).
     queued: bool,
+    /// Whether a release may grant the lock to a waiter of this backend
+    /// directly (see `scripts::HAND_ON`).
+    grants: bool,
     /// How releases are published: `PUBLISH`, or on a cluster `SPUBLISH`.
     publish: &'static str,
     /// Restart quarantine: the marker key, the quarantine key, its length.
@@ -109,6 +113,7 @@ impl Layout {
             kind,
             base: redis_name(prefix, key.as_str()),
             queued: kind == Kind::Exclusive,
+            grants: false,
             publish: "PUBLISH",
             quarantine: None,
         }
@@ -139,6 +144,20 @@ impl Layout {
             self.queued = false;
         }
         self
+    }
+
+    /// Lets a release grant the lock to this acquisition directly when it
+    /// waits in the queue, for [`granted_lease`] (see `scripts::HAND_ON`):
+    /// only where the acquisition itself checks nothing a release cannot
+    /// (no replicas to wait for, no master's epoch, no restart quarantine).
+    pub(crate) fn direct_grants(mut self, on: bool) -> Self {
+        self.grants = on && self.queued;
+        self
+    }
+
+    /// Whether a release may grant this acquisition the lock directly.
+    pub(crate) fn grants(&self) -> bool {
+        self.grants
     }
 
     /// The channel its releases are published on.
@@ -202,7 +221,7 @@ impl Layout {
         let quarantine = self.quarantine.as_ref();
         let mut call = script.call(
             2 + usize::from(other.is_some())
-                + 3 * usize::from(self.queued)
+                + QueueKeys::COUNT * usize::from(self.queued)
                 + 2 * usize::from(quarantine.is_some()),
         );
         call.key_suffixed(&self.base, self.kind.main());
@@ -230,14 +249,19 @@ impl Layout {
                 .arg(tokens.max(1))
                 .arg(queue as u8)
                 .arg(QUEUE_TTL.as_millis() as u64)
-                .arg(score),
+                .arg(score)
+                .arg(Terms(
+                    (self.grants && queue != Queue::Never).then(|| granted_lease(lease)),
+                    tokens.max(1),
+                )),
             Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),
             Kind::Read => &mut call,
         };
         if let Some((_, _, ms)) = quarantine {
             call.arg(*ms);
         }
-        // `{1, last token, tokens reserved}` or `{0, holder's ttl}`.
+        // `{1, last token, tokens reserved}` or `{0, holder's ttl}`, with
+        // the fencing counter on a queue's.
         let answer: Vec<i64> = call
             .invoke(conn)
             .await
@@ -249,7 +273,11 @@ impl Layout {
                     .unwrap_or(u32::MAX)
                     .min(tokens.max(1)),
             },
-            [0, ttl] => Attempt::Busy(ttl),
+            [0, ttl] => Attempt::Busy { ttl, fence: 0 },
+            [0, ttl, fence] => Attempt::Busy {
+                ttl,
+                fence: u64::try_from(fence).unwrap_or(0),
+            },
             _ => {
                 return Err(LockError::backend(
                     "redis",
@@ -344,18 +372,23 @@ impl Layout {
     }
 
     /// A call of `script` for `token` that may announce the lock free:
-    /// KEYS lock (and its queue's), ARGV token, channel, how to publish and
-    /// a named successor's turn, as `RELEASE_*` and `LEAVE_QUEUE` take them.
+    /// KEYS lock (and its queue's and fence), ARGV token, channel, how to
+    /// publish, a named successor's turn (and the fence's ttl), as
+    /// `RELEASE_*` and `LEAVE_QUEUE` take them.
     fn announcing<'a>(&self, script: &'a Lua, token: &str) -> Call<'a> {
-        let mut call = script.call(1 + 3 * usize::from(self.queued));
+        let mut call = script.call(1 + (QueueKeys::COUNT + 1) * usize::from(self.queued));
         call.key_suffixed(&self.base, self.kind.main());
         if self.queued {
-            call.key(QueueKeys(&self.base));
+            call.key(QueueKeys(&self.base))
+                .key_suffixed(&self.base, FENCE);
         }
         call.arg(token)
             .arg(Suffixed(&self.base, CHANNEL))
             .arg(self.publish)
             .arg(NEXT_TTL.as_millis() as u64);
+        if self.queued {
+            call.arg(FENCE_TTL.as_millis() as u64);
+        }
         call
     }
 
@@ -403,20 +436,47 @@ pub(crate) enum Floor {
     ClusterEpoch,
 }
 
-/// The keys of an exclusive lock's queue (see `scripts::HAND_ON`): its
-/// waiters, their places' expiry and the successor a release named, after
-/// the lock's own name.
+/// The keys of an exclusive lock's queue (see `scripts::ENQUEUE`): its
+/// waiters, their places' expiry, the successor a release named and the
+/// waiters' terms for a direct grant, after the lock's own name.
 pub(crate) struct QueueKeys<'a>(pub(crate) &'a str);
+
+impl QueueKeys<'_> {
+    const SUFFIXES: [&'static str; 4] = [":queue", ":places", ":next", ":grants"];
+    pub(crate) const COUNT: usize = Self::SUFFIXES.len();
+}
 
 impl redis::ToRedisArgs for QueueKeys<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        for suffix in [":queue", ":places", ":next"] {
+        for suffix in Self::SUFFIXES {
             Suffixed(self.0, suffix).write_redis_args(out);
         }
     }
 
     fn num_of_args(&self) -> usize {
-        3
+        Self::COUNT
+    }
+}
+
+/// The lease a release grants a waiter directly: the waiter's own, up to
+/// its place's life (`QUEUE_TTL`). A waiter that died with its place still
+/// alive holds the lock back no longer than that; one alive renews it to
+/// its whole lease if its section runs that long.
+pub(crate) fn granted_lease(lease: Duration) -> Duration {
+    lease.min(QUEUE_TTL)
+}
+
+/// A waiter's terms for a direct grant, as the queue keeps them (`lease-ms
+/// tokens`), or '' for none: written into the command, not formatted.
+struct Terms(Option<Duration>, u32);
+
+impl redis::ToRedisArgs for Terms {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        if let Some(lease) = self.0 {
+            // Writes to a command's buffer cannot fail.
+            let _ = write!(arg, "{} {}", lease.as_millis().max(1), self.1);
+        }
     }
 }
 
@@ -437,8 +497,10 @@ pub(crate) enum Attempt {
     /// The last fencing token reserved, and how many were (fewer than
     /// asked when the counter would run ahead of the clock).
     Granted { last: u64, reserved: u32 },
-    /// Held; the holder's remaining lease in ms (negative: none known).
-    Busy(i64),
+    /// Held: the holder's remaining lease in ms (negative: none known),
+    /// and on a queue the key's fencing counter then (else 0): a direct
+    /// grant with tokens above it came after this answer.
+    Busy { ttl: i64, fence: u64 },
 }
 
 #[cfg(test)]

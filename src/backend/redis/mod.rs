@@ -50,17 +50,34 @@
 //! An exclusive lock on one server (or the master Sentinel names) also has a
 //! queue in Redis: a waiter that finds it held takes a place, in the order
 //! waiters first found it held, and keeps it alive by looking at least every
-//! second (a place lasts 3 s). A release names the first waiter whose place
-//! is alive, and the free lock is that waiter's alone for 100 ms, so that no
-//! one overtakes the queue, the process that released included. Only the
-//! named waiter's process hears of it (on the key's channel followed by the
-//! process's token prefix: one release wakes one process, not every one
-//! with a waiter), and the process of the waiter behind it, which looks
-//! once those 100 ms are over in case the named one did not come (a process
-//! gone, a message missed). A waiter that gives up leaves its place, naming
-//! the next one if it had been named. redis-py clients take no place and may
-//! still take a free lock; a named waiter overtaken so, or one that comes
-//! after its turn (a process paused past 100 ms), goes to the back. A
+//! second (a place lasts 3 s). A release gives the first waiter whose place
+//! is alive its turn, so that no one overtakes the queue, the process that
+//! released included, and only that waiter's process hears of it (on the
+//! key's channel followed by the process's token prefix: one release wakes
+//! one process, not every one with a waiter).
+//!
+//! On one server, the turn is the lock itself: the release script sets the
+//! key to the waiter's token, draws its fencing tokens and sends them in the
+//! message, and the waiter holds the lock as it hears it, with no acquire of
+//! its own (one round trip less per hand-off between processes). Its lease
+//! is known from the send time of its last attempt that found the key held
+//! (the grant came after that answer), for its own lease up to its place's
+//! 3 s, renewed to the whole lease if its section lasts past a third of
+//! that; a grant it hears too late is taken by an attempt instead, which the
+//! script answers as it answers a holder. A waiter that gave up (or died
+//! with its place alive) holds the lock back that long at most: one that
+//! gives up releases it at once, handing it on. Through Sentinel, with
+//! [`RedisOptions::wait_for_replicas`] or with a restart quarantine, an
+//! acquisition checks what a release cannot (the master's epoch, the
+//! replicas, the server's restart), so there the turn is the free lock,
+//! that waiter's alone for 100 ms, and the process of the waiter behind
+//! hears too, and looks once those 100 ms are over in case the named one
+//! did not come (a process gone, a message missed).
+//!
+//! A waiter that gives up leaves its place, handing its turn on if it had
+//! one. redis-py clients take no place and may still take a free lock; a
+//! named waiter overtaken so, or one that comes after its turn (a process
+//! paused past 100 ms), goes to the back. A
 //! lock freed by its lease running out (a holder gone) names nobody: its
 //! waiters look when they expected it to run out, and the first to ask
 //! wins. Processes with a waiter each are thus served in turn (measured:
@@ -360,6 +377,12 @@ impl RedisBackend {
                 )));
             }
         }
+        // A release may grant a waiter the lock directly only where the
+        // waiter itself would check nothing more (see `Layout::direct_grants`).
+        let direct_grants = sentinel.is_none()
+            && cluster.is_none()
+            && replicas.is_none()
+            && options.restart_quarantine.is_none();
         let conn = if let Some(sentinel) = sentinel {
             options.check_sentinel()?;
             let (master, conn) = master::Master::connect(&sentinel, config).await?;
@@ -396,6 +419,7 @@ impl RedisBackend {
             response_timeout: options.response_timeout,
             prefix: options.prefix,
             quarantine: options.restart_quarantine,
+            direct_grants,
             renewals: Renewals::new(Some(watches.reconnected.clone())),
             watches,
             tokens,

@@ -57,6 +57,9 @@ struct Channel {
     /// (see [`Watches::hand_off_wait`]): off once a hand-off went
     /// unanswered, on again when another backend's release is heard.
     hand_offs: bool,
+    /// The waiters here that a release may grant the lock directly, by
+    /// token, with the last grant each heard of.
+    grantees: HashMap<String, Option<Grant>>,
     users: usize,
     subscribed: bool,
     idle_since: Option<tokio::time::Instant>,
@@ -91,12 +94,17 @@ impl Watches {
                         Some(Value::BulkString(m)) => &m[..],
                         _ => &[],
                     };
-                    // `releasing-token[ successor-token]`: a backend's
-                    // tokens begin with its prefix.
+                    // `releasing-token[ successor-token[ last reserved]]`:
+                    // a backend's tokens begin with its prefix.
                     let successor = message
                         .iter()
                         .position(|&b| b == b' ')
                         .map(|i| &message[i + 1..]);
+                    if let Some((named, grant)) = successor.and_then(Grant::parse) {
+                        if let Some(heard) = c.grantees.get_mut(named) {
+                            *heard = Some(grant);
+                        }
+                    }
                     c.messages += 1;
                     if successor.is_none_or(|s| s.starts_with(own)) {
                         c.for_us = c.messages;
@@ -193,7 +201,14 @@ impl Watches {
 
     /// Registers interest in `channel`, subscribing on `conn` if nobody
     /// else is.
-    pub(super) async fn watch(self: &Arc<Self>, conn: &Connection, channel: &str) -> Watch {
+    /// `grantee`, the token of a waiter that a release may grant the lock
+    /// directly: its grants are kept for [`Watch::grant`].
+    pub(super) async fn watch(
+        self: &Arc<Self>,
+        conn: &Connection,
+        channel: &str,
+        grantee: Option<&str>,
+    ) -> Watch {
         let notify = {
             let mut channels = lock(&self.channels);
             let c = channels
@@ -205,18 +220,23 @@ impl Watches {
                     ended: 0,
                     others: Arc::new(Notify::new()),
                     hand_offs: true,
+                    grantees: HashMap::new(),
                     users: 0,
                     subscribed: false,
                     idle_since: None,
                 });
             c.users += 1;
             c.idle_since = None;
+            if let Some(token) = grantee {
+                c.grantees.insert(token.to_owned(), None);
+            }
             c.notify.clone()
         };
         let watch = Watch {
             watches: self.clone(),
             channel: channel.to_owned(),
             notify,
+            grantee: grantee.map(str::to_owned),
         };
         watch.subscribe(conn).await;
         watch
@@ -240,7 +260,38 @@ pub(super) struct Armed {
     seen: u64,
 }
 
+/// A direct grant a release message carried: the lock is the named
+/// waiter's, with the fencing tokens up to `last`, `reserved` of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Grant {
+    pub(super) last: u64,
+    pub(super) reserved: u32,
+}
+
+impl Grant {
+    /// `named last reserved`: the named token and its grant; None for a
+    /// message that names a waiter without granting it the lock.
+    fn parse(successor: &[u8]) -> Option<(&str, Grant)> {
+        let text = std::str::from_utf8(successor).ok()?;
+        let mut parts = text.split(' ');
+        let (named, last, reserved) = (parts.next()?, parts.next()?, parts.next()?);
+        let grant = Grant {
+            last: last.parse().ok()?,
+            reserved: reserved.parse().ok()?,
+        };
+        (parts.next().is_none() && grant.last > 0 && grant.reserved > 0).then_some((named, grant))
+    }
+}
+
 impl Watch {
+    /// The last direct grant this waiter heard of (see `scripts::HAND_ON`),
+    /// if it is a grantee.
+    pub(super) fn grant(&self) -> Option<Grant> {
+        let token = self.grantee.as_deref()?;
+        let channels = lock(&self.watches.channels);
+        channels.get(&self.channel)?.grantees.get(token).copied()?
+    }
+
     /// A wait for the channel's next message (or lost subscription), armed
     /// now: a message from here on ends it.
     pub(super) fn arm(&self) -> Armed {
@@ -365,11 +416,16 @@ pub(super) struct Watch {
     watches: Arc<Watches>,
     channel: String,
     pub(super) notify: Arc<Notify>,
+    /// The waiter's token, if a release may grant it the lock directly.
+    grantee: Option<String>,
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
         if let Some(c) = lock(&self.watches.channels).get_mut(&self.channel) {
+            if let Some(token) = &self.grantee {
+                c.grantees.remove(token);
+            }
             c.users -= 1;
             if c.users == 0 {
                 c.idle_since = Some(tokio::time::Instant::now());

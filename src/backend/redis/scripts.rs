@@ -124,56 +124,83 @@ pub(super) const QUEUE_TTL: Duration = Duration::from_secs(3);
 /// found it busy (a sorted set scored by the server's clock in µs, or by
 /// the score the waiter chose: Redlock's waiters give every instance the
 /// same, so that all queue them in one order), when each one's place runs
-/// out (a sorted set scored in ms), and the waiter a release named.
+/// out (a sorted set scored in ms), the waiter a release named, and the
+/// terms on which a release may grant a waiter the lock directly (a hash:
+/// `lease-ms tokens`, see `HAND_ON`).
 ///
 /// `enqueue` gives `token` a place, or keeps its place alive; a `score` of
-/// 0 is the server's clock. Needs the `int` of `NOW_MS`; loaded by `lazily`.
+/// 0 is the server's clock; `terms` of '' leave none. Needs the `int` of
+/// `NOW_MS`; loaded by `lazily`.
 const ENQUEUE: &str = r#"
-local function enqueue(queue, places, token, ttl, score)
+local function enqueue(queue, places, grants, token, ttl, score, terms)
   local t = redis.call('TIME')
   if score == 0 then score = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
   redis.call('ZADD', queue, 'NX', int(score), token)
   redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl), token)
   redis.call('PEXPIRE', queue, ttl)
   redis.call('PEXPIRE', places, ttl)
+  if terms ~= '' then
+    redis.call('HSET', grants, token, terms)
+    redis.call('PEXPIRE', grants, ttl)
+  end
 end
 "#;
 
-/// `name_next` pops the first waiter whose place has not run out, gives
-/// it the free lock alone for `ttl` ms and returns its token ('' when
-/// nobody waits). `hand_on` names it and tells its process, on the lock's
-/// channel followed by `:` and the waiter token's first 16 characters,
-/// which name its backend (`Tokens::prefix`): a release wakes that process,
-/// not every one with a waiter. It also tells the process of the waiter
-/// behind, which looks once the named one's turn is over, in case it did
-/// not come (a process gone, a message missed); it returns how many heard
-/// the named one's message, or nil when nobody waits. Needs `NOW_MS`;
-/// loaded by `lazily`, `hand_on()` returns it.
+/// `name_next` pops the first waiter whose place has not run out and
+/// returns its token and its terms for a direct grant, if it left any
+/// (nil when nobody waits). `hand_on` gives it its turn and tells its
+/// process, on the lock's channel followed by `:` and the waiter token's
+/// first 16 characters, which name its backend (`Tokens::prefix`): a
+/// release wakes that process, not every one with a waiter.
+///
+/// With `grant` (the lock's key, its fence key and the fence's ttl ms) and
+/// terms left by the waiter, the turn is the lock itself: held by the
+/// waiter's token for the lease of its terms, its fencing tokens drawn
+/// here, and carried in the message (`releaser named last reserved`), so
+/// that the waiter holds the lock as it hears it, with no acquire of its
+/// own. Else the named waiter has the free lock to itself for `ttl` ms,
+/// in which it comes to take it (`releaser named`).
+///
+/// Named only, it also tells the process of the waiter behind, which
+/// looks once the named one's turn is over, in case it did not come (a
+/// process gone, a message missed); granted, the lock ends with its lease
+/// if the waiter never hears (the one behind looks by the holder's time
+/// left, as it does behind any holder). It returns how many heard the named one's message, or
+/// nil when nobody waits. Needs `NOW_MS` and `fence`; loaded by `lazily`,
+/// `hand_on()` returns it.
 pub(super) const HAND_ON: &str = r#"
-local function name_next(queue, places, successor, ttl)
+local function name_next(queue, places, grants)
   local now = nil
   while true do
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    if not head then return '' end
+    if not head then return nil end
     now = now or now_ms()
     local place = redis.call('ZSCORE', places, head)
     redis.call('ZREM', queue, head)
     redis.call('ZREM', places, head)
-    if place and tonumber(place) > now then
-      redis.call('SET', successor, head, 'PX', ttl)
-      return head
-    end
+    local terms = redis.call('HGET', grants, head)
+    if terms then redis.call('HDEL', grants, head) end
+    if place and tonumber(place) > now then return head, terms end
   end
 end
 local function waiter_channel(channel, token)
   return channel .. ':' .. string.sub(token, 1, 16)
 end
-local function hand_on(queue, places, successor, ttl, channel, publish, releaser)
-  local named = name_next(queue, places, successor, ttl)
-  if named == '' then return nil end
+local function hand_on(queue, places, successor, grants, ttl, channel, publish, releaser, grant)
+  local named, terms = name_next(queue, places, grants)
+  if not named then return nil end
   local message = releaser .. ' ' .. named
+  local lease, n = nil, nil
+  if grant and terms then lease, n = string.match(terms, '^(%d+) (%d+)$') end
+  if lease then
+    redis.call('SET', grant[1], named, 'PX', lease)
+    local last, reserved = fence(grant[2], grant[3], tonumber(n), 0)
+    message = message .. ' ' .. int(last) .. ' ' .. int(reserved)
+  else
+    redis.call('SET', successor, named, 'PX', ttl)
+  end
   local heard = redis.pcall(publish, waiter_channel(channel, named), message)
-  local behind = redis.call('ZRANGE', queue, 0, 0)[1]
+  local behind = not lease and redis.call('ZRANGE', queue, 0, 0)[1]
   if behind and string.sub(behind, 1, 16) ~= string.sub(named, 1, 16) then
     redis.pcall(publish, waiter_channel(channel, behind), message)
   end
@@ -201,16 +228,20 @@ return {0, redis.call('PTTL', KEYS[1])}
 "#;
 
 /// `ACQUIRE_EXCLUSIVE` with the lock's queue. KEYS: lock, fence, queue,
-/// places, successor. ARGV: token, lease ms, fence ttl ms, fence floor,
-/// tokens to reserve, queue (`0`: never, `1`: join it if busy, `2`: in it
-/// already), place ttl ms, place score (`0`: the server's clock in µs).
+/// places, successor, grants. ARGV: token, lease ms, fence ttl ms, fence
+/// floor, tokens to reserve, queue (`0`: never, `1`: join it if busy, `2`:
+/// in it already), place ttl ms, place score (`0`: the server's clock in
+/// µs), terms for a direct grant (`lease-ms tokens`, or '' for none).
 ///
 /// A free lock whose release named a successor is that successor's alone
 /// until its turn runs out (`NEXT_TTL`), so that no one, the process that
-/// released included, overtakes the queue.
+/// released included, overtakes the queue. Busy, it answers the holder's
+/// time left and the fencing counter: a direct grant the waiter hears of
+/// later with a token at or below it was made before this answer, and is
+/// no longer the waiter's to trust.
 const ACQUIRE_QUEUED: &str = r#"
 local floor = floor_of(ARGV[4])
-local q = quarantined(5)
+local q = quarantined(6)
 if q then return {0, q} end
 local held = redis.call('GET', KEYS[1])
 local successor = false
@@ -222,14 +253,15 @@ elseif held ~= ARGV[1] then
   busy = redis.call('PTTL', KEYS[1])
 end
 if busy then
-  if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8])) end
-  return {0, busy}
+  if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], KEYS[6], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]) end
+  return {0, busy, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if successor then redis.call('DEL', KEYS[5]) end
 if ARGV[6] == '2' then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[6], ARGV[1])
 end
 return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[5]), floor)}
 "#;
@@ -286,30 +318,32 @@ hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
 return {1, fence(KEYS[2], ARGV[3], 1, floor)}
 "#;
 
-/// KEYS: lock, and for an exclusive lock its queue, places and successor.
-/// ARGV: token, channel, `PUBLISH` (or, on a cluster, `SPUBLISH`: a
-/// message for the channel's slot only, Redis 7.0+; a server without it
-/// sends none, and waiters look again within a second), successor ttl ms,
-/// and to undo a grant that is not to be kept (a Redlock round short of a
-/// majority) the waiter's place score and place ttl ms: it goes back in
-/// the queue at its place before the next is named, so that the instance
-/// names the waiter first by score, as those where it was not granted do.
-/// redis-py's release, plus the message.
+/// KEYS: lock, and for an exclusive lock its queue, places, successor,
+/// grants and fence. ARGV: token, channel, `PUBLISH` (or, on a cluster,
+/// `SPUBLISH`: a message for the channel's slot only, Redis 7.0+; a server
+/// without it sends none, and waiters look again within a second),
+/// successor ttl ms, fence ttl ms, and to undo a grant that is not to be
+/// kept (a Redlock round short of a majority) the waiter's place score and
+/// place ttl ms: it goes back in the queue at its place before the next
+/// is named, so that the instance names the waiter first by score, as
+/// those where it was not granted do. redis-py's release, plus the
+/// message.
 ///
 /// The message is the releasing token, so that a backend tells its own
 /// releases from others', and the successor's after a space when the
-/// queue named one: it then goes to the successor's process alone. A lock
-/// with a queue publishes nothing when nobody waits in it: its waiters
-/// listen on their own processes' channels, which only a turn is sent on.
-/// Returns 0 when the lock was not ours, else 1 plus the number of
-/// subscribers that received the message.
+/// queue named one (with its fencing tokens when it was granted the lock
+/// directly, see `HAND_ON`): it then goes to the successor's process
+/// alone. A lock with a queue publishes nothing when nobody waits in it:
+/// its waiters listen on their own processes' channels, which only a turn
+/// is sent on. Returns 0 when the lock was not ours, else 1 plus the
+/// number of subscribers that received the message.
 const RELEASE_STRING: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if #KEYS >= 4 then
-    if ARGV[5] then enqueue()(KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[6]), tonumber(ARGV[5])) end
+  if #KEYS >= 6 then
+    if ARGV[6] then enqueue()(KEYS[2], KEYS[3], KEYS[5], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[6]), '') end
     if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
-    local heard = hand_on()(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
+    local heard = hand_on()(KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[2], ARGV[3], ARGV[1], {KEYS[1], KEYS[6], ARGV[5]})
     return 1 + (heard or 0)
   end
   local heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
@@ -319,19 +353,27 @@ end
 return 0
 "#;
 
-/// KEYS: lock, queue, places, successor. ARGV: token, channel, `PUBLISH`
-/// or `SPUBLISH`, successor ttl ms.
+/// KEYS and ARGV as `RELEASE_STRING` takes them for an exclusive lock,
+/// without the undo's.
 ///
 /// A waiter that gave up leaves the queue; if a release had named it and
-/// the lock is still free, the next waiter is named instead.
+/// the lock is still free, or granted it the lock directly (the waiter
+/// left before it heard, or without being told), the next waiter is
+/// given its turn instead.
 const LEAVE_QUEUE: &str = r#"
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+local free = false
 if redis.call('GET', KEYS[4]) == ARGV[1] then
   redis.call('DEL', KEYS[4])
-  if redis.call('EXISTS', KEYS[1]) == 0 then
-    hand_on()(KEYS[2], KEYS[3], KEYS[4], ARGV[4], ARGV[2], ARGV[3], ARGV[1])
-  end
+  free = redis.call('EXISTS', KEYS[1]) == 0
+elseif redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  free = true
+end
+if free then
+  hand_on()(KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[2], ARGV[3], ARGV[1], {KEYS[1], KEYS[6], ARGV[5]})
 end
 return 1
 "#;
@@ -495,10 +537,10 @@ pub(super) fn scripts() -> &'static Scripts {
         let in_set = [NOW_MS, HOLD_IN_SET].concat();
         let enqueue = lazily("enqueue", &[NOW_MS, ENQUEUE]);
         let enqueue = enqueue.as_str();
-        let hand_on = lazily("hand_on", &[NOW_MS, HAND_ON]);
-        let hand_on = hand_on.as_str();
         let fence = fence();
         let fence = fence.as_str();
+        let hand_on = lazily("hand_on", &[NOW_MS, fence, HAND_ON]);
+        let hand_on = hand_on.as_str();
         Scripts {
             acquire_exclusive: script(&[QUARANTINE, fence, ACQUIRE_EXCLUSIVE]),
             acquire_queued: script(&[QUARANTINE, enqueue, fence, ACQUIRE_QUEUED]),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::connection::Connection;
-use super::layout::{redis_error, uncertain, Attempt, Floor, Layout, Queue, Tokens};
+use super::layout::{granted_lease, redis_error, uncertain, Attempt, Floor, Layout, Queue, Tokens};
 use super::pubsub::{HandOffWait, Watch, Watches};
 use super::replicas::{Acked, Replicas};
 use super::scripts::{EPOCH_STRIDE, MAX_FLOOR, NEXT_TTL};
@@ -45,6 +45,9 @@ pub struct RedisStore {
     pub(super) response_timeout: Duration,
     pub(super) prefix: String,
     pub(super) quarantine: Option<Duration>,
+    /// Whether a release may grant the lock to a waiter directly (see
+    /// `Layout::direct_grants`).
+    pub(super) direct_grants: bool,
     pub(super) watches: Arc<Watches>,
     pub(super) tokens: Tokens,
     pub(super) releases: Arc<InFlight>,
@@ -67,7 +70,8 @@ impl Store for RedisStore {
         }
         let layout = Layout::new(&self.prefix, &request.key, request.mode)
             .with_quarantine(&self.prefix, self.quarantine)
-            .sharded(self.conn.is_cluster());
+            .sharded(self.conn.is_cluster())
+            .direct_grants(self.direct_grants);
         let tokens = request.tokens.clamp(1, MAX_TOKENS);
         let token = self.tokens.next();
         let mut sent = Instant::now();
@@ -82,7 +86,10 @@ impl Store for RedisStore {
             true => {
                 let c = channel.insert(layout.waiter_channel(&self.tokens.prefix()));
                 match self.watches.subscribed(c) {
-                    true => Some(self.watches.watch(&self.conn, c).await),
+                    true => {
+                        let grantee = grantee(&layout, &token);
+                        Some(self.watches.watch(&self.conn, c, grantee).await)
+                    }
                     false => None,
                 }
             }
@@ -93,10 +100,13 @@ impl Store for RedisStore {
         let mut attempt = self
             .attempt(&layout, &token, request.lease, tokens, queue)
             .await?;
-        if let (Attempt::Busy(_), false) = (&attempt, waits) {
+        if let (Attempt::Busy { .. }, false) = (&attempt, waits) {
             return Err(LockError::Busy);
         }
-        if let Attempt::Busy(_) = attempt {
+        // The lease the lock is held for from `sent`: a direct grant's is
+        // shorter (see `granted_lease`).
+        let mut held_for = request.lease;
+        if let Attempt::Busy { .. } = attempt {
             let channel = channel.unwrap_or_else(|| layout.waiter_channel(&self.tokens.prefix()));
             // In the lock's queue now (an exclusive lock): leaves it if
             // dropped before its turn.
@@ -109,9 +119,15 @@ impl Store for RedisStore {
             };
             let watch = match early {
                 Some(watch) => watch,
-                None => self.watches.watch(&self.conn, &channel).await,
+                None => {
+                    let grantee = grantee(&layout, &token);
+                    self.watches.watch(&self.conn, &channel, grantee).await
+                }
             };
-            loop {
+            // The fencing counter at the last busy answer: a direct grant
+            // at or below it is older than that answer.
+            let mut busy_at = 0;
+            'wait: loop {
                 // Armed before the attempt, so a release published between
                 // the attempt and the wait is not missed.
                 let mut released = match armed.take() {
@@ -126,9 +142,10 @@ impl Store for RedisStore {
                         released
                     }
                 };
-                let Attempt::Busy(ttl) = attempt else {
+                let Attempt::Busy { ttl, fence } = attempt else {
                     break;
                 };
+                busy_at = busy_at.max(fence);
                 let mut recheck = u64::try_from(ttl)
                     .map(|ms| Duration::from_millis(ms + 1))
                     .unwrap_or(MAX_RECHECK)
@@ -137,6 +154,24 @@ impl Store for RedisStore {
                     tokio::select! {
                         _ = released.released.as_mut() => {}
                         _ = tokio::time::sleep(recheck) => break,
+                    }
+                    // Granted after the last busy answer, so held from
+                    // before the grant, from `sent`, the send time of
+                    // that attempt, for the grant's lease (`granted_lease`);
+                    // heard too late to be worth it, taken by an attempt
+                    // (the script grants again to its holder).
+                    let granted = granted_lease(request.lease);
+                    let grant = watch.grant().filter(|g| {
+                        g.last > busy_at
+                            && known_until(sent, granted) > Instant::now() + granted / 3
+                    });
+                    if let Some(grant) = grant {
+                        attempt = Attempt::Granted {
+                            last: grant.last,
+                            reserved: grant.reserved.clamp(1, tokens),
+                        };
+                        held_for = granted;
+                        break 'wait;
                     }
                     // Else a release named the waiter ahead of this one:
                     // the lock is that waiter's until its turn is over.
@@ -154,7 +189,7 @@ impl Store for RedisStore {
         // The script reserved the block of tokens up to `last`.
         let reserved = if layout.reserves_block() { reserved } else { 1 };
         let first = last + 1 - u64::from(reserved);
-        let valid = Arc::new(Deadline::new(known_until(sent, request.lease)));
+        let valid = Arc::new(Deadline::new(known_until(sent, held_for)));
         let releases = self.releases.clone();
         let renewals = self.renewals.clone();
         let lock = RedisLock {
@@ -164,7 +199,7 @@ impl Store for RedisStore {
             heard_elsewhere: AtomicBool::new(false),
         };
         let lease = Lease::new(lock, request.lease, valid, releases);
-        lease.keep_renewed(&renewals);
+        lease.keep_renewed_granted(&renewals, held_for);
         Ok(lease.acquired(FencingToken::new(first), reserved))
     }
 
@@ -403,7 +438,7 @@ impl Protocol for RedisLock {
                 // a release heard meanwhile is missed, so the grace ending
                 // this wait says nothing of the listeners.
                 None => {
-                    let watch = server.watches.watch(&server.conn, &channel).await;
+                    let watch = server.watches.watch(&server.conn, &channel, None).await;
                     match server.watches.hand_off_wait(&channel) {
                         HandOffWait::Armed(released) => (released, Some(watch)),
                         _ => return,
@@ -431,6 +466,12 @@ impl Protocol for RedisLock {
             .map(drop)
             .map_err(|e| redis_error("releasing a lock", e))
     }
+}
+
+/// The token a wait on `layout`'s channel hears direct grants to: the
+/// acquisition's, where a release may grant it the lock directly.
+fn grantee<'a>(layout: &Layout, token: &'a str) -> Option<&'a str> {
+    layout.grants().then_some(token)
 }
 
 /// The fencing floor for a master the Sentinels named under `epoch` (0

@@ -244,7 +244,7 @@ impl RedlockStore {
             granted_on: Vec::with_capacity(self.nodes.len()),
         };
         for (node, r) in self.nodes.iter().zip(results) {
-            round.busy_on.push(matches!(r, Ok(Attempt::Busy(_))));
+            round.busy_on.push(matches!(r, Ok(Attempt::Busy { .. })));
             round
                 .granted_on
                 .push(matches!(r, Ok(Attempt::Granted { .. })));
@@ -260,7 +260,7 @@ impl RedlockStore {
                         round.reserved = reserved;
                     }
                 }
-                Ok(Attempt::Busy(ttl)) => {
+                Ok(Attempt::Busy { ttl, .. }) => {
                     round.busy += 1;
                     round.busy_for = round.busy_for.max(ttl);
                 }

@@ -249,7 +249,7 @@ impl RedlockStore {
         join_all(
             self.nodes
                 .iter()
-                .map(|node| node.watches.watch(&node.link, channel)),
+                .map(|node| node.watches.watch(&node.link, channel, None)),
         )
         .await
     }
