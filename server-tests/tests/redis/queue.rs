@@ -216,6 +216,112 @@ async fn a_granted_waiter_that_does_not_come_holds_the_lock_back_only_for_its_gr
     no_queue_left(test).await;
 }
 
+/// What a release and the time after it do, in one step: the waiter is
+/// granted the lock (key and fence set, the grant sent, as `HAND_ON` does),
+/// its grant runs out unheard, the fencing counter is lost (`ARGV[3]`:
+/// `lose`) or not, and a redis-py client takes the free key.
+const GRANT_THEN_LOSE: &str = r#"
+local c = tonumber(redis.call('GET', KEYS[2]) or '0')
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+redis.call('SET', KEYS[2], string.format('%.0f', c + 1), 'PX', 86400000)
+redis.call('PUBLISH', ARGV[2], 'releaser ' .. ARGV[1] .. ' ' .. string.format('%.0f', c + 1) .. ' 1')
+if ARGV[3] == 'lose' then redis.call('DEL', KEYS[2]) end
+redis.call('SET', KEYS[1], 'py-token', 'PX', 30000)
+return 1
+"#;
+
+/// A grant the waiter heard too late to take (600 ms after its last look,
+/// for a lease of 300 ms) is not taken later either: its next attempt
+/// finds the key held by redis-py (which draws no fencing token), and a
+/// wake after that answer must not make the old grant good, whether the
+/// key's fencing counter survived or was lost (a restart without
+/// persistence), when only its place in the clock tells grants apart.
+/// Found by review: the waiter returned a lock redis-py held.
+#[tokio::test]
+async fn a_grant_heard_too_late_is_not_taken_after_a_busy_answer() {
+    for lose in [false, true] {
+        let test = if lose { "late-lost" } else { "late-kept" };
+        let base = format!("{}{{k}}", prefix(test));
+        let key = |suffix: &str| format!("{base}{suffix}");
+        let mut conn = raw(&redis_url()).await;
+        let (holder, waiter) = (backend(test).await, backend(test).await);
+        let held = holder
+            .lock("k")
+            .lease(Duration::from_secs(30))
+            .await
+            .unwrap();
+        let mut next = {
+            let waiter = waiter.clone();
+            tokio::spawn(async move {
+                waiter
+                    .lock("k")
+                    .lease(Duration::from_millis(300))
+                    .wait(Duration::from_secs(10))
+                    .await
+            })
+        };
+        queued(test, "k", 1).await;
+        let token: String = conn
+            .zrange::<_, Vec<String>>(key(":queue"), 0, 0)
+            .await
+            .unwrap()[0]
+            .clone();
+        let channel = format!("{base}:rel:{}", &token[..16]);
+        // Right after one of its looks (each moves its place on), then
+        // 600 ms: with a grant of 300 ms, too late to take.
+        let place: Option<f64> = conn.zscore(key(":places"), &token).await.unwrap();
+        for _ in 0..1500 {
+            let now: Option<f64> = conn.zscore(key(":places"), &token).await.unwrap();
+            if now != place {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let _: i64 = redis::cmd("EVAL")
+            .arg(GRANT_THEN_LOSE)
+            .arg(5)
+            .arg(&base)
+            .arg(key(":fence"))
+            .arg(key(":queue"))
+            .arg(key(":places"))
+            .arg(key(":grants"))
+            .arg(&token)
+            .arg(&channel)
+            .arg(if lose { "lose" } else { "keep" })
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // Its next look finds redis-py's key and queues it again; then a
+        // message for nobody here wakes it.
+        for _ in 0..1000 {
+            let again: Option<f64> = conn.zscore(key(":queue"), &token).await.unwrap();
+            if again.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let _: i64 = conn.publish(&channel, "x nobody").await.unwrap();
+        let out = tokio::time::timeout(Duration::from_millis(500), &mut next).await;
+        let owner: Option<String> = conn.get(&base).await.unwrap();
+        if let Ok(taken) = out {
+            let g = taken.unwrap();
+            panic!(
+                "{test}: the waiter came out with {:?} while the key is {owner:?}'s",
+                g.map(|g| g.token())
+            );
+        }
+        next.abort();
+        drop(held);
+        let _: i64 = conn.del(&base).await.unwrap();
+        for backend in [&holder, &waiter] {
+            backend.flush().await;
+        }
+    }
+}
+
 /// A broken lock goes to the first waiter of its queue at once, as a
 /// released one does: within its wait of 600 ms, where looking when the
 /// broken holder's lease of 30 s would end comes after a second.

@@ -404,18 +404,47 @@ impl Layout {
         token: &str,
         deadline: Option<std::time::Instant>,
     ) -> redis::RedisResult<u64> {
-        loop {
-            match self.release(&mut conn(), token).await {
-                Err(e)
-                    if uncertain(&e)
-                        && deadline
-                            .is_some_and(|d| std::time::Instant::now() + RELEASE_RETRY < d) =>
-                {
-                    tracing::debug!(error = %e, "retrying a redis release");
-                    tokio::time::sleep(RELEASE_RETRY).await;
-                }
-                result => return result,
+        until_answered(deadline, || {
+            let mut conn = conn();
+            async move { self.release(&mut conn, token).await }
+        })
+        .await
+    }
+
+    /// [Leaves the queue](Self::leave_queue) through `conn()`, and with a
+    /// `deadline` (when a direct grant to `token` would have ended) again
+    /// while it gets no answer, as [`release_until`](Self::release_until)
+    /// does: the script frees only `token`'s own hold, and is safe to repeat.
+    pub(crate) async fn leave_queue_until<C: ConnectionLike + Send>(
+        &self,
+        conn: impl Fn() -> C,
+        token: &str,
+        deadline: Option<std::time::Instant>,
+    ) -> redis::RedisResult<()> {
+        until_answered(deadline, || {
+            let mut conn = conn();
+            async move { self.leave_queue(&mut conn, token).await }
+        })
+        .await
+    }
+}
+
+/// Sends `command()` again, `RELEASE_RETRY` apart, while it fails without
+/// an answer (see [`uncertain`]) and `deadline` is not near.
+async fn until_answered<T, F: std::future::Future<Output = redis::RedisResult<T>>>(
+    deadline: Option<std::time::Instant>,
+    mut command: impl FnMut() -> F,
+) -> redis::RedisResult<T> {
+    loop {
+        match command().await {
+            Err(e)
+                if uncertain(&e)
+                    && deadline.is_some_and(|d| std::time::Instant::now() + RELEASE_RETRY < d) =>
+            {
+                tracing::debug!(error = %e, "retrying a redis release");
+                tokio::time::sleep(RELEASE_RETRY).await;
             }
+            result => return result,
         }
     }
 }
@@ -498,8 +527,8 @@ pub(crate) enum Attempt {
     /// asked when the counter would run ahead of the clock).
     Granted { last: u64, reserved: u32 },
     /// Held: the holder's remaining lease in ms (negative: none known),
-    /// and on a queue the key's fencing counter then (else 0): a direct
-    /// grant with tokens above it came after this answer.
+    /// and on a queue what no fencing token drawn after this answer is
+    /// below (else 0): a direct grant at or below it is taken as older.
     Busy { ttl: i64, fence: u64 },
 }
 

@@ -77,7 +77,10 @@
 //! A waiter that gives up leaves its place, handing its turn on if it had
 //! one. redis-py clients take no place and may still take a free lock; a
 //! named waiter overtaken so, or one that comes after its turn (a process
-//! paused past 100 ms), goes to the back. A
+//! paused past 100 ms), goes to the back. On one server, while waiters of
+//! this crate queue, a release hands the key straight on and it is never
+//! free: a redis-py client waits until they are served (excluded always,
+//! it is not served in turn). A
 //! lock freed by its lease running out (a holder gone) names nobody: its
 //! waiters look when they expected it to run out, and the first to ask
 //! wins. Processes with a waiter each are thus served in turn (measured:

@@ -292,6 +292,19 @@ impl Watch {
         channels.get(&self.channel)?.grantees.get(token).copied()?
     }
 
+    /// Forgets the last direct grant heard: see [`Watch::grant`].
+    pub(super) fn forget_grant(&self) {
+        let Some(token) = self.grantee.as_deref() else {
+            return;
+        };
+        if let Some(heard) = lock(&self.watches.channels)
+            .get_mut(&self.channel)
+            .and_then(|c| c.grantees.get_mut(token))
+        {
+            *heard = None;
+        }
+    }
+
     /// A wait for the channel's next message (or lost subscription), armed
     /// now: a message from here on ends it.
     pub(super) fn arm(&self) -> Armed {

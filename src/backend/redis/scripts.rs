@@ -129,11 +129,12 @@ pub(super) const QUEUE_TTL: Duration = Duration::from_secs(3);
 /// `lease-ms tokens`, see `HAND_ON`).
 ///
 /// `enqueue` gives `token` a place, or keeps its place alive; a `score` of
-/// 0 is the server's clock; `terms` of '' leave none. Needs the `int` of
+/// 0 is the server's clock (`t`, the server's `TIME`, or read here);
+/// `terms` of '' leave none. Needs the `int` of
 /// `NOW_MS`; loaded by `lazily`.
 const ENQUEUE: &str = r#"
-local function enqueue(queue, places, grants, token, ttl, score, terms)
-  local t = redis.call('TIME')
+local function enqueue(queue, places, grants, token, ttl, score, terms, t)
+  t = t or redis.call('TIME')
   if score == 0 then score = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
   redis.call('ZADD', queue, 'NX', int(score), token)
   redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl), token)
@@ -236,9 +237,11 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// A free lock whose release named a successor is that successor's alone
 /// until its turn runs out (`NEXT_TTL`), so that no one, the process that
 /// released included, overtakes the queue. Busy, it answers the holder's
-/// time left and the fencing counter: a direct grant the waiter hears of
-/// later with a token at or below it was made before this answer, and is
-/// no longer the waiter's to trust.
+/// time left and the least a grant made after this answer can be short of
+/// (the fencing counter, or the server's clock in µs, which a counter
+/// lost starts again above, see `fence`): a direct grant the waiter hears
+/// of with a token at or below it was made before this answer, and is no
+/// longer the waiter's to trust.
 const ACQUIRE_QUEUED: &str = r#"
 local floor = floor_of(ARGV[4])
 local q = quarantined(6)
@@ -253,8 +256,10 @@ elseif held ~= ARGV[1] then
   busy = redis.call('PTTL', KEYS[1])
 end
 if busy then
-  if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], KEYS[6], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]) end
-  return {0, busy, tonumber(redis.call('GET', KEYS[2]) or '0')}
+  local t = redis.call('TIME')
+  if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], KEYS[6], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], t) end
+  local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+  return {0, busy, math.max(counter, tonumber(t[1]) * 1000000 + tonumber(t[2]))}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 if successor then redis.call('DEL', KEYS[5]) end

@@ -114,7 +114,8 @@ impl Store for RedisStore {
                 inner: &self,
                 layout: &layout,
                 token: &token,
-                release: None,
+                lease: request.lease,
+                in_flight: false,
                 armed: layout.has_queue(),
             };
             let watch = match early {
@@ -124,8 +125,9 @@ impl Store for RedisStore {
                     self.watches.watch(&self.conn, &channel, grantee).await
                 }
             };
-            // The fencing counter at the last busy answer: a direct grant
-            // at or below it is older than that answer.
+            // What the last busy answer says no later grant is below: a
+            // direct grant at or below it is taken as older than that answer
+            // (one as new is refused too, and taken by the next attempt).
             let mut busy_at = 0;
             'wait: loop {
                 // Armed before the attempt, so a release published between
@@ -135,6 +137,10 @@ impl Store for RedisStore {
                     None => {
                         let released = watch.arm();
                         watch.subscribe(&self.conn).await;
+                        // A grant made before this attempt runs is its
+                        // answer (the script grants again to its holder):
+                        // one heard after it is judged against it alone.
+                        watch.forget_grant();
                         sent = Instant::now();
                         attempt = self
                             .attempt(&layout, &token, request.lease, tokens, Queue::Queued)
@@ -251,7 +257,8 @@ impl RedisStore {
             inner: self,
             layout,
             token,
-            release: Some(lease),
+            lease,
+            in_flight: true,
             armed: true,
         };
         let result = match self.replicas {
@@ -293,18 +300,22 @@ impl RedisStore {
 }
 
 /// What a dropped acquisition leaves behind, undone in the background: an
-/// acquire script in flight (`release` set) may have granted the lock,
+/// acquire script in flight (`in_flight`) may have granted the lock,
 /// released by compare-and-delete on the attempt's token (harmless if it
-/// granted nothing), or queued it; a waiter (`release` unset) has a place
-/// in the exclusive lock's queue, which it leaves, naming the next waiter
-/// if a release had named it. A place left there would run out by itself
-/// (`QUEUE_TTL`), and hold the lock back up to `NEXT_TTL` if named.
+/// granted nothing), or queued it; a waiter has a place in the exclusive
+/// lock's queue, which it leaves, handing its turn on if a release had
+/// given it one: named it, or granted it the lock directly (released by
+/// its token, as a lock is). A place left there would run out by itself
+/// (`QUEUE_TTL`), and hold the lock back up to `NEXT_TTL` if named, up to
+/// the grant's lease (`granted_lease`) if granted.
 struct Undo<'a> {
     inner: &'a Arc<RedisStore>,
     layout: &'a Layout,
     token: &'a str,
-    /// The attempt's lease: it is released until that would have ended.
-    release: Option<Duration>,
+    /// The acquisition's lease: what it may hold is released (sent again
+    /// while unanswered) until that would have ended.
+    lease: Duration,
+    in_flight: bool,
     armed: bool,
 }
 
@@ -318,11 +329,14 @@ impl Drop for Undo<'_> {
             self.layout.clone(),
             self.token.to_owned(),
         );
-        let deadline = self.release.map(|lease| Instant::now() + lease);
+        let now = Instant::now();
+        let release = self.in_flight.then(|| now + self.lease);
+        // A direct grant is released by leaving: sent again as a release.
+        let leave = layout.grants().then(|| now + granted_lease(self.lease));
         let releases = inner.releases.clone();
         release_in_background(
             async move {
-                let released = match deadline {
+                let released = match release {
                     Some(deadline) => layout
                         .release_until(|| inner.conn.get(), &token, Some(deadline))
                         .await
@@ -331,7 +345,7 @@ impl Drop for Undo<'_> {
                     None => Ok(()),
                 };
                 let left = layout
-                    .leave_queue(&mut inner.conn.get(), &token)
+                    .leave_queue_until(|| inner.conn.get(), &token, leave)
                     .await
                     .map_err(|e| redis_error("leaving a lock's queue", e));
                 released.and(left)
