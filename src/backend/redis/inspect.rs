@@ -42,8 +42,8 @@ end
 /// first of the exclusive lock's queue too, named as a release names it),
 /// and the floor last. KEYS: lock, writer, readers, permits, fence, and
 /// with a queue its queue, places, successor and grants (a waiter named
-/// by a break comes to take the lock: no direct grant). ARGV: fence ttl ms, fence
-/// floor (as the acquire scripts take it), channel, `PUBLISH` or
+/// by a break comes to take the lock: no direct grant). ARGV: fence ttl
+/// ms, fence floor (as the acquire scripts take it), channel, `PUBLISH` or
 /// `SPUBLISH`, successor ttl ms, the least the fence is raised to (a
 /// Redlock break's floor, from its first round; else 0).
 const BREAK: &str = r"
@@ -383,10 +383,11 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
 ) -> Result<(Vec<Holder>, u64), redis::RedisError> {
     let base = redis_name(prefix, key.as_str());
     let script = BREAK_LUA.get_or_init(|| {
+        let fence = fence();
         Lua::new(
             [
-                &lazily("hand_on", &[NOW_MS, &fence(), HAND_ON]),
-                fence().as_str(),
+                &lazily("hand_on", &[NOW_MS, &fence, HAND_ON]),
+                fence.as_str(),
                 HOLDERS,
                 BREAK,
             ]

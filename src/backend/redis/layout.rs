@@ -527,8 +527,9 @@ pub(crate) enum Attempt {
     /// asked when the counter would run ahead of the clock).
     Granted { last: u64, reserved: u32 },
     /// Held: the holder's remaining lease in ms (negative: none known),
-    /// and on a queue what no fencing token drawn after this answer is
-    /// below (else 0): a direct grant at or below it is taken as older.
+    /// and where a direct grant may reach the waiter what no fencing token
+    /// drawn after this answer is below (else 0): a direct grant at or
+    /// below it is taken as older.
     Busy { ttl: i64, fence: u64 },
 }
 

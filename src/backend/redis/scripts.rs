@@ -130,8 +130,8 @@ pub(super) const QUEUE_TTL: Duration = Duration::from_secs(3);
 ///
 /// `enqueue` gives `token` a place, or keeps its place alive; a `score` of
 /// 0 is the server's clock (`t`, the server's `TIME`, or read here);
-/// `terms` of '' leave none. Needs the `int` of
-/// `NOW_MS`; loaded by `lazily`.
+/// `terms` of '' leave none. Needs the `int` of `NOW_MS`; loaded by
+/// `lazily`.
 const ENQUEUE: &str = r#"
 local function enqueue(queue, places, grants, token, ttl, score, terms, t)
   t = t or redis.call('TIME')
@@ -166,9 +166,9 @@ end
 /// looks once the named one's turn is over, in case it did not come (a
 /// process gone, a message missed); granted, the lock ends with its lease
 /// if the waiter never hears (the one behind looks by the holder's time
-/// left, as it does behind any holder). It returns how many heard the named one's message, or
-/// nil when nobody waits. Needs `NOW_MS` and `fence`; loaded by `lazily`,
-/// `hand_on()` returns it.
+/// left, as it does behind any holder). It returns how many heard the
+/// named one's message, or nil when nobody waits. Needs `NOW_MS` and
+/// `fence`; loaded by `lazily`, `hand_on()` returns it.
 pub(super) const HAND_ON: &str = r#"
 local function name_next(queue, places, grants)
   local now = nil
@@ -236,12 +236,14 @@ return {0, redis.call('PTTL', KEYS[1])}
 ///
 /// A free lock whose release named a successor is that successor's alone
 /// until its turn runs out (`NEXT_TTL`), so that no one, the process that
-/// released included, overtakes the queue. Busy, it answers the holder's
-/// time left and the least a grant made after this answer can be short of
-/// (the fencing counter, or the server's clock in µs, which a counter
-/// lost starts again above, see `fence`): a direct grant the waiter hears
-/// of with a token at or below it was made before this answer, and is no
-/// longer the waiter's to trust.
+/// released included, overtakes the queue. Busy, with terms, it answers
+/// the holder's time left and a number no fencing token drawn after this
+/// answer is below: the fencing counter, or the server's clock in µs if
+/// higher (a counter lost starts again above the clock, see `fence`). A
+/// direct grant the waiter hears of with a token at or below it was made
+/// before this answer, and is no longer the waiter's to trust. Without
+/// terms (no direct grant can reach the waiter) it answers the time left
+/// alone.
 const ACQUIRE_QUEUED: &str = r#"
 local floor = floor_of(ARGV[4])
 local q = quarantined(6)
@@ -256,8 +258,10 @@ elseif held ~= ARGV[1] then
   busy = redis.call('PTTL', KEYS[1])
 end
 if busy then
-  local t = redis.call('TIME')
+  local t = nil
+  if ARGV[9] ~= '' then t = redis.call('TIME') end
   if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], KEYS[6], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], t) end
+  if not t then return {0, busy} end
   local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
   return {0, busy, math.max(counter, tonumber(t[1]) * 1000000 + tonumber(t[2]))}
 end

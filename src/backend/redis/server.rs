@@ -129,6 +129,7 @@ impl Store for RedisStore {
             // direct grant at or below it is taken as older than that answer
             // (one as new is refused too, and taken by the next attempt).
             let mut busy_at = 0;
+            let granted = granted_lease(request.lease);
             'wait: loop {
                 // Armed before the attempt, so a release published between
                 // the attempt and the wait is not missed.
@@ -166,7 +167,6 @@ impl Store for RedisStore {
                     // that attempt, for the grant's lease (`granted_lease`);
                     // heard too late to be worth it, taken by an attempt
                     // (the script grants again to its holder).
-                    let granted = granted_lease(request.lease);
                     let grant = watch.grant().filter(|g| {
                         g.last > busy_at
                             && known_until(sent, granted) > Instant::now() + granted / 3
