@@ -31,14 +31,13 @@ impl Tokens {
     /// every lock).
     pub(crate) fn next(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut token = String::with_capacity(32);
-        for half in [self.seed, n] {
-            for shift in (0..16).rev() {
-                let digit = (half >> (shift * 4)) & 0xf;
-                token.push(char::from(b"0123456789abcdef"[digit as usize]));
+        let mut token = [0u8; 32];
+        for (i, half) in [self.seed, n].into_iter().enumerate() {
+            for (j, digit) in token[i * 16..(i + 1) * 16].iter_mut().enumerate() {
+                *digit = b"0123456789abcdef"[((half >> ((15 - j) * 4)) & 0xf) as usize];
             }
         }
-        token
+        String::from_utf8(token.to_vec()).expect("hex digits")
     }
 }
 

@@ -84,12 +84,15 @@ const CHANNEL: &str = ":rel";
 /// it is, as `redis-py`'s `lock:{K}` names it; a key with one has a `{` in
 /// its tag, which no key without braces has, so the two never meet.
 pub(crate) fn redis_name(prefix: &str, key: &str) -> String {
-    if !key.contains(['{', '}']) {
-        return format!("{prefix}{{{key}}}");
-    }
+    // Pushed, not `format!`ted: this runs for every lock.
     let mut name = String::with_capacity(prefix.len() + key.len() * 2 + 2);
     name.push_str(prefix);
     name.push('{');
+    if !key.contains(['{', '}']) {
+        name.push_str(key);
+        name.push('}');
+        return name;
+    }
     for c in key.chars() {
         match c {
             '{' => name.push_str("{("),
@@ -503,8 +506,12 @@ impl redis::ToRedisArgs for Terms {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
         let mut arg = out.writer_for_next_arg();
         if let Some(lease) = self.0 {
-            // Writes to a command's buffer cannot fail.
-            let _ = write!(arg, "{} {}", lease.as_millis().max(1), self.1);
+            // Writes to a command's buffer cannot fail. Without `fmt`: this
+            // runs for every lock.
+            let ms = lease.as_millis().max(1) as u64;
+            let _ = arg.write_all(itoa::Buffer::new().format(ms).as_bytes());
+            let _ = arg.write_all(b" ");
+            let _ = arg.write_all(itoa::Buffer::new().format(self.1).as_bytes());
         }
     }
 }
