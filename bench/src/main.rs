@@ -55,6 +55,7 @@
 //! Exit code 2 for bad arguments or a backend this build cannot open.
 
 mod contended;
+mod cycles;
 mod flash_sale;
 mod floors;
 mod http;
@@ -95,6 +96,8 @@ struct Args {
     /// Negative control: each worker locks a key of its own, so the lock
     /// excludes nobody and the overlap check must see overlaps.
     no_lock: bool,
+    /// `cycles` through the backend's raw floor.
+    raw: bool,
     /// `http`: serve both routes bare, to calibrate the comparison.
     calibrate: bool,
     /// `http`: where `LockLayer` is mounted, if `--mount` says.
@@ -110,8 +113,8 @@ struct Args {
 }
 
 const USAGE: &str = "usage: bench --backend <memory|redis://..|redlock://..|zk://..> \
---workload <uncontended|contended|keys|http|flash-sale|floor> [--n N] [--secs S] [--workers W] \
-[--keys K] [--conns C] [--processes P] [--release drop|await] [--hold-us H] [--no-lock] \
+--workload <uncontended|contended|keys|http|flash-sale|floor|cycles> [--n N] [--secs S] [--workers W] \
+[--keys K] [--conns C] [--processes P] [--release drop|await] [--hold-us H] [--no-lock] [--raw] \
 [--calibrate] [--mount handler|route] [--wait-ms W] [--max-waiters M] [--ring]";
 
 fn parse_args() -> Result<Args, String> {
@@ -129,6 +132,7 @@ fn parse_args() -> Result<Args, String> {
         wait: Duration::from_secs(2),
         max_waiters: 32,
         no_lock: false,
+        raw: false,
         calibrate: false,
         mount: None,
         ring: false,
@@ -158,6 +162,7 @@ fn parse_args() -> Result<Args, String> {
             "--wait-ms" => a.wait = Duration::from_millis(num(&flag, value()?)?),
             "--max-waiters" => a.max_waiters = num(&flag, value()?)?,
             "--no-lock" => a.no_lock = true,
+            "--raw" => a.raw = true,
             "--calibrate" => a.calibrate = true,
             "--mount" => {
                 a.mount = match value()?.as_str() {
@@ -182,6 +187,9 @@ fn parse_args() -> Result<Args, String> {
     }
     if a.no_lock && !matches!(a.workload.as_str(), "contended" | "keys") {
         return Err("--no-lock applies to the contended and keys workloads".into());
+    }
+    if a.raw && a.workload != "cycles" {
+        return Err("--raw applies to the cycles workload".into());
     }
     if a.ring
         && (a.workload != "contended"
@@ -220,7 +228,7 @@ fn main() -> ExitCode {
     // `uncontended` is one task: a single-threaded runtime measures the lock
     // rather than wake-ups between worker threads. The other workloads run
     // tasks in parallel.
-    let mut builder = if args.workload == "uncontended" || args.workload == "floor" {
+    let mut builder = if matches!(args.workload.as_str(), "uncontended" | "floor" | "cycles") {
         tokio::runtime::Builder::new_current_thread()
     } else {
         tokio::runtime::Builder::new_multi_thread()
@@ -279,6 +287,9 @@ async fn run(args: Args) -> ExitCode {
     }
     if args.workload == "floor" {
         return floor(&args.backend, args.n).await;
+    }
+    if args.workload == "cycles" {
+        return cycles::cycles(&args.backend, args.n, args.raw).await;
     }
     let backend = match tower_lock::backend::connect(&args.backend).await {
         Ok(b) => b,
