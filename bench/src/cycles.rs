@@ -5,14 +5,16 @@
 //! one key after another, each key new: through the library (a guard
 //! dropped, as the layer does, with the default wait), or with `--raw` through the backend's
 //! raw floor (`raw_locks`: the `http` workload's `rps_floor` commands,
-//! its release awaited in turn). The script runs it with `n` and `2n` and
+//! its release sent in a task of its own, as there). The script runs it with `n` and `2n` and
 //! divides the difference by `n`: start-up and warm-up cancel out.
 
 use std::process::ExitCode;
 
 use tower_lock::BackendExt;
 
-use crate::raw_locks::RawLock;
+use std::sync::Arc;
+
+use crate::raw_locks::{self, RawLock};
 
 const WARM_UP: u64 = 1000;
 
@@ -21,16 +23,19 @@ pub(super) async fn cycles(url: &str, n: usize, raw: bool) -> ExitCode {
     let keys = |from: u64, n: u64| (from..from + n).map(|i| format!("cycle-{i}"));
     if raw {
         let raw = match RawLock::open(url).await {
-            Ok(Some(raw)) => raw,
+            Ok(Some(raw)) => Arc::new(raw),
             Ok(None) => return usage("the memory backend has no raw floor"),
             Err(e) => return usage(&e),
         };
         for key in keys(0, WARM_UP + n) {
             match raw.acquire(&key).await {
-                Ok(held) => raw.release(held).await,
+                // Sent in a task of its own, as the `http` floor's release
+                // (and the library's, from a dropped guard) is.
+                Ok(held) => drop(tokio::spawn(raw.clone().released_later(held))),
                 Err(e) => return usage(&format!("the raw floor: {e}")),
             }
         }
+        raw_locks::released().await;
     } else {
         let backend = match tower_lock::backend::connect(url).await {
             Ok(backend) => backend,

@@ -28,6 +28,7 @@
 //! of it is needed for a key nobody else wants, which is what the workload
 //! sends, so the floor shows what that costs.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -433,6 +434,16 @@ impl RawLock {
         }
     }
 
+    /// Unlocks what `acquire` locked, counted among the releases
+    /// [`released`] waits for from now: for a task of its own.
+    pub(super) fn released_later(self: Arc<Self>, held: Held) -> impl Future<Output = ()> {
+        IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
+        async move {
+            self.release(held).await;
+            IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     /// Unlocks what `acquire` locked.
     pub(super) async fn release(&self, held: Held) {
         let Held {
@@ -580,10 +591,6 @@ pub(super) async fn order_raw(
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e).into_response(),
     };
     let body = order(Path(sku)).await;
-    IN_FLIGHT.fetch_add(1, Ordering::AcqRel);
-    tokio::spawn(async move {
-        raw.release(held).await;
-        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
-    });
+    tokio::spawn(raw.released_later(held));
     body.into_response()
 }
