@@ -520,6 +520,31 @@ mod tests {
         assert_eq!(count.load(Ordering::SeqCst), 0);
     }
 
+    /// Leases taken one after another, each released before the next (one
+    /// request at a time): the timer is not woken for each, only when one
+    /// comes due before the time it already sleeps until.
+    #[tokio::test]
+    async fn leases_taken_one_at_a_time_do_not_wake_the_timer_each() {
+        let renewals = Renewals::new(None);
+        let lease = Duration::from_secs(30);
+        for _ in 0..50 {
+            let fake = Fake {
+                answered: u32::MAX,
+                answer: Duration::ZERO,
+                renewals: Arc::default(),
+            };
+            let valid = Arc::new(Deadline::new(Instant::now() + lease));
+            let held = Lease::new(fake, lease, valid, Arc::default());
+            held.keep_renewed(&renewals);
+            held.release().await.unwrap();
+            // The timer's task runs between two locks, as it would.
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(renewals.waiting(), 0);
+        let looks = renewals.looks();
+        assert!(looks <= 3, "the timer looked {looks} times for 50 leases");
+    }
+
     /// Told to renew now (a lost connection), every lease waiting for its
     /// first renewal renews at once, not when it would have been due.
     #[tokio::test]

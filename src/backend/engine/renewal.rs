@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 
 use crate::sync::lock;
 
@@ -56,6 +56,17 @@ struct Due {
     leases: BTreeMap<Place, Weak<dyn Renewable>>,
     numbered: u64,
     task: Option<JoinHandle<()>>,
+    /// When the task wakes next by itself; `None` while it waits for a
+    /// lease. A lease due no earlier needs no wake-up: with one lease
+    /// held at a time (one request after another), telling the task of
+    /// each was a wake-up, a look and a new timer per lock.
+    armed: Option<Instant>,
+    /// How long the last lease added had until its renewal: how long the
+    /// task sleeps when it finds none left (see `watch`).
+    gap: Duration,
+    /// How many times the task looked for leases due.
+    #[cfg(test)]
+    looks: u64,
 }
 
 impl Renewals {
@@ -111,6 +122,12 @@ impl Renewals {
             .map(|t| lock(&t.due).leases.len())
             .sum()
     }
+
+    /// How many times the timers looked for leases due (for tests).
+    #[cfg(test)]
+    pub(crate) fn looks(&self) -> u64 {
+        lock(&self.timers).iter().map(|t| lock(&t.due).looks).sum()
+    }
 }
 
 impl Timer {
@@ -118,12 +135,11 @@ impl Timer {
         let mut due = lock(&self.due);
         due.numbered += 1;
         let place = (at, due.numbered);
-        let first = due
-            .leases
-            .first_key_value()
-            .is_none_or(|(p, _)| place < *p);
+        due.gap = at.saturating_duration_since(Instant::now());
         due.leases.insert(place, lease);
-        if first {
+        // The task looks again when it wakes, before `at`; told now, it
+        // looks at once (a permit, if it is not waiting yet).
+        if due.armed.is_none_or(|armed| at < armed) {
             self.wake.notify_one();
         }
         place
@@ -155,6 +171,8 @@ impl Drop for Timer {
 /// lease gone) or its runtime.
 async fn watch(timer: Weak<Timer>, wake: Arc<Notify>, renew_now: Option<Arc<Notify>>) {
     let mut ready = Vec::new();
+    // How many leases had been added at the last look.
+    let mut seen = 0;
     loop {
         // Armed before looking, so that a call between the look and the
         // wait is not missed.
@@ -173,7 +191,25 @@ async fn watch(timer: Weak<Timer>, wake: Arc<Notify>, renew_now: Option<Arc<Noti
                 }
                 ready.push(entry.remove());
             }
-            due.leases.first_key_value().map(|(place, _)| place.0)
+            #[cfg(test)]
+            {
+                due.looks += 1;
+            }
+            // Kept when the lease it was set for is released: that wake-up
+            // costs one look, where telling the task of every new lease
+            // cost one each. With none left but some added since the last
+            // look (each released before this look: one request after
+            // another), as long as the last had: the next, as long, is due
+            // later, and needs no wake-up. Once such a sleep passes with
+            // none added, the task waits to be told.
+            let next = match due.leases.first_key_value() {
+                Some((place, _)) => Some(place.0),
+                None if due.numbered != seen => Some(now + due.gap),
+                None => None,
+            };
+            seen = due.numbered;
+            due.armed = next;
+            next
         };
         // Started without the lock held: a lease locks its own state, and
         // a release locks that state first, then this one's.
