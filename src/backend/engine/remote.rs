@@ -127,7 +127,9 @@ impl<S: Store> Backend for RemoteBackend<S> {
     }
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
-        self.cohort.acquire(request)
+        // The store's future inside the cohort's: one allocation per lock.
+        self.cohort
+            .acquire_with(request, |direct, request| direct.0.clone().acquire(request))
     }
 
     /// Also releases the locks passed on to local waiters that have not

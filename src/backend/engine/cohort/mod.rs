@@ -208,7 +208,11 @@ impl<B: Backend> Backend for Cohort<B> {
         if !self.shared.options.enabled {
             return self.shared.backend.acquire(request);
         }
-        BackendFuture::new(self.shared.clone().acquire(request))
+        BackendFuture::new(
+            self.shared
+                .clone()
+                .acquire(request, |backend, request| backend.acquire(request)),
+        )
     }
 
     /// Releases the locks left for local waiters that have not taken them
@@ -253,8 +257,37 @@ impl<B: Backend> Backend for Cohort<B> {
     }
 }
 
+impl<B: Backend> Cohort<B> {
+    /// [`Backend::acquire`], with `remote` asking the wrapped backend: a
+    /// backend that wraps its store itself (`RemoteBackend`) passes the
+    /// store's own future, which then lives inside this one, where the
+    /// wrapped backend's would be a second allocation per lock.
+    pub(crate) fn acquire_with<F, R>(
+        &self,
+        request: LockRequest,
+        remote: R,
+    ) -> BackendFuture<Result<Acquired, LockError>>
+    where
+        F: Future<Output = Result<Acquired, LockError>> + Send + 'static,
+        R: FnOnce(&B, LockRequest) -> F + Send + 'static,
+    {
+        if !self.shared.options.enabled {
+            return BackendFuture::new(remote(&self.shared.backend, request));
+        }
+        BackendFuture::new(self.shared.clone().acquire(request, remote))
+    }
+}
+
 impl<B: Backend> Shared<B> {
-    async fn acquire(self: Arc<Self>, request: LockRequest) -> Result<Acquired, LockError> {
+    async fn acquire<F, R>(
+        self: Arc<Self>,
+        request: LockRequest,
+        remote: R,
+    ) -> Result<Acquired, LockError>
+    where
+        F: Future<Output = Result<Acquired, LockError>> + Send + 'static,
+        R: FnOnce(&B, LockRequest) -> F + Send + 'static,
+    {
         // The core enforces a timed wait by dropping this future.
         let wait = match request.wait {
             Wait::FailFast => Wait::FailFast,
@@ -289,7 +322,7 @@ impl<B: Backend> Shared<B> {
             _ => 1,
         };
         let (key, mode, lease) = (request.key.clone(), request.mode, request.lease);
-        let acquired = self.backend.acquire(request.with_tokens(tokens)).await?;
+        let acquired = remote(&self.backend, request.with_tokens(tokens)).await?;
         Ok(self.grant(
             Arc::new(ServerGrant::new(acquired, key, mode, lease)),
             local,
