@@ -1,6 +1,5 @@
 //! The Redis keys of one lock and the commands on them.
 
-use std::io::Write;
 use std::time::Duration;
 
 use redis::aio::ConnectionLike;
@@ -504,15 +503,20 @@ struct Terms(Option<Duration>, u32);
 
 impl redis::ToRedisArgs for Terms {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        let mut arg = out.writer_for_next_arg();
-        if let Some(lease) = self.0 {
-            // Writes to a command's buffer cannot fail. Without `fmt`: this
-            // runs for every lock.
-            let ms = lease.as_millis().max(1) as u64;
-            let _ = arg.write_all(itoa::Buffer::new().format(ms).as_bytes());
-            let _ = arg.write_all(b" ");
-            let _ = arg.write_all(itoa::Buffer::new().format(self.1).as_bytes());
-        }
+        let Some(lease) = self.0 else {
+            return out.write_arg(b"");
+        };
+        // Joined on the stack, without `fmt`: this runs for every lock.
+        let (mut ms, mut n) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (ms, n) = (
+            ms.format(lease.as_millis().max(1) as u64).as_bytes(),
+            n.format(self.1).as_bytes(),
+        );
+        // Two numbers of at most 20 digits and a space.
+        let mut terms = [b' '; 41];
+        terms[..ms.len()].copy_from_slice(ms);
+        terms[ms.len() + 1..ms.len() + 1 + n.len()].copy_from_slice(n);
+        out.write_arg(&terms[..ms.len() + 1 + n.len()]);
     }
 }
 
@@ -542,7 +546,48 @@ pub(crate) enum Attempt {
 
 #[cfg(test)]
 mod name_tests {
-    use super::redis_name;
+    use std::time::Duration;
+
+    use redis::{Arg, ToRedisArgs};
+
+    use super::super::scripts::Suffixed;
+    use super::{redis_name, Terms};
+
+    /// The arguments `args` write, as text.
+    fn written(args: &[&dyn Fn(&mut redis::Cmd)]) -> Vec<String> {
+        let mut cmd = redis::Cmd::new();
+        for write in args {
+            write(&mut cmd);
+        }
+        cmd.args_iter()
+            .map(|a| match a {
+                Arg::Simple(a) => String::from_utf8(a.to_vec()).unwrap(),
+                _ => unreachable!("no cursor written"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_suffixed_name_and_the_terms_are_one_argument_each() {
+        let long = "k".repeat(300);
+        let args = written(&[
+            &|c| Suffixed("lock:{a}", ":fence").write_redis_args(c),
+            &|c| Suffixed(&long, ":queue").write_redis_args(c),
+            &|c| Terms(Some(Duration::from_millis(3000)), 32).write_redis_args(c),
+            &|c| Terms(Some(Duration::ZERO), u32::MAX).write_redis_args(c),
+            &|c| Terms(None, 32).write_redis_args(c),
+        ]);
+        assert_eq!(
+            args,
+            [
+                "lock:{a}:fence".to_owned(),
+                format!("{long}:queue"),
+                "3000 32".into(),
+                format!("1 {}", u32::MAX),
+                String::new(),
+            ]
+        );
+    }
 
     #[test]
     fn keys_without_braces_keep_their_names_and_braces_cannot_break_the_tag() {
