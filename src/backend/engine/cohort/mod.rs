@@ -206,13 +206,10 @@ impl<B: Backend> Backend for Cohort<B> {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         if !self.shared.options.enabled {
+            // The wrapped backend's future as it is, not boxed again.
             return self.shared.backend.acquire(request);
         }
-        BackendFuture::new(
-            self.shared
-                .clone()
-                .acquire(request, |backend, request| backend.acquire(request)),
-        )
+        self.acquire_with(request, |backend, request| backend.acquire(request))
     }
 
     /// Releases the locks left for local waiters that have not taken them
