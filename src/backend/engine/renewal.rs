@@ -247,3 +247,122 @@ async fn watch(timer: Weak<Timer>, wake: Arc<Notify>, renew_now: Option<Arc<Noti
         }
     }
 }
+
+/// Random sequences of leases added, released, and time passing, under
+/// tokio's paused clock: no renewal starts later than it is due (the timer
+/// is told of a lease only when it would not look before the lease's time).
+/// Seen red with the timer never told, and with its wake-up time kept when
+/// it finds nothing to wake for.
+#[cfg(test)]
+mod due_tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use tokio::sync::Notify;
+    use tokio::time::{Duration, Instant};
+
+    use super::{Renewable, Renewals};
+
+    struct Fake {
+        at: Instant,
+        started: Mutex<Option<Instant>>,
+    }
+
+    impl Renewable for Fake {
+        fn start_renewal(self: Arc<Self>) {
+            *self.started.lock().unwrap() = Some(Instant::now());
+        }
+    }
+
+    /// xorshift: the same sequence for a seed on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    fn paused() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    }
+
+    async fn scenario(renewals: Arc<Renewals>, seed: u64) {
+        let mut rng = Rng(seed);
+        let (mut held, mut started) = (Vec::new(), Vec::new());
+        for _ in 0..400 {
+            match rng.next() % 6 {
+                0 | 1 => {
+                    let at = Instant::now() + Duration::from_micros(500 + rng.next() % 80_000);
+                    let fake = Arc::new(Fake {
+                        at,
+                        started: Mutex::new(None),
+                    });
+                    let weak: std::sync::Weak<dyn Renewable> = Arc::downgrade(&fake) as _;
+                    let (timer, place) = renewals.add(at, weak);
+                    held.push((fake, timer, place));
+                }
+                2 if !held.is_empty() => {
+                    let (fake, timer, place) = held.swap_remove(rng.next() as usize % held.len());
+                    if fake.started.lock().unwrap().is_none() {
+                        timer.cancel(place);
+                    } else {
+                        started.push(fake);
+                    }
+                }
+                3 => tokio::task::yield_now().await,
+                4 => tokio::time::sleep(Duration::from_micros(rng.next() % 30_000)).await,
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        started.extend(held.into_iter().map(|(fake, _, _)| fake));
+        for fake in started {
+            let at = fake.started.lock().unwrap().expect("renewal never started");
+            // The timer's granularity: a millisecond.
+            assert!(
+                at <= fake.at + Duration::from_millis(1),
+                "seed {seed}: started {:?} late",
+                at - fake.at
+            );
+        }
+    }
+
+    #[test]
+    fn no_renewal_starts_late() {
+        for seed in 1..200u64 {
+            paused().block_on(scenario(Renewals::new(None), seed * 7919));
+        }
+    }
+
+    /// With the backend's renew-now signal told at random times too.
+    #[test]
+    fn no_renewal_starts_late_when_told_to_renew_now() {
+        for seed in 1..200u64 {
+            paused().block_on(async {
+                let now = Arc::new(Notify::new());
+                let stop = Arc::new(AtomicBool::new(false));
+                let teller = tokio::spawn({
+                    let (now, stop) = (now.clone(), stop.clone());
+                    async move {
+                        let mut rng = Rng(seed ^ 0x9e37);
+                        while !stop.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_micros(rng.next() % 40_000)).await;
+                            now.notify_waiters();
+                        }
+                    }
+                });
+                scenario(Renewals::new(Some(now)), seed * 6007).await;
+                stop.store(true, Ordering::Relaxed);
+                teller.await.unwrap();
+            });
+        }
+    }
+}

@@ -421,11 +421,11 @@ end
 return 0
 "#;
 
-/// A Lua script: its text and SHA1.
 /// The arguments (past the keys) and bytes a script call is sized for.
 const CALL_ARGS: usize = 8;
 const CALL_BYTES: usize = 384;
 
+/// A Lua script: its text and SHA1.
 pub(super) struct Lua {
     body: String,
     hash: String,
