@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::scripts::{scripts, Call, Lua, Suffixed, FENCE_TTL, NEXT_TTL, QUEUE_TTL};
+use super::scripts::{scripts, write_joined, Call, Lua, Suffixed, FENCE_TTL, NEXT_TTL, QUEUE_TTL};
 pub(crate) use crate::backend::engine::owner::Tokens;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -506,17 +506,10 @@ impl redis::ToRedisArgs for Terms {
         let Some(lease) = self.0 else {
             return out.write_arg(b"");
         };
-        // Joined on the stack, without `fmt`: this runs for every lock.
+        // Without `fmt`: this runs for every lock.
         let (mut ms, mut n) = (itoa::Buffer::new(), itoa::Buffer::new());
-        let (ms, n) = (
-            ms.format(lease.as_millis().max(1) as u64).as_bytes(),
-            n.format(self.1).as_bytes(),
-        );
-        // Two numbers of at most 20 digits and a space.
-        let mut terms = [b' '; 41];
-        terms[..ms.len()].copy_from_slice(ms);
-        terms[ms.len() + 1..ms.len() + 1 + n.len()].copy_from_slice(n);
-        out.write_arg(&terms[..ms.len() + 1 + n.len()]);
+        let ms = ms.format(lease.as_millis().max(1) as u64).as_bytes();
+        write_joined(out, &[ms, b" ", n.format(self.1).as_bytes()]);
     }
 }
 

@@ -515,23 +515,30 @@ pub(super) struct Suffixed<'a>(pub(super) &'a str, pub(super) &'a str);
 
 impl ToRedisArgs for Suffixed<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
-        let (name, suffix) = (self.0.as_bytes(), self.1.as_bytes());
-        let len = name.len() + suffix.len();
-        // Joined on the stack and written as one argument: a lock names a
-        // dozen keys, and the command's writer for an argument in pieces
-        // cost some 150 instructions a key more.
-        let mut joined = [0u8; 160];
-        if len > joined.len() {
-            let mut arg = out.writer_for_next_arg();
-            // Writes to a command's buffer cannot fail.
-            let _ = arg.write_all(name);
-            let _ = arg.write_all(suffix);
-            return;
-        }
-        joined[..name.len()].copy_from_slice(name);
-        joined[name.len()..len].copy_from_slice(suffix);
-        out.write_arg(&joined[..len]);
+        write_joined(out, &[self.0.as_bytes(), self.1.as_bytes()]);
     }
+}
+
+/// Writes `parts` as one argument, joined on the stack: a lock names a
+/// dozen keys and a few composite arguments, and the command's writer for
+/// an argument in pieces cost some 150 instructions each more.
+pub(super) fn write_joined<W: ?Sized + RedisWrite>(out: &mut W, parts: &[&[u8]]) {
+    let mut joined = [0u8; 160];
+    let len = parts.iter().map(|p| p.len()).sum::<usize>();
+    if len > joined.len() {
+        let mut arg = out.writer_for_next_arg();
+        for part in parts {
+            // Writes to a command's buffer cannot fail.
+            let _ = arg.write_all(part);
+        }
+        return;
+    }
+    let mut at = 0;
+    for part in parts {
+        joined[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    out.write_arg(&joined[..len]);
 }
 
 pub(super) struct Scripts {
