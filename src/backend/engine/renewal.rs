@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, Weak};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tokio::time::{Duration, Instant};
+use tokio::time::Instant;
 
 use crate::sync::lock;
 
@@ -61,9 +61,9 @@ struct Due {
     /// held at a time (one request after another), telling the task of
     /// each was a wake-up, a look and a new timer per lock.
     armed: Option<Instant>,
-    /// How long the last lease added had until its renewal: how long the
-    /// task sleeps when it finds none left (see `watch`).
-    gap: Duration,
+    /// When the last lease added comes due: when the task wakes if it
+    /// finds none left (see `watch`).
+    last: Option<Instant>,
     /// How many times the task looked for leases due.
     #[cfg(test)]
     looks: u64,
@@ -135,7 +135,7 @@ impl Timer {
         let mut due = lock(&self.due);
         due.numbered += 1;
         let place = (at, due.numbered);
-        due.gap = at.saturating_duration_since(Instant::now());
+        due.last = Some(at);
         due.leases.insert(place, lease);
         // The task looks again when it wakes, before `at`; told now, it
         // looks at once (a permit, if it is not waiting yet).
@@ -199,12 +199,12 @@ async fn watch(timer: Weak<Timer>, wake: Arc<Notify>, renew_now: Option<Arc<Noti
             // costs one look, where telling the task of every new lease
             // cost one each. With none left but some added since the last
             // look (each released before this look: one request after
-            // another), as long as the last had: the next, as long, is due
-            // later, and needs no wake-up. Once such a sleep passes with
-            // none added, the task waits to be told.
+            // another), until the last would have come due: the next, as
+            // long, is due later, and needs no wake-up. Once such a sleep
+            // passes with none added, the task waits to be told.
             let next = match due.leases.first_key_value() {
                 Some((place, _)) => Some(place.0),
-                None if due.numbered != seen => Some(now + due.gap),
+                None if due.numbered != seen => due.last,
                 None => None,
             };
             seen = due.numbered;
