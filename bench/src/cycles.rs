@@ -3,16 +3,16 @@
 //! does not drift with the machine, where the `http` ratios move by
 //! several points between runs). A thousand cycles to warm up, then `n`,
 //! one key after another, each key new: through the library (a guard
-//! dropped, as the layer does, with the default wait), or with `--raw` through the backend's
-//! raw floor (`raw_locks`: the `http` workload's `rps_floor` commands,
-//! its release sent in a task of its own, as there). The script runs it with `n` and `2n` and
-//! divides the difference by `n`: start-up and warm-up cancel out.
+//! dropped, as the layer does, with the default wait), or with `--raw`
+//! through the backend's raw floor (`raw_locks`: the `http` workload's
+//! `rps_floor` commands, its release sent in a task of its own, as
+//! there). The script runs it with `n` and `2n` and divides the
+//! difference by `n`: start-up and warm-up cancel out.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use tower_lock::BackendExt;
-
-use std::sync::Arc;
 
 use crate::raw_locks::{self, RawLock};
 
@@ -20,14 +20,14 @@ const WARM_UP: u64 = 1000;
 
 pub(super) async fn cycles(url: &str, n: usize, raw: bool) -> ExitCode {
     let n = n as u64;
-    let keys = |from: u64, n: u64| (from..from + n).map(|i| format!("cycle-{i}"));
+    let keys = || (0..WARM_UP + n).map(|i| format!("cycle-{i}"));
     if raw {
         let raw = match RawLock::open(url).await {
             Ok(Some(raw)) => Arc::new(raw),
             Ok(None) => return usage("the memory backend has no raw floor"),
             Err(e) => return usage(&e),
         };
-        for key in keys(0, WARM_UP + n) {
+        for key in keys() {
             match raw.acquire(&key).await {
                 // Sent in a task of its own, as the `http` floor's release
                 // (and the library's, from a dropped guard) is.
@@ -41,7 +41,7 @@ pub(super) async fn cycles(url: &str, n: usize, raw: bool) -> ExitCode {
             Ok(backend) => backend,
             Err(e) => return usage(&e.to_string()),
         };
-        for key in keys(0, WARM_UP + n) {
+        for key in keys() {
             if let Err(e) = backend.lock(key.as_str()).await {
                 return usage(&format!("locking {key}: {e}"));
             }
