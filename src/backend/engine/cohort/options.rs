@@ -4,6 +4,8 @@ use std::time::Duration;
 
 #[cfg(doc)]
 use super::Cohort;
+#[cfg(doc)]
+use crate::backend::Capabilities;
 
 /// How far a [`Cohort`] passes a lock between local waiters before it gives
 /// the lock back to the server.
