@@ -64,6 +64,7 @@ pub fn track() {
     TRACKING.store(true, Ordering::Relaxed);
 }
 
+#[inline]
 fn tracking() -> bool {
     TRACKING.load(Ordering::Relaxed)
 }
@@ -217,11 +218,18 @@ pub fn router<S: Clone + Send + Sync + 'static>() -> axum::Router<S> {
     )
 }
 
-/// A grant of `key` on `backend`: listed while tracking.
+/// A grant of `key` on `backend`: listed while tracking. Inlined down to
+/// the check, which every lock pays; the listing is out of line.
+#[inline]
 pub(crate) fn granted(backend: &'static str, key: &LockKey, mode: LockMode, token: FencingToken) {
-    if !tracking() {
-        return;
+    if tracking() {
+        list_grant(backend, key, mode, token);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn list_grant(backend: &'static str, key: &LockKey, mode: LockMode, token: FencingToken) {
     registry()
         .held
         .entry((backend, key.clone(), token.get()))
@@ -235,10 +243,16 @@ pub(crate) fn granted(backend: &'static str, key: &LockKey, mode: LockMode, toke
 
 /// A release of a grant: unlisted. A grant made before tracking began is
 /// not found, and nothing happens.
+#[inline]
 pub(crate) fn released(backend: &'static str, key: &LockKey, token: FencingToken) {
-    if !tracking() {
-        return;
+    if tracking() {
+        unlist_grant(backend, key, token);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn unlist_grant(backend: &'static str, key: &LockKey, token: FencingToken) {
     let key = (backend, key.clone(), token.get());
     let mut r = registry();
     if let Some(h) = r.held.get_mut(&key) {

@@ -51,17 +51,16 @@ pub struct LockFuture {
     // Boxed: only a waiting acquisition with a timeout needs a timer, and an
     // unboxed `Sleep` would make every `LockFuture` large and `!Unpin`.
     sleep: Option<Pin<Box<Sleep>>>,
-    /// A nested guard on a lock the request already holds.
-    reentered: Option<LockGuard>,
+    /// The result of an acquisition decided before any wait: a grant made
+    /// at once, a nested guard on a lock the request already holds, or a
+    /// refusal.
+    decided: Option<Result<LockGuard, LockError>>,
 }
 
 struct Acquiring {
-    acquire: Result<BackendFuture<Result<Acquired, LockError>>, LockError>,
-    key: Option<LockKey>,
-    mode: LockMode,
-    backend: &'static str,
-    /// [`Backend::instance_id`], for re-entrancy.
-    backend_id: usize,
+    acquire: BackendFuture<Result<Acquired, LockError>>,
+    /// What the guard or the error is made of once the backend answers.
+    meta: Meta,
     wait: Wait,
     /// A deadline shared with other acquisitions (`lock_all`); otherwise one
     /// is set from `wait` when the acquisition first has to wait, so that an
@@ -69,6 +68,21 @@ struct Acquiring {
     deadline: Option<Instant>,
     /// When the acquisition first had to wait; `None` while it never did.
     waiting_since: Option<Instant>,
+    /// Counts it in the `tower_lock_waiting` gauge.
+    _waiting: Option<crate::metrics::Waiting>,
+    /// Lists it in this process's view ([`crate::admin`]).
+    _listed: Option<crate::admin::Waiting>,
+}
+
+/// What [`finish`] makes a guard or an error of: kept apart from the
+/// waiting state, so that a grant decided at once (the memory backend,
+/// uncontended) never builds, moves or drops that state.
+struct Meta {
+    key: Option<LockKey>,
+    mode: LockMode,
+    backend: &'static str,
+    /// [`Backend::instance_id`], for re-entrancy.
+    backend_id: usize,
     /// Whether the lock joins the request's list for re-entrancy: not a
     /// layer's own, which its own scope lists (recorded in the scope it was
     /// taken from, a sub-request's would be the parent request's).
@@ -77,10 +91,6 @@ struct Acquiring {
     /// Counts the acquisition among its key's waiters, under admission
     /// control.
     ticket: Option<Ticket>,
-    /// Counts it in the `tower_lock_waiting` gauge.
-    _waiting: Option<crate::metrics::Waiting>,
-    /// Lists it in this process's view ([`crate::admin`]).
-    _listed: Option<crate::admin::Waiting>,
 }
 
 impl LockFuture {
@@ -95,10 +105,18 @@ impl LockFuture {
         lease: Duration,
         admission: Option<&Arc<Admission>>,
     ) -> Self {
-        match acquiring(backend, key, mode, wait, deadline, lease, admission) {
+        let request = Start {
+            key,
+            mode,
+            wait,
+            deadline,
+            lease,
+            admission,
+            record: true,
+        };
+        match acquiring(backend, request) {
             Started::Later(state) => Self::waiting(state),
-            Started::Now(Ok(guard)) => Self::reentered(guard),
-            Started::Now(Err(e)) => Self::failed(e),
+            Started::Now(decided) => Self::decided(decided),
         }
     }
 
@@ -116,14 +134,18 @@ impl LockFuture {
         lease: Duration,
         admission: Option<&Arc<Admission>>,
     ) -> Started<LockFuture> {
-        let mut state = match acquiring(backend, key, mode, wait, None, lease, admission) {
-            Started::Later(state) => state,
-            Started::Now(now) => return Started::Now(now),
+        let request = Start {
+            key,
+            mode,
+            wait,
+            deadline: None,
+            lease,
+            admission,
+            record: false,
         };
-        state.record = false;
-        match state.acquire.as_mut().map(BackendFuture::take_ready) {
-            Ok(Some(result)) => Started::Now(finish(state, result)),
-            _ => Started::Later(Self::waiting(state)),
+        match acquiring(backend, request) {
+            Started::Later(state) => Started::Later(Self::waiting(state)),
+            Started::Now(now) => Started::Now(now),
         }
     }
 
@@ -132,55 +154,33 @@ impl LockFuture {
         LockFuture {
             state: Some(state),
             sleep: None,
-            reentered: None,
+            decided: None,
         }
     }
 
     pub(crate) fn failed(error: LockError) -> Self {
-        LockFuture {
-            state: Some(Acquiring {
-                acquire: Err(error),
-                key: None,
-                mode: LockMode::Exclusive,
-                backend: "",
-                backend_id: 0,
-                wait: Wait::FailFast,
-                deadline: None,
-                waiting_since: None,
-                record: false,
-                span: tracing::Span::none(),
-                ticket: None,
-                _waiting: None,
-                _listed: None,
-            }),
-            sleep: None,
-            reentered: None,
-        }
+        Self::decided(Err(error))
     }
 
-    fn reentered(guard: LockGuard) -> Self {
+    /// The future of an acquisition decided before any wait.
+    fn decided(decided: Result<LockGuard, LockError>) -> Self {
         LockFuture {
             state: None,
             sleep: None,
-            reentered: Some(guard),
+            decided: Some(decided),
         }
     }
+}
 
-    /// The result, if the backend decided without waiting.
-    fn try_ready(&mut self) -> Option<Result<LockGuard, LockError>> {
-        if let Some(guard) = self.reentered.take() {
-            return Some(Ok(guard));
-        }
-        let state = self.state.as_mut()?;
-        let result = match &mut state.acquire {
-            Ok(f) => f.take_ready()?,
-            Err(_) => match self.state.take()?.acquire {
-                Err(e) => return Some(Err(e)),
-                Ok(_) => unreachable!("matched Err above"),
-            },
-        };
-        Some(finish(self.state.take()?, result))
-    }
+/// What an acquisition starts from.
+struct Start<'a> {
+    key: LockKey,
+    mode: LockMode,
+    wait: Wait,
+    deadline: Option<Instant>,
+    lease: Duration,
+    admission: Option<&'a Arc<Admission>>,
+    record: bool,
 }
 
 /// An acquisition just started: decided before any wait, or `W` to finish.
@@ -194,16 +194,9 @@ pub(crate) enum Started<W> {
 /// The checks and the backend call every acquisition starts with: the
 /// state to finish or wait on, or what was decided before asking the
 /// backend (a re-entered guard, an invalid mode).
-fn acquiring<B: Backend + ?Sized>(
-    backend: &B,
-    key: LockKey,
-    mode: LockMode,
-    wait: Wait,
-    deadline: Option<Instant>,
-    lease: Duration,
-    admission: Option<&Arc<Admission>>,
-) -> Started<Acquiring> {
-    let wait = admission.map_or(wait, |a| a.wait(wait));
+fn acquiring<B: Backend + ?Sized>(backend: &B, start: Start<'_>) -> Started<Acquiring> {
+    let (key, mode, deadline, admission) = (start.key, start.mode, start.deadline, start.admission);
+    let wait = admission.map_or(start.wait, |a| a.wait(start.wait));
     if let LockMode::Semaphore { permits: 0 } = mode {
         return Started::Now(Err(LockError::InvalidMode(
             "a semaphore needs at least one permit".into(),
@@ -250,42 +243,57 @@ fn acquiring<B: Backend + ?Sized>(
         key: key.clone(),
         mode,
         wait: backend_wait,
-        lease,
+        lease: start.lease,
         tokens: 1,
     };
-    let acquire = span.in_scope(|| backend.acquire(request));
-    // Queued from now, whenever the future is first polled.
-    let waiting = !acquire.is_ready();
-    let waiting_since = waiting.then(Instant::now);
-    let listed = waiting.then(|| crate::admin::Waiting::start(name, &key));
-    Started::Later(Acquiring {
-        acquire: Ok(acquire),
+    // Entering a span no subscriber wanted does nothing, at a price.
+    let mut acquire = if span.is_disabled() {
+        backend.acquire(request)
+    } else {
+        span.in_scope(|| backend.acquire(request))
+    };
+    let meta = Meta {
         key: Some(key),
         mode,
         backend: name,
         backend_id,
-        wait,
-        deadline,
-        waiting_since,
-        record: true,
+        record: start.record,
         span,
         // Kept even when granted at once: that grant starts the next turn.
         ticket,
-        _waiting: waiting.then(|| crate::metrics::Waiting::start(name)),
-        _listed: listed,
+    };
+    if let Some(result) = acquire.take_ready() {
+        return Started::Now(finish(meta, None, result));
+    }
+    // Queued from now, whenever the future is first polled.
+    let key = meta.key.as_ref().expect("set above");
+    Started::Later(Acquiring {
+        _listed: Some(crate::admin::Waiting::start(name, key)),
+        acquire,
+        meta,
+        wait,
+        deadline,
+        waiting_since: Some(Instant::now()),
+        _waiting: Some(crate::metrics::Waiting::start(name)),
     })
 }
 
 /// Turns the backend's answer into a guard or an error, and traces it.
+/// `waiting_since`: when it first had to wait, if it did.
 fn finish(
-    mut state: Acquiring,
+    mut state: Meta,
+    waiting_since: Option<Instant>,
     result: Result<Acquired, LockError>,
 ) -> Result<LockGuard, LockError> {
     if let (Ok(_), Some(ticket)) = (&result, state.ticket.take()) {
         ticket.granted();
     }
-    let waited = state.waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
-    state.span.record("wait_us", waited.as_micros() as u64);
+    let waited = waiting_since.map_or(Duration::ZERO, |t| t.elapsed());
+    // A disabled span still looks each field up by name.
+    let traced = !state.span.is_disabled();
+    if traced {
+        state.span.record("wait_us", waited.as_micros() as u64);
+    }
     // A grant that was revoked before anyone saw it is no grant.
     let result = match result {
         Ok(acquired) if acquired.lost().is_lost() => {
@@ -302,7 +310,9 @@ fn finish(
         Err(LockError::Lost(_)) => "lost",
         Err(_) => "error",
     };
-    state.span.record("outcome", outcome);
+    if traced {
+        state.span.record("outcome", outcome);
+    }
     crate::metrics::acquisition(state.backend, outcome, waited);
     match result {
         Ok(acquired) => {
@@ -334,16 +344,14 @@ impl Future for LockFuture {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        if let Some(ready) = this.try_ready() {
-            return Poll::Ready(ready);
+        if let Some(decided) = this.decided.take() {
+            return Poll::Ready(decided);
         }
         let state = this
             .state
             .as_mut()
             .expect("LockFuture polled after completion");
-        let Ok(acquire) = &mut state.acquire else {
-            unreachable!("an error is ready");
-        };
+        let acquire = &mut state.acquire;
         let result = match Pin::new(&mut *acquire).poll(cx) {
             Poll::Ready(r) => r,
             Poll::Pending => {
@@ -363,7 +371,7 @@ impl Future for LockFuture {
                             "waiting for a lock with a timeout needs a Tokio runtime with timers"
                                 .into(),
                         );
-                        return Poll::Ready(finish(this.state.take().expect("state"), Err(e)));
+                        return Poll::Ready(this.finish(Err(e)));
                     }
                     this.sleep = Some(Box::pin(tokio::time::sleep_until(deadline)));
                 }
@@ -379,16 +387,40 @@ impl Future for LockFuture {
                 }
             }
         };
-        // Dropping the state drops a pending backend future: that withdraws
-        // the request (the backend contract).
-        Poll::Ready(finish(this.state.take().expect("state present"), result))
+        Poll::Ready(this.finish(result))
+    }
+}
+
+impl LockFuture {
+    /// The key, while the future has not completed.
+    fn key(&self) -> Option<&LockKey> {
+        match (&self.state, &self.decided) {
+            (Some(state), _) => state.meta.key.as_ref(),
+            (None, Some(Ok(guard))) => Some(guard.key()),
+            (None, _) => None,
+        }
+    }
+
+    /// Finishes the acquisition under way with the backend's `result`.
+    fn finish(&mut self, result: Result<Acquired, LockError>) -> Result<LockGuard, LockError> {
+        // Dropping the rest of the state drops a pending backend future:
+        // that withdraws the request (the backend contract).
+        let Acquiring {
+            meta,
+            waiting_since,
+            ..
+        } = self
+            .state
+            .take()
+            .expect("LockFuture polled after completion");
+        finish(meta, waiting_since, result)
     }
 }
 
 impl fmt::Debug for LockFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockFuture")
-            .field("key", &self.state.as_ref().and_then(|s| s.key.as_ref()))
+            .field("key", &self.key())
             .finish_non_exhaustive()
     }
 }
