@@ -74,6 +74,7 @@ const TABLE_ACQUIRE: &str = "INSERT INTO bench_floor_leases \
 const TABLE_RELEASE: &str = "DELETE FROM bench_floor_leases WHERE key = $1 AND token = $2";
 
 const MYSQL_ACQUIRE: &str = "SELECT GET_LOCK(?, 0), NEXTVAL(bench_floor_tokens)";
+const MYSQL_RELEASE: &str = "SELECT RELEASE_LOCK(?)";
 
 /// A connection, or connections, to the backend's servers, and how to
 /// lock a key through them.
@@ -113,21 +114,49 @@ pub(super) struct TableClient {
 
 /// MariaDB connections, each used by one lock at a time and kept for the
 /// next (the driver's own pool resets a connection given back: one round
-/// trip more).
+/// trip more), each with the floor's two statements prepared on it (given
+/// as text, the driver parses a statement again on every call).
 pub(super) struct MysqlPool {
     opts: mysql_async::Opts,
-    idle: std::sync::Mutex<Vec<mysql_async::Conn>>,
+    idle: std::sync::Mutex<Vec<MysqlConn>>,
+}
+
+/// A floor connection and its prepared statements.
+pub(super) struct MysqlConn {
+    conn: mysql_async::Conn,
+    acquire: mysql_async::Statement,
+    release: mysql_async::Statement,
 }
 
 impl MysqlPool {
-    async fn get(&self) -> Result<mysql_async::Conn, String> {
+    async fn get(&self) -> Result<MysqlConn, String> {
         let idle = self.idle.lock().unwrap().pop();
         match idle {
             Some(conn) => Ok(conn),
-            None => mysql_async::Conn::new(self.opts.clone())
-                .await
-                .map_err(|e| err("mariadb")(&e)),
+            None => MysqlConn::open(self.opts.clone()).await,
         }
+    }
+}
+
+impl MysqlConn {
+    async fn open(opts: mysql_async::Opts) -> Result<Self, String> {
+        use mysql_async::prelude::Queryable;
+        let mut conn = mysql_async::Conn::new(opts)
+            .await
+            .map_err(|e| err("mariadb")(&e))?;
+        let acquire = conn
+            .prep(MYSQL_ACQUIRE)
+            .await
+            .map_err(|e| err("mariadb")(&e))?;
+        let release = conn
+            .prep(MYSQL_RELEASE)
+            .await
+            .map_err(|e| err("mariadb")(&e))?;
+        Ok(MysqlConn {
+            conn,
+            acquire,
+            release,
+        })
     }
 }
 
@@ -138,7 +167,7 @@ pub(super) struct Held {
     /// Redis: the value of the lock's key.
     owner: u64,
     /// MariaDB: the connection the lock lives on.
-    conn: Option<mysql_async::Conn>,
+    conn: Option<MysqlConn>,
 }
 
 /// Where the ZooKeeper floor's nodes live (a persistent parent made once).
@@ -290,9 +319,11 @@ impl RawLock {
                 conn.query_drop(format!("CREATE SEQUENCE IF NOT EXISTS {SEQUENCE}"))
                     .await
                     .map_err(|e| err("mariadb")(&e))?;
+                conn.disconnect().await.map_err(|e| err("mariadb")(&e))?;
+                let first = MysqlConn::open(opts.clone()).await?;
                 let pool = MysqlPool {
                     opts,
-                    idle: std::sync::Mutex::new(vec![conn]),
+                    idle: std::sync::Mutex::new(vec![first]),
                 };
                 RawLock::Mysql(pool)
             }
@@ -400,7 +431,8 @@ impl RawLock {
                 use mysql_async::prelude::Queryable;
                 let mut conn = pool.get().await?;
                 let got: Option<(Option<i64>, i64)> = conn
-                    .exec_first(MYSQL_ACQUIRE, (key,))
+                    .conn
+                    .exec_first(&conn.acquire, (key,))
                     .await
                     .map_err(|e| err("mariadb")(&e))?;
                 match got {
@@ -491,7 +523,8 @@ impl RawLock {
                 use mysql_async::prelude::Queryable;
                 let mut conn = conn.expect("a MariaDB lock keeps its connection");
                 let done = conn
-                    .exec_drop("SELECT RELEASE_LOCK(?)", (key,))
+                    .conn
+                    .exec_drop(&conn.release, (key,))
                     .await
                     .map_err(|e| err("mariadb")(&e));
                 if done.is_ok() {
