@@ -270,8 +270,19 @@ async fn timed_out_and_cancelled_waits_leave_no_waiter_on_the_server() {
 async fn sql_takes_the_same_lock_long_keys_hashed() {
     let db = plain_backend().await;
     let mut conn = raw().await;
-    let long = key("sql", &"x".repeat(100));
-    for k in [key("sql", "k"), long] {
+    // Keys of `n` characters: the name is the key up to 64 characters
+    // (`CHAR_LENGTH`, not bytes: `é` is two), hashed beyond.
+    let prefix = key("sql", "").chars().count();
+    let of = |n: usize, c: &str| key("sql", &c.repeat(n - prefix));
+    let keys = [
+        key("sql", "k"),
+        of(100, "x"),
+        of(64, "x"),
+        of(65, "x"),
+        of(64, "é"),
+        of(65, "é"),
+    ];
+    for k in keys {
         let got: Option<i64> = conn
             .exec_first(format!("SELECT GET_LOCK({NAME}, 0)"), (&k, &k, &k))
             .await
