@@ -51,9 +51,8 @@ pub struct LockFuture {
     // Boxed: only a waiting acquisition with a timeout needs a timer, and an
     // unboxed `Sleep` would make every `LockFuture` large and `!Unpin`.
     sleep: Option<Pin<Box<Sleep>>>,
-    /// The result of an acquisition decided before any wait: a grant made
-    /// at once, a nested guard on a lock the request already holds, or a
-    /// refusal.
+    /// The result of an acquisition decided before the backend was asked:
+    /// a nested guard on a lock the request already holds, or a refusal.
     decided: Option<Result<LockGuard, LockError>>,
 }
 
@@ -75,8 +74,8 @@ struct Acquiring {
 }
 
 /// What [`finish`] makes a guard or an error of: kept apart from the
-/// waiting state, so that a grant decided at once (the memory backend,
-/// uncontended) never builds, moves or drops that state.
+/// waiting state, so that the layer's grant decided at once (the memory
+/// backend, uncontended) never builds, moves or drops that state.
 struct Meta {
     key: Option<LockKey>,
     mode: LockMode,
@@ -262,19 +261,26 @@ fn acquiring<B: Backend + ?Sized>(backend: &B, start: Start<'_>) -> Started<Acqu
         // Kept even when granted at once: that grant starts the next turn.
         ticket,
     };
-    if let Some(result) = acquire.take_ready() {
-        return Started::Now(finish(meta, None, result));
+    // The layer's own lock, decided at once, is finished here. Any other
+    // is finished where it is polled, as one that waited is: it joins the
+    // re-entrancy list of the request that polls it (not of one that made
+    // it and gave it to a task), and its lost signal is looked at then.
+    if !meta.record {
+        if let Some(result) = acquire.take_ready() {
+            return Started::Now(finish(meta, None, result));
+        }
     }
     // Queued from now, whenever the future is first polled.
+    let waiting = !acquire.is_ready();
     let key = meta.key.as_ref().expect("set above");
     Started::Later(Acquiring {
-        _listed: Some(crate::admin::Waiting::start(name, key)),
+        _listed: waiting.then(|| crate::admin::Waiting::start(name, key)),
         acquire,
         meta,
         wait,
         deadline,
-        waiting_since: Some(Instant::now()),
-        _waiting: Some(crate::metrics::Waiting::start(name)),
+        waiting_since: waiting.then(Instant::now),
+        _waiting: waiting.then(|| crate::metrics::Waiting::start(name)),
     })
 }
 

@@ -152,6 +152,44 @@ async fn a_handler_relocking_its_own_key_reenters_with_the_same_token() {
     assert_eq!(backend.active_keys(), 0, "a lock leaked");
 }
 
+/// A lock future the handler makes but a task it spawns awaits is the
+/// task's lock: the request does not re-enter it (the handler and the task
+/// would hold the key together), it finds the key taken, as it does when
+/// the task's lock had to wait.
+#[tokio::test]
+async fn a_lock_made_in_the_handler_but_awaited_in_a_task_is_not_the_requests() {
+    use std::future::IntoFuture;
+
+    let backend = MemoryBackend::new();
+    let handler = post(|locker: Locker| async move {
+        let taking = locker.lock("B2").into_future();
+        let (held, is_held) = tokio::sync::oneshot::channel();
+        let (done, is_done) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let guard = taking.await;
+            held.send(guard.is_ok()).unwrap();
+            let _ = is_done.await;
+            drop(guard);
+        });
+        assert!(is_held.await.unwrap(), "the task did not get the lock");
+        let again = locker.lock("B2").fail_fast().await;
+        done.send(()).unwrap();
+        task.await.unwrap();
+        match again {
+            Err(LockError::Busy) => Ok("busy".to_owned()),
+            Ok(_) => Ok("re-entered the task's lock".to_owned()),
+            Err(e) => Err(e),
+        }
+    });
+    let app = reentrant_app(&backend, LockMode::Exclusive, handler);
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/orders/A1").await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(reply.body, "busy");
+    assert_eq!(backend.active_keys(), 0, "a lock leaked");
+}
+
 /// Two layers on one route: the outer locks the tenant (a header), the
 /// inner the SKU (a path parameter, passed through unlocked when absent).
 /// The handler sees the innermost lock held, and re-enters the outer one's
