@@ -228,21 +228,22 @@ where
                     };
                     // Done: a further poll finds no future to resume.
                     this.state.set(State::Rejected { response: None });
-                    let abort = this.policy.on_lost == OnLost::Abort;
-                    return Poll::Ready(result.map(|mut response| {
-                        // A handler answered with a `LockError` (`?` on a
-                        // `Locker` call): answer as the layer would.
-                        if let Some(e) = response.extensions_mut().remove::<FromLockError>() {
-                            let rejection = this.policy.reject(e.rejection());
-                            response = rejection.map(ResBody::from_text);
+                    let mut response = match result {
+                        Ok(response) => response,
+                        Err(e) => return Poll::Ready(Err(e)),
+                    };
+                    // A handler answered with a `LockError` (`?` on a
+                    // `Locker` call): answer as the layer would.
+                    if let Some(e) = response.extensions_mut().remove::<FromLockError>() {
+                        let rejection = this.policy.reject(e.rejection());
+                        response = rejection.map(ResBody::from_text);
+                    }
+                    return Poll::Ready(Ok(match guard {
+                        Some(guard) if this.policy.hold_body => {
+                            response.map(|body| body.holding(guard, abort))
                         }
-                        match guard {
-                            Some(guard) if this.policy.hold_body => {
-                                response.map(|body| body.holding(guard, abort))
-                            }
-                            // Released here, as soon as the response is ready.
-                            _ => response,
-                        }
+                        // Released here, as soon as the response is ready.
+                        _ => response,
                     }));
                 }
             }
