@@ -8,7 +8,7 @@ use std::sync::Arc;
 use mysql_async::prelude::Queryable;
 
 use super::session::{my_error, MysqlStore};
-use super::{token_of, NAME};
+use super::{lock_name, token_of};
 use crate::backend::{BreakScope, Broken, Holder, Inspection};
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -18,14 +18,10 @@ use crate::mode::LockMode;
 /// them.
 type HolderRow = (u64, Option<String>, Option<String>);
 
-/// The connection holding a key (arguments: the key three times), and
-/// its user and host where the process list shows them.
-fn holder_query() -> String {
-    format!(
-        "SELECT l.id, p.USER, p.HOST FROM (SELECT IS_USED_LOCK({NAME}) id) l \
-         LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id WHERE l.id IS NOT NULL"
-    )
-}
+/// The connection holding a lock (argument: its [`lock_name`]), and its
+/// user and host where the process list shows them.
+const HOLDER_QUERY: &str = "SELECT l.id, p.USER, p.HOST FROM (SELECT IS_USED_LOCK(?) id) l \
+     LEFT JOIN information_schema.PROCESSLIST p ON p.ID = l.id WHERE l.id IS NOT NULL";
 
 fn holder_of((id, user, host): HolderRow) -> Holder {
     let who = match (user, host) {
@@ -55,8 +51,8 @@ impl MysqlStore {
         let session = self.session(true).await?;
         let holder: Result<Option<HolderRow>, _> = {
             let mut conn = session.conn.lock().await;
-            let k = key.as_str();
-            conn.exec_first(holder_query(), (k, k, k)).await
+            conn.exec_first(HOLDER_QUERY, (&*lock_name(key.as_str()),))
+                .await
         };
         let holder = self.after(session, holder, "inspecting a lock")?;
         let holders = holder.map(holder_of).into_iter().collect();
@@ -85,22 +81,23 @@ impl MysqlStore {
         let session = self.session(true).await?;
         let outcome: Result<Result<Broken, LockError>, mysql_async::Error> = async {
             let mut conn = session.conn.lock().await;
-            let k = key.as_str();
+            let name = lock_name(key.as_str());
             let next = format!("SELECT NEXTVAL({})", self.sequence);
             let spaced = |n: Option<i64>| token_of(n.unwrap_or(0));
-            // The key, for the statement that checks its holder and kills.
-            conn.exec_drop("SET @tower_lock_break = ?", (k,)).await?;
+            // The lock name, for the statement that checks its holder and
+            // kills.
+            conn.exec_drop("SET @tower_lock_break = ?", (&*name,))
+                .await?;
             let check_and_kill = |id: u64| {
-                let name = NAME.replace('?', "@tower_lock_break");
                 format!(
-                    "BEGIN NOT ATOMIC IF IS_USED_LOCK({name}) = {id} THEN \
+                    "BEGIN NOT ATOMIC IF IS_USED_LOCK(@tower_lock_break) = {id} THEN \
                      KILL CONNECTION {id}; SELECT 1; ELSE SELECT 0; END IF; END"
                 )
             };
             loop {
                 // Drawn before the read: a lock taken after it draws later.
                 let before = spaced(conn.query_first(&next).await?);
-                let held: Option<HolderRow> = conn.exec_first(holder_query(), (k, k, k)).await?;
+                let held: Option<HolderRow> = conn.exec_first(HOLDER_QUERY, (&*name,)).await?;
                 let Some(row) = held else {
                     return Ok(Ok(Broken {
                         key,

@@ -142,16 +142,13 @@ use crate::key::LockKey;
 use crate::mode::Wait;
 use crate::token::FencingToken;
 
-/// The lock name for the key given as the statement's first three
-/// parameters: the rule, in SQL, for inspection and for other clients.
-/// The lock and release statements take the name [`lock_name`] makes.
-pub(super) const NAME: &str = "IF(CHAR_LENGTH(?) <= 64, ?, CONCAT('/', LEFT(SHA2(?, 256), 63)))";
-
-/// The lock name of `key`, as [`NAME`] makes it in SQL: the key itself up
-/// to 64 characters, else `/` and the first 63 hex digits of its SHA-256.
-/// Made here for the statements every lock runs, so that the server
+/// The lock name of `key`: the key itself up to 64 characters, else `/`
+/// and the first 63 hex digits of its SHA-256, as the module
+/// documentation's SQL makes it for other clients (the interop tests check
+/// that both agree). Made here, not in each statement, so that the server
 /// evaluates no expression per lock (a twentieth of its work per lock,
-/// measured); the interop tests check that both make the same name.
+/// measured), and used by every statement that names a lock, so that
+/// locking and inspection agree whatever the connection's character set.
 pub(super) fn lock_name(key: &str) -> Cow<'_, str> {
     // `CHAR_LENGTH` counts characters: a key of 64 bytes or fewer has 64
     // characters or fewer.
@@ -621,18 +618,20 @@ fn parse_url(url: &str) -> Result<Opts, LockError> {
             )))
         }
     };
-    let opts =
-        Opts::from_url(&url).map_err(|e| LockError::Config(format!("invalid MariaDB URL: {e}")))?;
     // Each connection keeps its lock statements prepared, and a few more
     // run on it (inspection): a statement cache smaller than that would
     // evict them, and the driver closes what it evicts. Without a cache
-    // (0) it closes nothing.
-    Ok(match opts.stmt_cache_size() {
-        1..MIN_STMT_CACHE => mysql_async::OptsBuilder::from_opts(opts)
-            .stmt_cache_size(MIN_STMT_CACHE)
-            .into(),
-        _ => opts,
-    })
+    // (0) it closes nothing. Raised in the URL: rebuilt from parsed options,
+    // an IPv6 host keeps its brackets and no longer resolves.
+    let (rest, cache) = super::sql::take_param(&url, "stmt_cache_size");
+    let url = match cache.as_deref().map(str::parse::<usize>) {
+        Some(Ok(n)) if (1..MIN_STMT_CACHE).contains(&n) => {
+            let joint = if rest.contains('?') { '&' } else { '?' };
+            format!("{rest}{joint}stmt_cache_size={MIN_STMT_CACHE}")
+        }
+        _ => url,
+    };
+    Opts::from_url(&url).map_err(|e| LockError::Config(format!("invalid MariaDB URL: {e}")))
 }
 
 /// The smallest statement cache a connection is given (`stmt_cache_size`
@@ -656,5 +655,14 @@ mod tests {
         );
         assert_eq!(cache("mysql://root@db/test?stmt_cache_size=0"), 0);
         assert_eq!(cache("mysql://root@db/test?stmt_cache_size=100"), 100);
+        assert_eq!(
+            cache("mysql://root@db/test?prefer_socket=false&stmt_cache_size=1"),
+            8
+        );
+        // Raised in the URL itself: options rebuilt from parsed ones would
+        // lose the IPv6 address's URL form.
+        let v6 = "mysql://root@[::1]:3306/test?stmt_cache_size=";
+        let raised = Opts::from_url(&format!("{v6}8")).unwrap();
+        assert_eq!(parse_url(&format!("{v6}2")).unwrap(), raised);
     }
 }
