@@ -204,6 +204,12 @@ impl LockGuard {
         }
     }
 
+    /// Whether this is a nested guard on the layer's lock, which holds
+    /// nothing of its own.
+    pub(crate) fn is_borrowed(&self) -> bool {
+        matches!(self.lease, Lease::Borrowed)
+    }
+
     /// Makes this guard's lock shareable with nested guards, and returns the
     /// shared part for the request's list.
     pub(crate) fn share(&mut self, backend_id: usize) -> Option<&Arc<SharedLease>> {

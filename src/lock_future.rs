@@ -54,6 +54,10 @@ pub struct LockFuture {
     /// The result of an acquisition decided before the backend was asked:
     /// a nested guard on a lock the request already holds, or a refusal.
     decided: Option<Result<LockGuard, LockError>>,
+    /// The backend of the layer's lock a decided nested guard re-entered:
+    /// that guard holds nothing of its own, so it is given only to a poll
+    /// from a request that holds the lock.
+    borrowed_from: Option<usize>,
 }
 
 struct Acquiring {
@@ -115,7 +119,13 @@ impl LockFuture {
         };
         match acquiring(backend, request) {
             Started::Later(state) => Self::waiting(state),
-            Started::Now(decided) => Self::decided(decided),
+            Started::Now(decided) => {
+                let borrowed = matches!(&decided, Ok(guard) if guard.is_borrowed());
+                LockFuture {
+                    borrowed_from: borrowed.then(|| backend.instance_id()),
+                    ..Self::decided(decided)
+                }
+            }
         }
     }
 
@@ -154,6 +164,7 @@ impl LockFuture {
             state: Some(state),
             sleep: None,
             decided: None,
+            borrowed_from: None,
         }
     }
 
@@ -167,6 +178,7 @@ impl LockFuture {
             state: None,
             sleep: None,
             decided: Some(decided),
+            borrowed_from: None,
         }
     }
 }
@@ -351,6 +363,18 @@ impl Future for LockFuture {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
         if let Some(decided) = this.decided.take() {
+            // Made in a request for its layer's key, awaited elsewhere (a
+            // task the handler spawned): the layer's lock is not this
+            // poller's, and a nested guard would hold nothing.
+            if let (Some(id), Ok(guard)) = (this.borrowed_from, &decided) {
+                if !crate::reentry::holds_layer_lock(id, guard.held()) {
+                    return Poll::Ready(Err(LockError::Lost(
+                        "this acquisition re-entered the lock of the request it was made in, \
+                         and was awaited outside that request: make it where it is awaited"
+                            .into(),
+                    )));
+                }
+            }
             return Poll::Ready(decided);
         }
         let state = this

@@ -153,7 +153,11 @@ impl<B: Backend + ?Sized> BackendExt for B {}
 /// (`tokio::join!`) that lock the same key share it, as any re-entrant lock
 /// would. A task the handler spawns is not part of the request, nor is
 /// another request, even for the same key: those wait as usual, which is
-/// the point of the lock. Outside a request there is no re-entrancy: a
+/// the point of the lock. Make a task's lock future in the task: whether an
+/// acquisition re-enters a lock of the request is decided where its future
+/// is made, and one made in the handler on the request's own key, awaited
+/// in a task, fails with [`LockError::Lost`] (the nested guard would hold
+/// nothing of its own). Outside a request there is no re-entrancy: a
 /// second `lock` of a held key waits.
 ///
 /// ```

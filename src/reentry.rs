@@ -133,6 +133,17 @@ pub(crate) fn layer_lock() -> Option<HeldLock> {
     in_request(|locks| locks.layer_locks().next().map(|(_, held)| held.clone())).flatten()
 }
 
+/// Whether the request being served holds `held` as a layer's lock on the
+/// backend `backend_id`: where a nested guard on it is still backed.
+pub(crate) fn holds_layer_lock(backend_id: usize, held: &HeldLock) -> bool {
+    in_request(|locks| {
+        locks
+            .layer_locks()
+            .any(|(id, h)| id == backend_id && h.key == held.key && h.token == held.token)
+    })
+    .unwrap_or(false)
+}
+
 /// What to do with an acquisition of `key` in `mode` on the backend
 /// `backend_id`: `None` to ask the backend (the request does not hold the
 /// key, or no request is being served); a nested guard, or an error when

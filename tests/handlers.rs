@@ -190,6 +190,35 @@ async fn a_lock_made_in_the_handler_but_awaited_in_a_task_is_not_the_requests() 
     assert_eq!(backend.active_keys(), 0, "a lock leaked");
 }
 
+/// The same on the request's own key: made in the handler, the future
+/// re-enters the layer's lock, and a task that awaits it is refused, not
+/// given a nested guard that holds nothing (the layer releases the lock
+/// with the response, while the task would go on as its holder).
+#[tokio::test]
+async fn the_requests_own_key_made_in_the_handler_but_awaited_in_a_task_is_refused() {
+    use std::future::IntoFuture;
+
+    let backend = MemoryBackend::new();
+    let handler = post(|locker: Locker, Path(sku): Path<String>| async move {
+        let taking = locker.lock(&sku).fail_fast().into_future();
+        let got = tokio::spawn(taking).await.unwrap();
+        // Awaited in the request, the same future re-enters.
+        let again = locker.lock(&sku).fail_fast().into_future().await;
+        Ok::<_, LockError>(format!("task: {:?}, request: {}", got.err(), again.is_ok()))
+    });
+    let app = reentrant_app(&backend, LockMode::Exclusive, handler);
+    let addr = serve(app).await;
+    let mut c = Client::connect(addr).await.unwrap();
+    let reply = c.post("/orders/A1").await.unwrap();
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.starts_with("task: Some(Lost(") && reply.body.ends_with("request: true"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(backend.active_keys(), 0, "a lock leaked");
+}
+
 /// Two layers on one route: the outer locks the tenant (a header), the
 /// inner the SKU (a path parameter, passed through unlocked when absent).
 /// The handler sees the innermost lock held, and re-enters the outer one's
