@@ -14,6 +14,20 @@ use crate::mode::LockMode;
 use crate::token::FencingToken;
 
 impl ZookeeperStore {
+    /// The session, its server caught up with the leader first: reads on a
+    /// follower may lag the writes of other sessions (another process's
+    /// lock, or this process's through another backend), and inspection is
+    /// asked about locks already granted.
+    async fn synced(&self) -> Result<Arc<Session>, LockError> {
+        let session = self.session().await?;
+        session
+            .client
+            .sync("/")
+            .await
+            .map_err(|e| zk_error("catching up with the ZooKeeper leader", e))?;
+        Ok(session)
+    }
+
     /// The holders are the first contender, or the readers before the
     /// first writer, each with its token (from its node's creation zxid,
     /// as a grant computes it), mode and session, and the node's data when
@@ -24,7 +38,7 @@ impl ZookeeperStore {
         self: Arc<Self>,
         key: LockKey,
     ) -> Result<Inspection, LockError> {
-        let session = self.session().await?;
+        let session = self.synced().await?;
         let dir = self.dir(&key);
         let (holders, waiters) = self.holding(&session, &dir).await?;
         Ok(Inspection {
@@ -47,7 +61,7 @@ impl ZookeeperStore {
     /// the semaphore's mutex cannot be told from a holder's.
     pub(super) async fn break_key(self: Arc<Self>, key: LockKey) -> Result<Broken, LockError> {
         use zookeeper_client::Error as E;
-        let session = self.session().await?;
+        let session = self.synced().await?;
         let dir = self.dir(&key);
         let (holding, floor) = loop {
             let children = match session.client.list_children(&dir).await {
@@ -220,7 +234,7 @@ impl ZookeeperStore {
         self: Arc<Self>,
         prefix: String,
     ) -> Result<Vec<LockKey>, LockError> {
-        let session = self.session().await?;
+        let session = self.synced().await?;
         let names = match session.client.list_children(&self.root).await {
             Ok(names) => names,
             Err(zookeeper_client::Error::NoNode) => return Ok(Vec::new()),
