@@ -572,3 +572,99 @@ async fn a_release_heard_by_a_listener_that_does_not_come_still_reaches_the_next
     );
     g.release().await.unwrap();
 }
+
+/// What an uncontended lock and its release cost the server, counts that
+/// do not drift: each script's keys and arguments (every one a Redis
+/// object and a Lua string to the server, some 1,500 of its instructions)
+/// and the commands the scripts run. Two scripts: the acquire with the
+/// lock's key and fence and six arguments, running `SET NX` of the lock,
+/// `TIME` and `SET … GET` of the fence; the release with the lock's key
+/// and queue and the token, running `GET`, `DEL` and `EXISTS`. Read off a
+/// server of the test's own: its command statistics, and its slow log set
+/// to keep every command with its arguments.
+#[tokio::test]
+async fn an_uncontended_lock_costs_the_server_two_small_scripts_of_six_commands() {
+    let server = Server::start();
+    let b = backend_at(&server.url(), "lock:").await;
+    // The scripts loaded (`EVAL` the first time), the fence in place.
+    b.lock("k").await.unwrap().release().await.unwrap();
+    b.flush().await;
+    let mut conn = raw(&server.url()).await;
+    let () = redis::cmd("CONFIG")
+        .arg(&["SET", "slowlog-log-slower-than", "0"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let () = redis::cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    b.lock("k").await.unwrap().release().await.unwrap();
+    b.flush().await;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Each entry: id, time, duration, the command with its arguments, ...
+    let log: Vec<Vec<redis::Value>> = redis::cmd("SLOWLOG")
+        .arg(&["GET", "100"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut calls: Vec<(String, u64)> = stats
+        .lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let n = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (!matches!(name, "config|resetstat" | "slowlog|reset")).then(|| (name.to_owned(), n))
+        })
+        .collect();
+    calls.sort();
+    let scripts: Vec<Vec<String>> = log
+        .into_iter()
+        .rev()
+        .map(|entry| redis::from_redis_value::<Vec<String>>(entry[3].clone()).unwrap())
+        .filter(|args| args[0].eq_ignore_ascii_case("EVALSHA"))
+        .collect();
+    // Past `EVALSHA`, the hash and the count: keys and arguments.
+    let sent: Vec<&[String]> = scripts.iter().map(|args| &args[3..]).collect();
+    assert_eq!(
+        sent.len(),
+        2,
+        "one acquire and one release script: {scripts:?}"
+    );
+    assert_eq!(
+        (sent[0].len(), &sent[0][..2]),
+        (8, &["lock:{k}".to_owned(), "lock:{k}:fence".to_owned()][..]),
+        "the acquire's keys and arguments: {scripts:?}"
+    );
+    assert_eq!(
+        (sent[1].len(), &sent[1][..2]),
+        (3, &["lock:{k}".to_owned(), "lock:{k}:queue".to_owned()][..]),
+        "the release's keys and arguments: {scripts:?}"
+    );
+    let expected: Vec<(String, u64)> = [
+        ("del", 1),
+        ("evalsha", 2),
+        ("exists", 1),
+        ("get", 1),
+        ("set", 2),
+        ("time", 1),
+    ]
+    .iter()
+    .map(|(name, n)| (name.to_string(), *n))
+    .collect();
+    assert_eq!(calls, expected, "{stats}");
+}

@@ -217,7 +217,7 @@ async fn a_granted_waiter_that_does_not_come_holds_the_lock_back_only_for_its_gr
 }
 
 /// What a release and the time after it do, in one step: the waiter is
-/// granted the lock (key and fence set, the grant sent, as `HAND_ON` does),
+/// granted the lock (key and fence set, the grant sent, as `hand_on` does),
 /// its grant runs out unheard, the fencing counter is lost (`ARGV[3]`:
 /// `lose`) or not, and a redis-py client takes the free key.
 const GRANT_THEN_LOSE: &str = r#"

@@ -9,9 +9,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use super::connection::Link;
-use super::layout::{redis_error, redis_name, QueueKeys};
+use super::layout::{redis_error, redis_name};
 use super::replicas::Acked;
-use super::scripts::{fence, lazily, Lua, FENCE_TTL, HAND_ON, NEXT_TTL, NOW_MS};
+use super::scripts::{fence, hand_on, lazily, Lua, FENCE_TTL, NOW_MS, TURN};
 use super::server::{sentinel_floor, RedisStore};
 use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
@@ -41,28 +41,32 @@ end
 /// handed out, every lock key deleted and the release published (to the
 /// first of the exclusive lock's queue too, named as a release names it),
 /// and the floor last. KEYS: lock, writer, readers, permits, fence, and
-/// with a queue its queue, places, successor and grants (a waiter named
-/// by a break comes to take the lock: no direct grant). ARGV: fence ttl
-/// ms, fence floor (as the acquire scripts take it), channel, `PUBLISH` or
-/// `SPUBLISH`, successor ttl ms, the least the fence is raised to (a
-/// Redlock break's floor, from its first round; else 0).
-const BREAK: &str = r"
-local floor = floor_of(ARGV[2])
+/// with a queue the queue (a waiter named by a break comes to take the
+/// lock: no direct grant). ARGV: fence floor (as the acquire scripts take
+/// it), channel, `PUBLISH` or `SPUBLISH`, the least the fence is raised to
+/// (a Redlock break's floor, from its first round; else 0).
+fn break_script() -> String {
+    format!(
+        r"
+local floor = floor_of(ARGV[1])
 local h = holders()
-local f = fence(KEYS[5], ARGV[1], 1, floor)
-local least = tonumber(ARGV[6])
+local f = fence(KEYS[5], 1, floor)
+local least = tonumber(ARGV[4])
 if f < least then
-  redis.call('SET', KEYS[5], string.format('%.0f', least), 'PX', ARGV[1])
+  redis.call('SET', KEYS[5], string.format('%.0f', least), 'PX', {ttl})
   f = least
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
-redis.pcall(ARGV[4], ARGV[3], 'released')
-if #KEYS >= 9 then
-  hand_on()(KEYS[6], KEYS[7], KEYS[8], KEYS[9], ARGV[5], ARGV[3], ARGV[4], 'released', nil)
+redis.pcall(ARGV[3], ARGV[2], 'released')
+if #KEYS >= 6 then
+  hand_on()(KEYS[1], ARGV[2], ARGV[3], 'released', nil)
 end
 h[8] = f
 return h
-";
+",
+        ttl = FENCE_TTL.as_millis()
+    )
+}
 
 type Answer = (String, i64, String, i64, Vec<String>, Vec<String>, i64);
 
@@ -338,7 +342,7 @@ pub(super) async fn holders<C: ConnectionLike + Send>(
     Ok(holders_of(answer))
 }
 
-/// [`BREAK`], loaded once: `EVAL` where the server lacks it, never `SCRIPT
+/// [`break_script`], loaded once: `EVAL` where the server lacks it, never `SCRIPT
 /// LOAD`, which a Redis Cluster sends to every node (one down fails it).
 static BREAK_LUA: OnceLock<Lua> = OnceLock::new();
 
@@ -354,7 +358,7 @@ pub(super) async fn raise_fence<C: ConnectionLike + Send>(
         Lua::new(
             [
                 fence().as_str(),
-                "return fence(KEYS[1], ARGV[1], 1, floor_of(ARGV[2]))",
+                "return fence(KEYS[1], 1, floor_of(ARGV[1]))",
             ]
             .concat(),
         )
@@ -362,14 +366,13 @@ pub(super) async fn raise_fence<C: ConnectionLike + Send>(
     let fence: i64 = script
         .call(1)
         .key_suffixed(&redis_name(prefix, key.as_str()), ":fence")
-        .arg(FENCE_TTL.as_millis() as u64)
         .arg("0")
         .invoke(conn)
         .await?;
     Ok(u64::try_from(fence).unwrap_or(0))
 }
 
-/// Breaks `key`'s lock on one server, as [`BREAK`] does: the holders freed
+/// Breaks `key`'s lock on one server, as [`break_script`] does: the holders freed
 /// and the fencing floor, raised to at least `at_least`. `floor` is what
 /// the acquire scripts take: a number, or `cluster`.
 pub(super) async fn break_on<C: ConnectionLike + Send>(
@@ -386,22 +389,22 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
         let fence = fence();
         Lua::new(
             [
-                &lazily("hand_on", &[NOW_MS, &fence, HAND_ON]),
+                &lazily("hand_on", &[NOW_MS, &fence, &hand_on()]),
                 fence.as_str(),
                 HOLDERS,
-                BREAK,
+                &break_script(),
             ]
             .concat(),
         )
     });
-    let mut call = script.call(5 + QueueKeys::COUNT * usize::from(queued));
+    let mut call = script.call(5 + usize::from(queued));
     call.key(&base)
         .key_suffixed(&base, ":w")
         .key_suffixed(&base, ":r")
         .key_suffixed(&base, ":s")
         .key_suffixed(&base, ":fence");
     if queued {
-        call.key(QueueKeys(&base));
+        call.key_suffixed(&base, ":queue");
     }
     let (a, b, c, d, e, f, now, fence): (
         String,
@@ -413,11 +416,9 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
         i64,
         i64,
     ) = call
-        .arg(FENCE_TTL.as_millis() as u64)
         .arg(floor)
         .arg(format!("{base}:rel"))
         .arg(publish)
-        .arg(NEXT_TTL.as_millis() as u64)
         .arg(at_least)
         .invoke(conn)
         .await?;
@@ -436,9 +437,18 @@ fn holders_of(answer: Answer) -> Vec<Holder> {
         (exclusive, exclusive_ttl, LockMode::Exclusive),
         (writer, writer_ttl, LockMode::Write),
     ] {
-        if !owner.is_empty() {
-            holders.push(owned(&owner, ms(ttl)).mode(mode));
+        if owner.is_empty() {
+            continue;
         }
+        // A release named a waiter: the lock is kept for it for its turn
+        // (`scripts::TURN`), and no one else takes it meanwhile.
+        let holder = match owner.strip_prefix(TURN) {
+            Some(named) => Holder::new(None)
+                .lease_left(ms(ttl))
+                .identity(format!("turn of waiter {named}")),
+            None => owned(&owner, ms(ttl)),
+        };
+        holders.push(holder.mode(mode));
     }
     for (set, mode) in [(readers, Some(LockMode::Read)), (permits, None)] {
         for pair in set.chunks_exact(2) {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::scripts::{scripts, write_joined, Call, Lua, Suffixed, FENCE_TTL, NEXT_TTL, QUEUE_TTL};
+use super::scripts::{scripts, Call, Lua, Suffixed, QUEUE_TTL};
 pub(crate) use crate::backend::engine::owner::Tokens;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -26,11 +26,11 @@ pub(crate) struct Layout {
     kind: Kind,
     /// `prefix{key}`, which every key of the lock begins with.
     base: String,
-    /// Whether it has a queue of waiters (an exclusive lock): its keys,
-    /// named from `base` as they are sent ([`QueueKeys`]).
+    /// Whether it has a queue of waiters (an exclusive lock): its keys are
+    /// named from `base` in the scripts (see `scripts::enqueue`).
     queued: bool,
     /// Whether a release may grant the lock to a waiter of this backend
-    /// directly (see `scripts::HAND_ON`).
+    /// directly (see `scripts::hand_on`).
     grants: bool,
     /// How releases are published: `PUBLISH`, or on a cluster `SPUBLISH`.
     publish: &'static str,
@@ -70,6 +70,9 @@ impl Kind {
 
 const FENCE: &str = ":fence";
 const CHANNEL: &str = ":rel";
+/// The queue of an exclusive lock: the one key of it a release is given
+/// (the others are named in the scripts, see `scripts::enqueue`).
+const QUEUE: &str = ":queue";
 
 /// The lock's Redis name: `prefix{key}`, the key as the hash tag, so that
 /// every key of one lock (its fence, channel, readers) is on one Cluster
@@ -149,7 +152,7 @@ impl Layout {
     }
 
     /// Lets a release grant the lock to this acquisition directly when it
-    /// waits in the queue, for [`granted_lease`] (see `scripts::HAND_ON`):
+    /// waits in the queue, for [`granted_lease`] (see `scripts::hand_on`):
     /// only where the acquisition itself checks nothing a release cannot
     /// (no replicas to wait for, no master's epoch, no restart quarantine).
     pub(crate) fn direct_grants(mut self, on: bool) -> Self {
@@ -169,7 +172,7 @@ impl Layout {
 
     /// The channel a waiter of the backend whose tokens begin with `own`
     /// hears its turn on: with a queue, that backend's own (a release
-    /// names one waiter; see `scripts::HAND_ON`), else the lock's.
+    /// names one waiter; see `scripts::hand_on`), else the lock's.
     pub(crate) fn waiter_channel(&self, own: &str) -> String {
         match self.queued {
             true => [&self.base, CHANNEL, ":", own].concat(),
@@ -201,7 +204,7 @@ impl Layout {
     /// One attempt to take the lock for `token` on `conn`; the key's fencing
     /// counter is raised to at least `floor` plus the server's clock in µs.
     /// Busy, an exclusive lock's attempt joins its queue as `queue` says,
-    /// at `score` (0: the server's clock in µs; see `scripts::ENQUEUE`).
+    /// at `score` (0: the server's clock in µs; see `scripts::enqueue`).
     pub(crate) async fn try_acquire<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
@@ -213,6 +216,9 @@ impl Layout {
     ) -> Result<Attempt, LockError> {
         let s = scripts();
         let script = match self.kind {
+            Kind::Exclusive if self.queued && self.grants && queue != Queue::Never => {
+                &s.acquire_queued_granting
+            }
             Kind::Exclusive if self.queued => &s.acquire_queued,
             Kind::Exclusive => &s.acquire_exclusive,
             Kind::Read => &s.acquire_read,
@@ -221,62 +227,56 @@ impl Layout {
         };
         let other = self.kind.other();
         let quarantine = self.quarantine.as_ref();
-        let mut call = script.call(
-            2 + usize::from(other.is_some())
-                + QueueKeys::COUNT * usize::from(self.queued)
-                + 2 * usize::from(quarantine.is_some()),
-        );
+        let mut call =
+            script.call(2 + usize::from(other.is_some()) + 2 * usize::from(quarantine.is_some()));
         call.key_suffixed(&self.base, self.kind.main());
         if let Some(other) = other {
             call.key_suffixed(&self.base, other);
         }
         call.key_suffixed(&self.base, FENCE);
-        if self.queued {
-            call.key(QueueKeys(&self.base));
-        }
         // Last, so that every script finds them past its own.
         if let Some((alive, quarantine, _)) = quarantine {
             call.key(alive).key(quarantine);
         }
-        call.arg(token)
-            .arg(lease.as_millis() as u64)
-            .arg(FENCE_TTL.as_millis() as u64);
+        call.arg(token).arg(lease.as_millis() as u64);
         match floor {
             Floor::Fixed(floor) => call.arg(floor),
             Floor::ClusterEpoch => call.arg("cluster"),
         };
         match self.kind {
             Kind::Semaphore(permits) => call.arg(permits),
-            Kind::Exclusive if self.queued => call
-                .arg(tokens.max(1))
-                .arg(queue as u8)
-                .arg(QUEUE_TTL.as_millis() as u64)
-                .arg(score)
-                .arg(Terms(
-                    (self.grants && queue != Queue::Never).then(|| granted_lease(lease)),
-                    tokens.max(1),
-                )),
+            Kind::Exclusive if self.queued => call.arg(tokens.max(1)).arg(queue as u8).arg(score),
             Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),
             Kind::Read => &mut call,
         };
         if let Some((_, _, ms)) = quarantine {
             call.arg(*ms);
         }
-        // `{1, last token, tokens reserved}` or `{0, holder's ttl}`, with
+        // The last token when all that were asked for were reserved, else
+        // `{1, last token, tokens reserved}`; or `{0, holder's ttl}`, with
         // the fencing counter on a queue's.
-        let answer: Vec<i64> = call
+        let answer: redis::Value = call
             .invoke(conn)
             .await
             .map_err(|e| redis_error("acquiring a lock", e))?;
-        Ok(match answer[..] {
-            [1, last, reserved] if last > 0 && reserved >= 1 => Attempt::Granted {
+        let asked = tokens.max(1);
+        if let redis::Value::Int(last @ 1..) = answer {
+            return Ok(Attempt::Granted {
                 last: last as u64,
-                reserved: u32::try_from(reserved)
-                    .unwrap_or(u32::MAX)
-                    .min(tokens.max(1)),
+                reserved: asked,
+            });
+        }
+        let numbers: Option<Vec<i64>> = match &answer {
+            redis::Value::Array(_) => redis::from_redis_value_ref(&answer).ok(),
+            _ => None,
+        };
+        Ok(match numbers.as_deref() {
+            Some(&[1, last, reserved]) if last > 0 && reserved >= 1 => Attempt::Granted {
+                last: last as u64,
+                reserved: u32::try_from(reserved).unwrap_or(u32::MAX).min(asked),
             },
-            [0, ttl] => Attempt::Busy { ttl, fence: 0 },
-            [0, ttl, fence] => Attempt::Busy {
+            Some(&[0, ttl]) => Attempt::Busy { ttl, fence: 0 },
+            Some(&[0, ttl, fence]) => Attempt::Busy {
                 ttl,
                 fence: u64::try_from(fence).unwrap_or(0),
             },
@@ -309,7 +309,6 @@ impl Layout {
             .key_suffixed(&self.base, FENCE)
             .arg(token)
             .arg(lease.as_millis() as u64)
-            .arg(FENCE_TTL.as_millis() as u64)
             .invoke(conn)
             .await
             .map_err(|e| redis_error("renewing a lease", e))?;
@@ -323,13 +322,7 @@ impl Layout {
         conn: &mut C,
         token: &str,
     ) -> redis::RedisResult<u64> {
-        let s = scripts();
-        let script = if self.is_string() {
-            &s.release_string
-        } else {
-            &s.release_member
-        };
-        let released: i64 = self.announcing(script, token).invoke(conn).await?;
+        let released: i64 = self.announcing(token).invoke(conn).await?;
         // 0: not ours; else one more than the subscribers that heard.
         Ok(released.saturating_sub(1).max(0) as u64)
     }
@@ -347,12 +340,7 @@ impl Layout {
             self.queued,
             "only an exclusive lock is undone into its queue"
         );
-        let _: i64 = self
-            .announcing(&scripts().release_string, token)
-            .arg(score)
-            .arg(QUEUE_TTL.as_millis() as u64)
-            .invoke(conn)
-            .await?;
+        let _: i64 = self.announcing(token).arg(score).invoke(conn).await?;
         Ok(())
     }
 
@@ -367,30 +355,40 @@ impl Layout {
             return Ok(());
         }
         let _: i64 = self
-            .announcing(&scripts().leave_queue, token)
+            .queued_call(&scripts().leave_queue, token)
             .invoke(conn)
             .await?;
         Ok(())
     }
 
-    /// A call of `script` for `token` that may announce the lock free:
-    /// KEYS lock (and its queue's and fence), ARGV token, channel, how to
-    /// publish, a named successor's turn (and the fence's ttl), as
-    /// `RELEASE_*` and `LEAVE_QUEUE` take them.
-    fn announcing<'a>(&self, script: &'a Lua, token: &str) -> Call<'a> {
-        let mut call = script.call(1 + (QueueKeys::COUNT + 1) * usize::from(self.queued));
-        call.key_suffixed(&self.base, self.kind.main());
+    /// The release of `token`'s hold, which may announce the lock free:
+    /// `RELEASE_QUEUED` for a lock with a queue, else `RELEASE_STRING` or
+    /// `RELEASE_MEMBER` with the channel and how to publish.
+    fn announcing(&self, token: &str) -> Call<'static> {
+        let s = scripts();
         if self.queued {
-            call.key(QueueKeys(&self.base))
-                .key_suffixed(&self.base, FENCE);
+            return self.queued_call(&s.release_queued, token);
         }
-        call.arg(token)
+        let script = match self.is_string() {
+            true => &s.release_string,
+            false => &s.release_member,
+        };
+        let mut call = script.call(1);
+        call.key_suffixed(&self.base, self.kind.main())
+            .arg(token)
             .arg(Suffixed(&self.base, CHANNEL))
-            .arg(self.publish)
-            .arg(NEXT_TTL.as_millis() as u64);
-        if self.queued {
-            call.arg(FENCE_TTL.as_millis() as u64);
-        }
+            .arg(self.publish);
+        call
+    }
+
+    /// A call of `script` on a lock with a queue for `token`: KEYS lock,
+    /// queue; ARGV token (`RELEASE_QUEUED`, `leave_queue`).
+    fn queued_call<'a>(&self, script: &'a Lua, token: &str) -> Call<'a> {
+        debug_assert!(self.queued, "a lock without a queue");
+        let mut call = script.call(2);
+        call.key(&self.base)
+            .key_suffixed(&self.base, QUEUE)
+            .arg(token);
         call
     }
 
@@ -467,50 +465,12 @@ pub(crate) enum Floor {
     ClusterEpoch,
 }
 
-/// The keys of an exclusive lock's queue (see `scripts::ENQUEUE`): its
-/// waiters, their places' expiry, the successor a release named and the
-/// waiters' terms for a direct grant, after the lock's own name.
-pub(crate) struct QueueKeys<'a>(pub(crate) &'a str);
-
-impl QueueKeys<'_> {
-    const SUFFIXES: [&'static str; 4] = [":queue", ":places", ":next", ":grants"];
-    pub(crate) const COUNT: usize = Self::SUFFIXES.len();
-}
-
-impl redis::ToRedisArgs for QueueKeys<'_> {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        for suffix in Self::SUFFIXES {
-            Suffixed(self.0, suffix).write_redis_args(out);
-        }
-    }
-
-    fn num_of_args(&self) -> usize {
-        Self::COUNT
-    }
-}
-
 /// The lease a release grants a waiter directly: the waiter's own, up to
 /// its place's life (`QUEUE_TTL`). A waiter that died with its place still
 /// alive holds the lock back no longer than that; one alive renews it to
 /// its whole lease if its section runs that long.
 pub(crate) fn granted_lease(lease: Duration) -> Duration {
     lease.min(QUEUE_TTL)
-}
-
-/// A waiter's terms for a direct grant, as the queue keeps them (`lease-ms
-/// tokens`), or '' for none: written into the command, not formatted.
-struct Terms(Option<Duration>, u32);
-
-impl redis::ToRedisArgs for Terms {
-    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        let Some(lease) = self.0 else {
-            return out.write_arg(b"");
-        };
-        // Without `fmt`: this runs for every lock.
-        let (mut ms, mut n) = (itoa::Buffer::new(), itoa::Buffer::new());
-        let ms = ms.format(lease.as_millis().max(1) as u64).as_bytes();
-        write_joined(out, &[ms, b" ", n.format(self.1).as_bytes()]);
-    }
 }
 
 /// Whether an attempt on an exclusive lock joins its queue when busy.
@@ -539,12 +499,10 @@ pub(crate) enum Attempt {
 
 #[cfg(test)]
 mod name_tests {
-    use std::time::Duration;
-
     use redis::{Arg, ToRedisArgs};
 
     use super::super::scripts::Suffixed;
-    use super::{redis_name, Terms};
+    use super::redis_name;
 
     /// The arguments `args` write, as text.
     fn written(args: &[&dyn Fn(&mut redis::Cmd)]) -> Vec<String> {
@@ -561,24 +519,15 @@ mod name_tests {
     }
 
     #[test]
-    fn a_suffixed_name_and_the_terms_are_one_argument_each() {
+    fn a_suffixed_name_is_one_argument() {
         let long = "k".repeat(300);
         let args = written(&[
             &|c| Suffixed("lock:{a}", ":fence").write_redis_args(c),
             &|c| Suffixed(&long, ":queue").write_redis_args(c),
-            &|c| Terms(Some(Duration::from_millis(3000)), 32).write_redis_args(c),
-            &|c| Terms(Some(Duration::ZERO), u32::MAX).write_redis_args(c),
-            &|c| Terms(None, 32).write_redis_args(c),
         ]);
         assert_eq!(
             args,
-            [
-                "lock:{a}:fence".to_owned(),
-                format!("{long}:queue"),
-                "3000 32".into(),
-                format!("1 {}", u32::MAX),
-                String::new(),
-            ]
+            ["lock:{a}:fence".to_owned(), format!("{long}:queue"),]
         );
     }
 

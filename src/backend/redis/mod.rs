@@ -9,7 +9,7 @@
 //!
 //! | mode | Redis keys |
 //! |---|---|
-//! | exclusive | `lock:{K}`, a string holding the owner's random token |
+//! | exclusive | `lock:{K}`, a string holding the owner's random token (or, for the 100 ms of a waiter's turn, `~` and its token: see [Waiting](#waiting)); waiters' places in `lock:{K}:queue`, `:places` and `:grants` |
 //! | read/write | `lock:{K}:w`, the writer's token; `lock:{K}:r`, a sorted set of reader tokens scored by their expiry (ms) |
 //! | semaphore | `lock:{K}:s`, a sorted set of holder tokens scored by their expiry (ms) |
 //! | all | `lock:{K}:fence`, the fencing counter; releases publish on the channel `lock:{K}:rel`, those of an exclusive lock only to the next waiter's process, on `lock:{K}:rel:` and its process's token prefix (see [Waiting](#waiting)) |
@@ -29,7 +29,8 @@
 //! one starts there, not at 1; through Sentinel or on a Cluster, plus a
 //! floor that rises with each failover: see [Sentinel](#sentinel)), and it
 //! expires a day after the key was last
-//! locked. So counters do not pile up as keys come and go, and a token never
+//! locked (the scripts read and raise it in one `SET … GET`: Redis 6.2 or
+//! later). So counters do not pile up as keys come and go, and a token never
 //! goes backwards when a counter is lost (expired, a restart without
 //! persistence, a failover to a replica that lacked its last increments):
 //! it starts again above any value the old counter reached, unless the
@@ -69,15 +70,18 @@
 //! gives up releases it at once, handing it on. Through Sentinel, with
 //! [`RedisOptions::wait_for_replicas`] or with a restart quarantine, an
 //! acquisition checks what a release cannot (the master's epoch, the
-//! replicas, the server's restart), so there the turn is the free lock,
-//! that waiter's alone for 100 ms, and the process of the waiter behind
-//! hears too, and looks once those 100 ms are over in case the named one
-//! did not come (a process gone, a message missed).
+//! replicas, the server's restart), so there the release sets the key to
+//! the waiter's turn (`~` and its token) for 100 ms, which only that waiter
+//! takes (nor may a redis-py client take the key meanwhile), and the
+//! process of the waiter behind hears too, and looks once those 100 ms are
+//! over in case the named one did not come (a process gone, a message
+//! missed).
 //!
 //! A waiter that gives up leaves its place, handing its turn on if it had
-//! one. redis-py clients take no place and may still take a free lock; a
-//! named waiter overtaken so, or one that comes after its turn (a process
-//! paused past 100 ms), goes to the back. On one server, while waiters of
+//! one. redis-py clients take no place and may still take a lock its lease
+//! freed; a named waiter that comes after its turn (a process paused past
+//! 100 ms), or finds a redis-py client overtook it so, goes to the back.
+//! On one server, while waiters of
 //! this crate queue, a release hands the key straight on and it is never
 //! free: a redis-py client waits until they are served (excluded always,
 //! it is not served in turn). A
@@ -91,7 +95,9 @@
 //! instance ([its waiting](redlock#waiting)). Versions before the
 //! queue listen on the key's channel only: mixed with them during an
 //! upgrade, a waiter may not hear the other version's releases and looks
-//! again within a second.
+//! again within a second. Earlier versions kept a named waiter's turn in
+//! `lock:{K}:next`, which this one does not read: mixed with them, a named
+//! waiter may be overtaken, or wait out its 100 ms (exclusion holds).
 //!
 //! # Passing a lock on
 //!

@@ -284,7 +284,7 @@ impl Grant {
 }
 
 impl Watch {
-    /// The last direct grant this waiter heard of (see `scripts::HAND_ON`),
+    /// The last direct grant this waiter heard of (see `scripts::hand_on`),
     /// if it is a grantee.
     pub(super) fn grant(&self) -> Option<Grant> {
         let token = self.grantee.as_deref()?;

@@ -1,4 +1,16 @@
 //! The Lua scripts: acquire, release and extend for each layout.
+//!
+//! Redis charges a script for every key and argument it is given (each
+//! becomes a Redis object and a Lua string: some 1,500 instructions of the
+//! server's, about as much as a command the script runs), for every
+//! `redis.call`, and for each conversion between Lua and Redis values. A
+//! lock and its release are two scripts on every request, so an
+//! uncontended one runs five commands (`SET NX`, `TIME`, `SET … GET` of the
+//! fence; `GET`, `DEL`) and one `EXISTS` of the queue, with the lifetimes
+//! written into the scripts' text rather than sent, and the names of the
+//! queue's keys made from the lock's in the script on the busy path alone
+//! (they share its hash tag, and the queue is only ever on one server or a
+//! Sentinel's master, never on a Cluster: see `Layout::sharded`).
 
 use std::io::Write;
 use std::sync::OnceLock;
@@ -54,10 +66,18 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 /// counter, and at least one: a key would need more than a million grants
 /// a second (no Redis serves that many on one key) to run ahead. Lua
 /// numbers are doubles: exact below 2^53.
+///
+/// The counter is set to that clock and its old value read in one `SET …
+/// GET` (Redis 6.2+): nearly always the clock has moved past the old value
+/// by more than `n`, and then the clock is the new value. Else (grants
+/// faster than the clock, or a clock stepped back) it is set again, past
+/// the old value. A Lua number given to `redis.call` is sent with 17
+/// significant digits, exact for integers below 2^53: no `string.format`.
 pub(super) fn fence() -> String {
     format!(
         r#"
 local function floor_of(arg)
+  if arg == '0' then return 0 end
   if arg ~= 'cluster' then return tonumber(arg) end
   local epoch = tonumber(string.match(redis.call('CLUSTER', 'INFO'), 'cluster_my_epoch:(%d+)'))
   if not epoch or epoch * {stride} > {max} then
@@ -65,21 +85,22 @@ local function floor_of(arg)
   end
   return epoch * {stride}
 end
-local function fence(key, ttl, n, floor)
-  local prev = tonumber(redis.call('GET', key) or '0')
+local function fence(key, n, floor)
   local t = redis.call('TIME')
   local least = floor + tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if prev + n > least then
-    n = math.max(1, least - prev)
-  end
+  local prev = redis.call('SET', key, least, 'PX', {ttl}, 'GET')
+  prev = tonumber(prev or '0')
+  if prev + n <= least then return least, n end
+  n = math.max(1, least - prev)
   local f = math.max(prev + n, least)
-  redis.call('SET', key, string.format('%.0f', f), 'PX', ttl)
+  redis.call('SET', key, f, 'PX', {ttl})
   return f, n
 end
 "#,
         stride = EPOCH_STRIDE,
         max = MAX_FLOOR,
         most = MAX_FLOOR / EPOCH_STRIDE,
+        ttl = FENCE_TTL.as_millis(),
     )
 }
 
@@ -120,47 +141,61 @@ pub(super) const NEXT_TTL: Duration = Duration::from_millis(100);
 /// again, which a waiter does at least every second.
 pub(super) const QUEUE_TTL: Duration = Duration::from_secs(3);
 
-/// The queue of an exclusive lock: its waiters in the order they first
-/// found it busy (a sorted set scored by the server's clock in µs, or by
-/// the score the waiter chose: Redlock's waiters give every instance the
-/// same, so that all queue them in one order), when each one's place runs
-/// out (a sorted set scored in ms), the waiter a release named, and the
-/// terms on which a release may grant a waiter the lock directly (a hash:
-/// `lease-ms tokens`, see `HAND_ON`).
+/// What a lock's key holds while a release has named a waiter: the lock
+/// is that waiter's turn, `~` and its token (no token has a `~`), so that
+/// no one else, redis-py included, takes it meanwhile, and an attempt
+/// reads whether it is free, held or someone's turn in one `SET NX`.
+pub(super) const TURN: &str = "~";
+
+/// The queue of an exclusive lock `lock`: its waiters in the order they
+/// first found it busy (`lock:queue`, a sorted set scored by the server's
+/// clock in µs, or by the score the waiter chose: Redlock's waiters give
+/// every instance the same, so that all queue them in one order), when
+/// each one's place runs out (`lock:places`, a sorted set scored in ms),
+/// and the terms on which a release may grant a waiter the lock directly
+/// (`lock:grants`, a hash: `lease-ms tokens`, see `hand_on`). Named from
+/// the lock's key in the script: see the module's docs.
 ///
 /// `enqueue` gives `token` a place, or keeps its place alive; a `score` of
 /// 0 is the server's clock (`t`, the server's `TIME`, or read here);
 /// `terms` of '' leave none. Needs the `int` of `NOW_MS`; loaded by
 /// `lazily`.
-const ENQUEUE: &str = r#"
-local function enqueue(queue, places, grants, token, ttl, score, terms, t)
+fn enqueue() -> String {
+    format!(
+        r#"
+local function enqueue(lock, token, score, terms, t)
+  local queue, places = lock .. ':queue', lock .. ':places'
   t = t or redis.call('TIME')
   if score == 0 then score = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
   redis.call('ZADD', queue, 'NX', int(score), token)
-  redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl), token)
-  redis.call('PEXPIRE', queue, ttl)
-  redis.call('PEXPIRE', places, ttl)
+  redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + {ttl}), token)
+  redis.call('PEXPIRE', queue, {ttl})
+  redis.call('PEXPIRE', places, {ttl})
   if terms ~= '' then
+    local grants = lock .. ':grants'
     redis.call('HSET', grants, token, terms)
-    redis.call('PEXPIRE', grants, ttl)
+    redis.call('PEXPIRE', grants, {ttl})
   end
 end
-"#;
+"#,
+        ttl = QUEUE_TTL.as_millis()
+    )
+}
 
-/// `name_next` pops the first waiter whose place has not run out and
-/// returns its token and its terms for a direct grant, if it left any
-/// (nil when nobody waits). `hand_on` gives it its turn and tells its
-/// process, on the lock's channel followed by `:` and the waiter token's
-/// first 16 characters, which name its backend (`Tokens::prefix`): a
-/// release wakes that process, not every one with a waiter.
+/// `name_next` pops the first waiter of `lock`'s queue whose place has not
+/// run out and returns its token and its terms for a direct grant, if it
+/// left any (nil when nobody waits). `hand_on` gives it its turn and tells
+/// its process, on the lock's channel followed by `:` and the waiter
+/// token's first 16 characters, which name its backend (`Tokens::prefix`):
+/// a release wakes that process, not every one with a waiter.
 ///
-/// With `grant` (the lock's key, its fence key and the fence's ttl ms) and
-/// terms left by the waiter, the turn is the lock itself: held by the
-/// waiter's token for the lease of its terms, its fencing tokens drawn
-/// here, and carried in the message (`releaser named last reserved`), so
-/// that the waiter holds the lock as it hears it, with no acquire of its
-/// own. Else the named waiter has the free lock to itself for `ttl` ms,
-/// in which it comes to take it (`releaser named`).
+/// With `grant` and terms left by the waiter, the turn is the lock itself:
+/// held by the waiter's token for the lease of its terms, its fencing
+/// tokens drawn here, and carried in the message (`releaser named last
+/// reserved`), so that the waiter holds the lock as it hears it, with no
+/// acquire of its own. Else the named waiter has the lock to itself for
+/// `NEXT_TTL`, held as its turn (`TURN`), in which it comes to take it
+/// (`releaser named`).
 ///
 /// Named only, it also tells the process of the waiter behind, which
 /// looks once the named one's turn is over, in case it did not come (a
@@ -169,7 +204,9 @@ end
 /// left, as it does behind any holder). It returns how many heard the
 /// named one's message, or nil when nobody waits. Needs `NOW_MS` and
 /// `fence`; loaded by `lazily`, `hand_on()` returns it.
-pub(super) const HAND_ON: &str = r#"
+pub(super) fn hand_on() -> String {
+    format!(
+        r#"
 local function name_next(queue, places, grants)
   local now = nil
   while true do
@@ -187,18 +224,19 @@ end
 local function waiter_channel(channel, token)
   return channel .. ':' .. string.sub(token, 1, 16)
 end
-local function hand_on(queue, places, successor, grants, ttl, channel, publish, releaser, grant)
-  local named, terms = name_next(queue, places, grants)
+local function hand_on(lock, channel, publish, releaser, grant)
+  local queue = lock .. ':queue'
+  local named, terms = name_next(queue, lock .. ':places', lock .. ':grants')
   if not named then return nil end
   local message = releaser .. ' ' .. named
   local lease, n = nil, nil
   if grant and terms then lease, n = string.match(terms, '^(%d+) (%d+)$') end
   if lease then
-    redis.call('SET', grant[1], named, 'PX', lease)
-    local last, reserved = fence(grant[2], grant[3], tonumber(n), 0)
+    redis.call('SET', lock, named, 'PX', lease)
+    local last, reserved = fence(lock .. ':fence', tonumber(n), 0)
     message = message .. ' ' .. int(last) .. ' ' .. int(reserved)
   else
-    redis.call('SET', successor, named, 'PX', ttl)
+    redis.call('SET', lock, '{turn}' .. named, 'PX', {next_ttl})
   end
   local heard = redis.pcall(publish, waiter_channel(channel, named), message)
   local behind = not lease and redis.call('ZRANGE', queue, 0, 0)[1]
@@ -208,77 +246,97 @@ local function hand_on(queue, places, successor, grants, ttl, channel, publish, 
   if type(heard) ~= 'number' then heard = 0 end
   return heard
 end
+"#,
+        turn = TURN,
+        next_ttl = NEXT_TTL.as_millis(),
+    )
+}
+
+/// What every acquire script answers a grant with, `n` the tokens asked
+/// for: the last token reserved alone when it reserved all it was asked
+/// for (a bare integer costs the server less than an array), else `{1,
+/// last, reserved}`. Busy, it answers `{0, …}`. Needs `fence`.
+const GRANTED: &str = r#"
+local function granted(key, n, floor)
+  local last, reserved = fence(key, n, floor)
+  if reserved == n then return last end
+  return {1, last, reserved}
+end
 "#;
 
-/// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms, fence floor,
-/// tokens to reserve.
+/// KEYS: lock, fence. ARGV: token, lease ms, fence floor, tokens to
+/// reserve.
 ///
 /// Every acquire script grants again to a token that already holds the
 /// lock: a call the client sent twice (the cluster client re-sends one
 /// whose connection broke before the answer) must not find itself busy.
 const ACQUIRE_EXCLUSIVE: &str = r#"
-local floor = floor_of(ARGV[4])
+local floor = floor_of(ARGV[3])
 local q = quarantined(2)
 if q then return {0, q} end
-local held = redis.call('GET', KEYS[1])
-if held == false or held == ARGV[1] then
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, redis.call('PTTL', KEYS[1])} end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[5]), floor)}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return granted(KEYS[2], tonumber(ARGV[4]), floor)
 "#;
 
-/// `ACQUIRE_EXCLUSIVE` with the lock's queue. KEYS: lock, fence, queue,
-/// places, successor, grants. ARGV: token, lease ms, fence ttl ms, fence
-/// floor, tokens to reserve, queue (`0`: never, `1`: join it if busy, `2`:
-/// in it already), place ttl ms, place score (`0`: the server's clock in
-/// µs), terms for a direct grant (`lease-ms tokens`, or '' for none).
+/// `ACQUIRE_EXCLUSIVE` with the lock's queue. KEYS: lock, fence. ARGV:
+/// token, lease ms, fence floor, tokens to reserve, queue (`0`: never,
+/// `1`: join it if busy, `2`: in it already), place score (`0`: the
+/// server's clock in µs). With `grants`, a waiter leaves terms for a
+/// release to grant it the lock directly: the lease up to `QUEUE_TTL`, and
+/// the tokens.
 ///
-/// A free lock whose release named a successor is that successor's alone
-/// until its turn runs out (`NEXT_TTL`), so that no one, the process that
-/// released included, overtakes the queue. Busy, with terms, it answers
-/// the holder's time left and a number no fencing token drawn after this
-/// answer is below: the fencing counter, or the server's clock in µs if
-/// higher (a counter lost starts again above the clock, see `fence`). A
-/// direct grant the waiter hears of with a token at or below it was made
-/// before this answer, and is no longer the waiter's to trust. Without
-/// terms (no direct grant can reach the waiter) it answers the time left
-/// alone.
-const ACQUIRE_QUEUED: &str = r#"
-local floor = floor_of(ARGV[4])
-local q = quarantined(6)
-if q then return {0, q} end
-local held = redis.call('GET', KEYS[1])
-local successor = false
-local busy = nil
-if held == false then
-  successor = redis.call('GET', KEYS[5])
-  if successor and successor ~= ARGV[1] then busy = redis.call('PTTL', KEYS[5]) end
-elseif held ~= ARGV[1] then
-  busy = redis.call('PTTL', KEYS[1])
+/// A lock whose release named a successor holds that successor's turn
+/// (`TURN`) until it runs out (`NEXT_TTL`), so that no one, the process
+/// that released included, overtakes the queue. Busy, with `grants`, it
+/// answers the holder's time left and a number no fencing token drawn
+/// after this answer is below: the fencing counter, or the server's clock
+/// in µs if higher (a counter lost starts again above the clock, see
+/// `fence`). A direct grant the waiter hears of with a token at or below
+/// it was made before this answer, and is no longer the waiter's to
+/// trust. Without them (no direct grant can reach the waiter) it answers
+/// the time left alone.
+fn acquire_queued(grants: bool) -> String {
+    format!(
+        r#"
+local floor = floor_of(ARGV[3])
+local q = quarantined(2)
+if q then return {{0, q}} end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local held = redis.call('GET', KEYS[1])
+  if held ~= ARGV[1] and held ~= '{turn}' .. ARGV[1] then
+    local busy = redis.call('PTTL', KEYS[1])
+    local t = nil
+    if {grants} then t = redis.call('TIME') end
+    if ARGV[5] ~= '0' then
+      local terms = ''
+      if t then terms = math.min(tonumber(ARGV[2]), {place_ttl}) .. ' ' .. ARGV[4] end
+      enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[6]), terms, t)
+    end
+    if not t then return {{0, busy}} end
+    local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+    return {{0, busy, math.max(counter, tonumber(t[1]) * 1000000 + tonumber(t[2]))}}
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
-if busy then
-  local t = nil
-  if ARGV[9] ~= '' then t = redis.call('TIME') end
-  if ARGV[6] ~= '0' then enqueue()(KEYS[3], KEYS[4], KEYS[6], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], t) end
-  if not t then return {0, busy} end
-  local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-  return {0, busy, math.max(counter, tonumber(t[1]) * 1000000 + tonumber(t[2]))}
+if ARGV[5] == '2' then
+  redis.call('ZREM', KEYS[1] .. ':queue', ARGV[1])
+  redis.call('ZREM', KEYS[1] .. ':places', ARGV[1])
+  redis.call('HDEL', KEYS[1] .. ':grants', ARGV[1])
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if successor then redis.call('DEL', KEYS[5]) end
-if ARGV[6] == '2' then
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
-  redis.call('HDEL', KEYS[6], ARGV[1])
-end
-return {1, fence(KEYS[2], ARGV[3], tonumber(ARGV[5]), floor)}
-"#;
+return granted(KEYS[2], tonumber(ARGV[4]), floor)
+"#,
+        turn = TURN,
+        grants = grants,
+        place_ttl = QUEUE_TTL.as_millis(),
+    )
+}
 
-/// KEYS: readers, writer, fence. ARGV: token, lease ms, fence ttl ms, fence
-/// floor.
+/// KEYS: readers, writer, fence. ARGV: token, lease ms, fence floor.
 const ACQUIRE_READ: &str = r#"
-local floor = floor_of(ARGV[4])
+local floor = floor_of(ARGV[3])
 local q = quarantined(3)
 if q then return {0, q} end
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -287,13 +345,13 @@ end
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
-return {1, fence(KEYS[3], ARGV[3], 1, floor)}
+return granted(KEYS[3], 1, floor)
 "#;
 
-/// KEYS: writer, readers, fence. ARGV: token, lease ms, fence ttl ms, fence
-/// floor, tokens to reserve.
+/// KEYS: writer, readers, fence. ARGV: token, lease ms, fence floor,
+/// tokens to reserve.
 const ACQUIRE_WRITE: &str = r#"
-local floor = floor_of(ARGV[4])
+local floor = floor_of(ARGV[3])
 local q = quarantined(3)
 if q then return {0, q} end
 local held = redis.call('GET', KEYS[1])
@@ -307,54 +365,35 @@ if first[1] then
   return {0, tonumber(first[2]) - now}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, fence(KEYS[3], ARGV[3], tonumber(ARGV[5]), floor)}
+return granted(KEYS[3], tonumber(ARGV[4]), floor)
 "#;
 
-/// KEYS: holders, fence. ARGV: token, lease ms, fence ttl ms, fence floor,
-/// permits.
+/// KEYS: holders, fence. ARGV: token, lease ms, fence floor, permits.
 const ACQUIRE_SEMAPHORE: &str = r#"
-local floor = floor_of(ARGV[4])
+local floor = floor_of(ARGV[3])
 local q = quarantined(2)
 if q then return {0, q} end
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not mine and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[5]) then
+if not mine and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, tonumber(first[2]) - now}
 end
 hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
-return {1, fence(KEYS[2], ARGV[3], 1, floor)}
+return granted(KEYS[2], 1, floor)
 "#;
 
-/// KEYS: lock, and for an exclusive lock its queue, places, successor,
-/// grants and fence. ARGV: token, channel, `PUBLISH` (or, on a cluster,
+/// KEYS: lock. ARGV: token, channel, `PUBLISH` (or, on a cluster,
 /// `SPUBLISH`: a message for the channel's slot only, Redis 7.0+; a server
-/// without it sends none, and waiters look again within a second),
-/// successor ttl ms, fence ttl ms, and to undo a grant that is not to be
-/// kept (a Redlock round short of a majority) the waiter's place score and
-/// place ttl ms: it goes back in the queue at its place before the next
-/// is named, so that the instance names the waiter first by score, as
-/// those where it was not granted do. redis-py's release, plus the
+/// without it sends none, and waiters look again within a second).
+/// redis-py's release, plus the message: the releasing token, so that a
+/// backend tells its own releases from others'. Returns 0 when the lock
+/// was not ours, else 1 plus the number of subscribers that received the
 /// message.
-///
-/// The message is the releasing token, so that a backend tells its own
-/// releases from others', and the successor's after a space when the
-/// queue named one (with its fencing tokens when it was granted the lock
-/// directly, see `HAND_ON`): it then goes to the successor's process
-/// alone. A lock with a queue publishes nothing when nobody waits in it:
-/// its waiters listen on their own processes' channels, which only a turn
-/// is sent on. Returns 0 when the lock was not ours, else 1 plus the
-/// number of subscribers that received the message.
 const RELEASE_STRING: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if #KEYS >= 6 then
-    if ARGV[6] then enqueue()(KEYS[2], KEYS[3], KEYS[5], ARGV[1], tonumber(ARGV[7]), tonumber(ARGV[6]), '') end
-    if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
-    local heard = hand_on()(KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[2], ARGV[3], ARGV[1], {KEYS[1], KEYS[6], ARGV[5]})
-    return 1 + (heard or 0)
-  end
   local heard = redis.pcall(ARGV[3], ARGV[2], ARGV[1])
   if type(heard) ~= 'number' then heard = 0 end
   return 1 + heard
@@ -362,33 +401,55 @@ end
 return 0
 "#;
 
-/// KEYS and ARGV as `RELEASE_STRING` takes them for an exclusive lock,
-/// without the undo's.
+/// `RELEASE_STRING` for a lock with a queue (on one server: its channel is
+/// the lock's name and `:rel`, published with `PUBLISH`). KEYS: lock,
+/// queue. ARGV: token, and to undo a grant that is not to be kept (a
+/// Redlock round short of a majority) the waiter's place score: it goes
+/// back in the queue at its place before the next is named, so that the
+/// instance names the waiter first by score, as those where it was not
+/// granted do.
 ///
-/// A waiter that gave up leaves the queue; if a release had named it and
-/// the lock is still free, or granted it the lock directly (the waiter
-/// left before it heard, or without being told), the next waiter is
-/// given its turn instead.
-const LEAVE_QUEUE: &str = r#"
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-local free = false
-if redis.call('GET', KEYS[4]) == ARGV[1] then
-  redis.call('DEL', KEYS[4])
-  free = redis.call('EXISTS', KEYS[1]) == 0
-elseif redis.call('GET', KEYS[1]) == ARGV[1] then
+/// It publishes nothing when nobody waits in the queue: its waiters listen
+/// on their own processes' channels, which only a turn is sent on; else
+/// the message names the successor after a space (with its fencing tokens
+/// when it was granted the lock directly, see `hand_on`), and goes to the
+/// successor's process alone. Returns as `RELEASE_STRING` does.
+const RELEASE_QUEUED: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  free = true
+  if ARGV[2] then enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[2]), '') end
+  if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+  local heard = hand_on()(KEYS[1], KEYS[1] .. ':rel', 'PUBLISH', ARGV[1], true)
+  return 1 + (heard or 0)
 end
-if free then
-  hand_on()(KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[4], ARGV[2], ARGV[3], ARGV[1], {KEYS[1], KEYS[6], ARGV[5]})
-end
-return 1
+return 0
 "#;
 
-/// KEYS: holders. ARGV: token, channel, `PUBLISH` or `SPUBLISH`.
-/// Returns as `RELEASE_STRING` does.
+/// KEYS and ARGV as `RELEASE_QUEUED` takes them, without the undo's.
+///
+/// A waiter that gave up leaves the queue; if a release had named it (the
+/// lock holds its turn) or granted it the lock directly (the waiter left
+/// before it heard, or without being told), the next waiter is given its
+/// turn instead.
+fn leave_queue() -> String {
+    format!(
+        r#"
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[1] .. ':places', ARGV[1])
+redis.call('HDEL', KEYS[1] .. ':grants', ARGV[1])
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] or held == '{turn}' .. ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  hand_on()(KEYS[1], KEYS[1] .. ':rel', 'PUBLISH', ARGV[1], true)
+end
+return 1
+"#,
+        turn = TURN
+    )
+}
+
+/// KEYS: holders. ARGV as `RELEASE_STRING` takes them, and returns as it
+/// does.
 const RELEASE_MEMBER: &str = r#"
 local n = redis.call('ZREM', KEYS[1], ARGV[1])
 if n == 1 then
@@ -399,27 +460,37 @@ end
 return n
 "#;
 
-/// KEYS: lock, fence. ARGV: token, lease ms, fence ttl ms.
-const EXTEND_STRING: &str = r#"
+/// KEYS: lock, fence. ARGV: token, lease ms.
+fn extend_string() -> String {
+    format!(
+        r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  redis.call('PEXPIRE', KEYS[2], {ttl})
   return 1
 end
 return 0
-"#;
+"#,
+        ttl = FENCE_TTL.as_millis()
+    )
+}
 
-/// KEYS: holders, fence. ARGV: token, lease ms, fence ttl ms.
-const EXTEND_MEMBER: &str = r#"
+/// KEYS: holders, fence. ARGV: token, lease ms.
+fn extend_member() -> String {
+    format!(
+        r#"
 local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) > now then
   hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+  redis.call('PEXPIRE', KEYS[2], {ttl})
   return 1
 end
 return 0
-"#;
+"#,
+        ttl = FENCE_TTL.as_millis()
+    )
+}
 
 /// The arguments (past the keys) and bytes a script call is sized for.
 const CALL_ARGS: usize = 8;
@@ -522,7 +593,7 @@ impl ToRedisArgs for Suffixed<'_> {
 /// Writes `parts` as one argument, joined on the stack: a lock names a
 /// dozen keys and a few composite arguments, and the command's writer for
 /// an argument in pieces cost some 150 instructions each more.
-pub(super) fn write_joined<W: ?Sized + RedisWrite>(out: &mut W, parts: &[&[u8]]) {
+fn write_joined<W: ?Sized + RedisWrite>(out: &mut W, parts: &[&[u8]]) {
     let mut joined = [0u8; 160];
     let len = parts.iter().map(|p| p.len()).sum::<usize>();
     if len > joined.len() {
@@ -544,10 +615,13 @@ pub(super) fn write_joined<W: ?Sized + RedisWrite>(out: &mut W, parts: &[&[u8]])
 pub(super) struct Scripts {
     pub(super) acquire_exclusive: Lua,
     pub(super) acquire_queued: Lua,
+    /// `acquire_queued` leaving terms for a direct grant.
+    pub(super) acquire_queued_granting: Lua,
     pub(super) acquire_read: Lua,
     pub(super) acquire_write: Lua,
     pub(super) acquire_semaphore: Lua,
     pub(super) release_string: Lua,
+    pub(super) release_queued: Lua,
     pub(super) release_member: Lua,
     pub(super) leave_queue: Lua,
     pub(super) extend_string: Lua,
@@ -570,23 +644,31 @@ pub(super) fn scripts() -> &'static Scripts {
     SCRIPTS.get_or_init(|| {
         let script = |parts: &[&str]| Lua::new(parts.concat());
         let in_set = [NOW_MS, HOLD_IN_SET].concat();
-        let enqueue = lazily("enqueue", &[NOW_MS, ENQUEUE]);
+        let enqueue = lazily("enqueue", &[NOW_MS, &enqueue()]);
         let enqueue = enqueue.as_str();
         let fence = fence();
         let fence = fence.as_str();
-        let hand_on = lazily("hand_on", &[NOW_MS, fence, HAND_ON]);
+        let hand_on = lazily("hand_on", &[NOW_MS, fence, &hand_on()]);
         let hand_on = hand_on.as_str();
         Scripts {
-            acquire_exclusive: script(&[QUARANTINE, fence, ACQUIRE_EXCLUSIVE]),
-            acquire_queued: script(&[QUARANTINE, enqueue, fence, ACQUIRE_QUEUED]),
-            acquire_read: script(&[QUARANTINE, &in_set, fence, ACQUIRE_READ]),
-            acquire_write: script(&[QUARANTINE, NOW_MS, fence, ACQUIRE_WRITE]),
-            acquire_semaphore: script(&[QUARANTINE, &in_set, fence, ACQUIRE_SEMAPHORE]),
-            release_string: script(&[hand_on, enqueue, RELEASE_STRING]),
+            acquire_exclusive: script(&[QUARANTINE, fence, GRANTED, ACQUIRE_EXCLUSIVE]),
+            acquire_queued: script(&[QUARANTINE, enqueue, fence, GRANTED, &acquire_queued(false)]),
+            acquire_queued_granting: script(&[
+                QUARANTINE,
+                enqueue,
+                fence,
+                GRANTED,
+                &acquire_queued(true),
+            ]),
+            acquire_read: script(&[QUARANTINE, &in_set, fence, GRANTED, ACQUIRE_READ]),
+            acquire_write: script(&[QUARANTINE, NOW_MS, fence, GRANTED, ACQUIRE_WRITE]),
+            acquire_semaphore: script(&[QUARANTINE, &in_set, fence, GRANTED, ACQUIRE_SEMAPHORE]),
+            release_string: script(&[RELEASE_STRING]),
+            release_queued: script(&[hand_on, enqueue, RELEASE_QUEUED]),
             release_member: script(&[RELEASE_MEMBER]),
-            leave_queue: script(&[hand_on, LEAVE_QUEUE]),
-            extend_string: script(&[EXTEND_STRING]),
-            extend_member: script(&[&in_set, EXTEND_MEMBER]),
+            leave_queue: script(&[hand_on, &leave_queue()]),
+            extend_string: script(&[&extend_string()]),
+            extend_member: script(&[&in_set, &extend_member()]),
         }
     })
 }

@@ -48,7 +48,7 @@
 //! a random pause of up to 50 ms, or sooner when a majority names them.
 //!
 //! Each instance's connection speaks RESP3, which carries the release
-//! messages (Redis 6 or later, as for the single server), and its user
+//! messages (Redis 6.2 or later, as for the single server), and its user
 //! needs `SUBSCRIBE` and, under Redis 7 ACLs, the lock channels: without
 //! them waiters hear nothing and look again only on their timers.
 //!
