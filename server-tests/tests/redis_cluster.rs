@@ -308,6 +308,51 @@ async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
     other.release().await.unwrap();
 }
 
+/// `CLUSTER INFO` counts the state of every slot, some 270,000
+/// instructions of the server's: the acquire scripts read the node's
+/// config epoch from it once per slot and keep it beside the node's
+/// replication ID (see `a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable`
+/// for a promoted node reading it again), not once per lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_config_epoch_is_read_once_per_slot_not_once_per_lock() {
+    let cluster = RedisCluster::start("epoch").await;
+    let url = cluster.url("");
+    let b = backend(&url, RedisOptions::default().cohort(CohortOptions::off())).await;
+    let (master, _) = cluster.master_of(cluster.slot("lock:{k}").await).await;
+    let masters: Vec<u16> = cluster
+        .nodes(master.port)
+        .await
+        .iter()
+        .filter(|n| n.master)
+        .map(|n| n.port)
+        .collect();
+    let read = || async {
+        let mut calls = 0;
+        for port in &masters {
+            let stats: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut cluster.conn(*port).await)
+                .await
+                .unwrap();
+            calls += stats
+                .lines()
+                .filter_map(|l| l.strip_prefix("cmdstat_cluster|info:calls="))
+                .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+                .sum::<u64>();
+        }
+        calls
+    };
+    let before = read().await;
+    for _ in 0..20 {
+        b.lock("k").await.unwrap().release().await.unwrap();
+    }
+    assert_eq!(
+        read().await - before,
+        1,
+        "CLUSTER INFO calls for 20 locks of one key"
+    );
+}
+
 /// A waiter subscribes to the release channel on its slot's master only
 /// (sharded), the subscription follows the slot when it moves, and the
 /// waiter gets the lock once it is released.

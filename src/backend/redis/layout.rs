@@ -26,6 +26,8 @@ pub(crate) struct Layout {
     kind: Kind,
     /// `prefix{key}`, which every key of the lock begins with.
     base: String,
+    /// The length of its prefix.
+    prefix_len: usize,
     /// Whether it has a queue of waiters (an exclusive lock): its keys are
     /// named from `base` in the scripts (see `scripts::enqueue`).
     queued: bool,
@@ -117,6 +119,7 @@ impl Layout {
         Layout {
             kind,
             base: redis_name(prefix, key.as_str()),
+            prefix_len: prefix.len(),
             queued: kind == Kind::Exclusive,
             grants: false,
             publish: "PUBLISH",
@@ -241,7 +244,10 @@ impl Layout {
         call.arg(token).arg(lease.as_millis() as u64);
         match floor {
             Floor::Fixed(floor) => call.arg(floor),
-            Floor::ClusterEpoch => call.arg("cluster"),
+            Floor::ClusterEpoch => match epoch_cache(&self.base, self.prefix_len) {
+                Some(cache) => call.arg(Suffixed("cluster ", &cache)),
+                None => call.arg("cluster"),
+            },
         };
         match self.kind {
             Kind::Semaphore(permits) => call.arg(permits),
@@ -465,6 +471,68 @@ pub(crate) enum Floor {
     ClusterEpoch,
 }
 
+/// Where the acquire scripts on a Cluster keep the node's config epoch
+/// (see `scripts::fence`) for the lock named `name` (its prefix the first
+/// `prefix_len` bytes): a key on its slot, `prefix{{~n}:epoch`, `n` the
+/// least number whose tag `{~n` has that slot. No lock's key has that tag:
+/// `redis_name` writes a `{` in a tag only before `(` or `)`. `None` when
+/// the prefix holds a brace (the tag is then the prefix's): the scripts
+/// then read the epoch every time.
+fn epoch_cache(name: &str, prefix_len: usize) -> Option<String> {
+    let prefix = &name[..prefix_len];
+    if prefix.contains(['{', '}']) {
+        return None;
+    }
+    let slot = slot_of(name);
+    let mut n = itoa::Buffer::new();
+    let cache = [prefix, "{{~", n.format(tag_of(slot)), "}:epoch"].concat();
+    debug_assert_eq!(slot_of(&cache), slot);
+    Some(cache)
+}
+
+/// The Cluster slot of a Redis key name: CRC16 (XMODEM) of its hash tag,
+/// or of the whole name without one, as the servers and the `redis` crate
+/// compute it.
+fn slot_of(name: &str) -> u16 {
+    let bytes = name.as_bytes();
+    let tag = bytes
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(bytes);
+    crc16::State::<crc16::XMODEM>::calculate(tag) % SLOTS
+}
+
+const SLOTS: u16 = 16384;
+
+/// The least `n` whose tag `{~n` hashes to `slot`, for every slot: some
+/// 170,000 hashes, once per process, for 64 KiB.
+fn tag_of(slot: u16) -> u32 {
+    static TAGS: std::sync::OnceLock<Box<[u32]>> = std::sync::OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![u32::MAX; usize::from(SLOTS)];
+        let mut left = usize::from(SLOTS);
+        let mut n = 0u32;
+        while left > 0 {
+            let mut digits = itoa::Buffer::new();
+            let tag = ["{~", digits.format(n)].concat();
+            let slot =
+                usize::from(crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % SLOTS);
+            if tags[slot] == u32::MAX {
+                tags[slot] = n;
+                left -= 1;
+            }
+            n += 1;
+        }
+        tags.into_boxed_slice()
+    });
+    tags[usize::from(slot)]
+}
+
 /// The lease a release grants a waiter directly: the waiter's own, up to
 /// its place's life (`QUEUE_TTL`). A waiter that died with its place still
 /// alive holds the lock back no longer than that; one alive renews it to
@@ -529,6 +597,26 @@ mod name_tests {
             args,
             ["lock:{a}:fence".to_owned(), format!("{long}:queue"),]
         );
+    }
+
+    /// The epoch's cache is on the slot of the lock it serves, as the
+    /// `redis` crate routes them, and on no lock's key; every slot has one.
+    #[test]
+    fn the_epoch_cache_of_a_lock_is_on_its_slot() {
+        use redis::cluster_routing::Slot;
+        for key in ["a", "k", "order:42", "}x", "{", "sku-99", "~1", "{~1"] {
+            let name = redis_name("lock:", key);
+            let cache = super::epoch_cache(&name, "lock:".len()).unwrap();
+            assert_eq!(Slot::for_key(&cache), Slot::for_key(&name), "{key}");
+            assert_eq!(Slot::new(super::slot_of(&name)), Some(Slot::for_key(&name)));
+            assert!(
+                cache.starts_with("lock:{{~") && cache.ends_with("}:epoch"),
+                "{cache}"
+            );
+        }
+        let tags: std::collections::HashSet<u32> = (0..super::SLOTS).map(super::tag_of).collect();
+        assert_eq!(tags.len(), usize::from(super::SLOTS), "one tag per slot");
+        assert_eq!(super::epoch_cache("x{y}:{k}", "x{y}:".len()), None);
     }
 
     #[test]
