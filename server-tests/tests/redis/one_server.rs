@@ -668,3 +668,36 @@ async fn an_uncontended_lock_costs_the_server_two_small_scripts_of_six_commands(
     .collect();
     assert_eq!(calls, expected, "{stats}");
 }
+
+/// A waiter's turn kept in the lock's key (`~` and its token, set by a
+/// release that names it) is shown by inspection as that turn, not as an
+/// owner, and keeps everyone else out, redis-py's `SET NX` included.
+#[tokio::test]
+async fn a_named_waiters_turn_is_inspected_as_its_turn_and_keeps_others_out() {
+    let b = backend("turn").await;
+    let name = format!("{}{{k}}", prefix("turn"));
+    let mut conn = raw(&redis_url()).await;
+    let () = redis::cmd("SET")
+        .arg(&[name.as_str(), "~0123456789abcdef-waiter", "PX", "5000"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let seen = b.inspect(LockKey::new("k").unwrap()).await.unwrap();
+    assert_eq!(seen.holders.len(), 1, "{seen:?}");
+    assert_eq!(
+        seen.holders[0].identity.as_deref(),
+        Some("turn of waiter 0123456789abcdef-waiter")
+    );
+    assert!(seen.holders[0].token.is_none());
+    assert!(matches!(
+        b.lock("k").fail_fast().await,
+        Err(LockError::Busy)
+    ));
+    let taken: Option<String> = redis::cmd("SET")
+        .arg(&[name.as_str(), "py-token", "NX", "PX", "5000"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(taken, None, "redis-py took a waiter's turn");
+    let () = conn.del(&name).await.unwrap();
+}
