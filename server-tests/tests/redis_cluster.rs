@@ -216,6 +216,19 @@ async fn a_resharded_slot_keeps_its_locks() {
                 b.lock(key).fail_fast().await,
                 Err(LockError::Busy)
             ));
+            // The slot's epoch cache gone from the source (moved first, or
+            // never written): a script that reads it there would fail (a
+            // key not on the node); declared, it is sent again until the
+            // slot has moved, and then finds the lock held.
+            let (source, _) = cluster.master_of(slot).await;
+            let () = redis::cmd("DEL")
+                .arg(epoch_cache_of(slot))
+                .query_async(&mut cluster.conn(source.port).await)
+                .await
+                .unwrap();
+            let b = b.clone();
+            let busy = tokio::spawn(async move { b.lock(key).fail_fast().await.map(drop) });
+            tokio::time::sleep(Duration::from_millis(100)).await;
             // A key of the same slot that neither master has: the source
             // sends the script on with `ASK`, and the importing master
             // answers `TRYAGAIN` (a script of several keys, some missing)
@@ -224,9 +237,14 @@ async fn a_resharded_slot_keeps_its_locks() {
             let (a, fresh) = (a.clone(), fresh.clone());
             let taking = tokio::spawn(async move { a.lock(fresh.as_str()).lease(lease).await });
             tokio::time::sleep(Duration::from_millis(100)).await;
-            taking
+            (taking, busy)
         })
         .await;
+    let (fresh_guard, busy) = fresh_guard;
+    assert!(
+        matches!(busy.await.unwrap(), Err(LockError::Busy)),
+        "an acquisition on a migrating slot without its epoch cache on the source"
+    );
     let fresh_guard = fresh_guard
         .await
         .unwrap()
@@ -306,6 +324,49 @@ async fn a_failover_loses_an_unreplicated_lock_and_its_token_is_refusable() {
         .expect("the holder whose lock the failover lost was not told");
     drop(held);
     other.release().await.unwrap();
+}
+
+/// The key of `slot` its locks' scripts keep the slot's epoch in:
+/// `lock:{{~n}:epoch`, `n` the least number whose tag `{~n` is on it.
+fn epoch_cache_of(slot: u16) -> String {
+    let n = (0u32..)
+        .find(|n| key_slot(&format!("{{~{n}")) == slot)
+        .unwrap();
+    format!("lock:{{{{~{n}}}:epoch")
+}
+
+/// The epoch a slot's locks take their fencing floor from is a high-water
+/// mark of the slot: a master that finds it kept by another (here one of a
+/// far higher epoch, as a slot resharded from such a master keeps it) takes
+/// the higher of its own epoch and the kept one, whose tokens may still be
+/// out. Its own epoch alone would put the next token below them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slots_kept_epoch_is_a_floor_for_any_master_that_finds_it() {
+    let cluster = RedisCluster::start("highwater").await;
+    let url = cluster.url("");
+    let b = backend(&url, RedisOptions::default().cohort(CohortOptions::off())).await;
+    let slot = cluster.slot("lock:{k}").await;
+    let (master, _) = cluster.master_of(slot).await;
+    let cache = epoch_cache_of(slot);
+    assert_eq!(key_slot(&cache), slot);
+    let kept = 4000u64;
+    let () = redis::cmd("SET")
+        .arg(&[cache.as_str(), &format!("0123456789abcdef {kept}")])
+        .query_async(&mut cluster.conn(master.port).await)
+        .await
+        .unwrap();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    let g = b.lock("k").await.unwrap();
+    assert!(
+        g.token().get() > (kept << 36) + now_us - 10_000_000,
+        "token {} below the kept epoch's floor {}",
+        g.token().get(),
+        (kept << 36) + now_us
+    );
+    g.release().await.unwrap();
 }
 
 /// `CLUSTER INFO` counts the state of every slot, some 270,000

@@ -230,24 +230,33 @@ impl Layout {
         };
         let other = self.kind.other();
         let quarantine = self.quarantine.as_ref();
-        let mut call =
-            script.call(2 + usize::from(other.is_some()) + 2 * usize::from(quarantine.is_some()));
+        let epoch_cache = match floor {
+            Floor::ClusterEpoch => epoch_cache(&self.base, self.prefix_len),
+            Floor::Fixed(_) => None,
+        };
+        let mut call = script.call(
+            2 + usize::from(other.is_some())
+                + usize::from(epoch_cache.is_some())
+                + 2 * usize::from(quarantine.is_some()),
+        );
         call.key_suffixed(&self.base, self.kind.main());
         if let Some(other) = other {
             call.key_suffixed(&self.base, other);
         }
         call.key_suffixed(&self.base, FENCE);
-        // Last, so that every script finds them past its own.
+        // Past the script's own keys: the epoch's cache, then the
+        // quarantine's (see `scripts::fence`).
+        if let Some(cache) = &epoch_cache {
+            call.key(cache);
+        }
         if let Some((alive, quarantine, _)) = quarantine {
             call.key(alive).key(quarantine);
         }
         call.arg(token).arg(lease.as_millis() as u64);
         match floor {
             Floor::Fixed(floor) => call.arg(floor),
-            Floor::ClusterEpoch => match epoch_cache(&self.base, self.prefix_len) {
-                Some(cache) => call.arg(Suffixed("cluster ", &cache)),
-                None => call.arg("cluster"),
-            },
+            Floor::ClusterEpoch if epoch_cache.is_some() => call.arg("cluster-cached"),
+            Floor::ClusterEpoch => call.arg("cluster"),
         };
         match self.kind {
             Kind::Semaphore(permits) => call.arg(permits),
@@ -471,13 +480,13 @@ pub(crate) enum Floor {
     ClusterEpoch,
 }
 
-/// Where the acquire scripts on a Cluster keep the node's config epoch
-/// (see `scripts::fence`) for the lock named `name` (its prefix the first
-/// `prefix_len` bytes): a key on its slot, `prefix{{~n}:epoch`, `n` the
-/// least number whose tag `{~n` has that slot. No lock's key has that tag:
-/// `redis_name` writes a `{` in a tag only before `(` or `)`. `None` when
-/// the prefix holds a brace (the tag is then the prefix's): the scripts
-/// then read the epoch every time.
+/// Where the acquire scripts on a Cluster keep the epoch of the lock's
+/// slot (see `scripts::fence`) for the lock named `name` (its prefix the
+/// first `prefix_len` bytes): a key on its slot, `prefix{{~n}:epoch`, `n`
+/// the least number whose tag `{~n` has that slot. No lock's key has that
+/// tag: `redis_name` writes a `{` in a tag only before `(` or `)`. `None`
+/// when the prefix holds a brace (the tag is then the prefix's): the
+/// scripts then read the epoch every time.
 fn epoch_cache(name: &str, prefix_len: usize) -> Option<String> {
     let prefix = &name[..prefix_len];
     if prefix.contains(['{', '}']) {

@@ -12,6 +12,7 @@
 //! | exclusive | `lock:{K}`, a string holding the owner's random token (or, for the 100 ms of a waiter's turn, `~` and its token: see [Waiting](#waiting)); waiters' places in `lock:{K}:queue`, `:places` and `:grants` |
 //! | read/write | `lock:{K}:w`, the writer's token; `lock:{K}:r`, a sorted set of reader tokens scored by their expiry (ms) |
 //! | semaphore | `lock:{K}:s`, a sorted set of holder tokens scored by their expiry (ms) |
+//! | all, on a Cluster | `lock:{{~n}:epoch`, one per slot: the epoch its fencing floors come from (see [Fencing tokens](#fencing-tokens)) |
 //! | all | `lock:{K}:fence`, the fencing counter; releases publish on the channel `lock:{K}:rel`, those of an exclusive lock only to the next waiter's process, on `lock:{K}:rel:` and its process's token prefix (see [Waiting](#waiting)) |
 //!
 //! The exclusive lock is redis-py's `Lock` on the same name: `SET name token

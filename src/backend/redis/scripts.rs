@@ -55,15 +55,22 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 /// times `EPOCH_STRIDE`.
 ///
 /// `CLUSTER INFO` counts the state of all 16,384 slots: some 270,000
-/// instructions of the server's, three times the rest of a lock. So the
-/// acquire scripts pass `cluster` and the name of a key of the lock's slot
-/// (`epoch_cache`), which keeps the epoch read with the replication ID of
-/// the node that read it (`master_replid`, from `INFO replication`, a
-/// tenth of the cost). The epoch is read again whenever that ID differs:
-/// a node promoted to master, restarted, or replaced has a new one. While
-/// it is the same, the node has been master all along, and its epoch then
-/// was already above every master's before it, which is what the floor is
-/// for; a master after it has a higher epoch of its own.
+/// instructions of the server's, three times the rest of a lock. So an
+/// acquire script on a Cluster is given `cluster-cached` and, past its own
+/// `n` keys, a key of the lock's slot (`epoch_cache` in `layout.rs`): it
+/// holds the epoch the slot's locks were last given their floor from, and
+/// the replication ID (`master_replid`, from `INFO replication`, a tenth of
+/// the cost) of the master that wrote it. While the ID is this node's, the
+/// node has been that master all along and the floor stands. Else (a node
+/// promoted, restarted or replaced; the slot resharded here) the epoch is
+/// read again and the floor becomes the higher of it and the one kept: a
+/// high-water mark of the slot, which never expires and moves with the
+/// slot's keys (it is declared, so that no script runs where it is not
+/// while the slot migrates). A master's epoch may rise while it serves
+/// (`CLUSTER SETSLOT … NODE` after an import, `BUMPEPOCH`); its floor then
+/// stays the one it took, which is above every earlier master's of the
+/// slot, and a later master takes its own, above all. Without leave to run
+/// `INFO` (an ACL), the epoch is read every time.
 ///
 /// `fence` reserves up to `n` fencing tokens and returns the last and how
 /// many it reserved. The counter never falls behind `floor` plus the
@@ -87,26 +94,29 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 pub(super) fn fence() -> String {
     format!(
         r#"
-local function floor_of(arg)
-  if arg == '0' then return 0 end
-  local cache, replid = nil, nil
-  if string.sub(arg, 1, 8) == 'cluster ' then
-    cache = string.sub(arg, 9)
-    replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%x+)')
+local function floor_of(arg, n)
+  if arg == '0' then return 0, 0 end
+  if arg ~= 'cluster' and arg ~= 'cluster-cached' then return tonumber(arg), 0 end
+  local cache, replid, high = nil, nil, 0
+  if arg == 'cluster-cached' then
+    cache = KEYS[n + 1]
+    local info = redis.pcall('INFO', 'replication')
+    if type(info) == 'string' then replid = string.match(info, 'master_replid:(%x+)') end
     local cached = redis.call('GET', cache)
-    if replid and cached then
-      local id, epoch = string.match(cached, '^(%x+) (%d+)$')
-      if id == replid then return tonumber(epoch) * {stride} end
+    if cached then
+      local id, kept = string.match(cached, '^(%x+) (%d+)$')
+      if id and id == replid then return tonumber(kept) * {stride}, 1 end
+      high = tonumber(kept) or 0
     end
-  elseif arg ~= 'cluster' then
-    return tonumber(arg)
   end
   local epoch = tonumber(string.match(redis.call('CLUSTER', 'INFO'), 'cluster_my_epoch:(%d+)'))
+  if epoch then epoch = math.max(epoch, high) end
   if not epoch or epoch * {stride} > {max} then
     error({{err = 'ERR the config epoch ' .. tostring(epoch) .. ' is not a number up to {most}, the highest fencing tokens can carry'}})
   end
-  if replid then redis.call('SET', cache, replid .. ' ' .. epoch, 'PX', {ttl}) end
-  return epoch * {stride}
+  if replid then redis.call('SET', cache, replid .. ' ' .. epoch) end
+  if cache then return epoch * {stride}, 1 end
+  return epoch * {stride}, 0
 end
 local function fence(key, n, floor)
   local t = redis.call('TIME')
@@ -294,8 +304,8 @@ end
 /// lock: a call the client sent twice (the cluster client re-sends one
 /// whose connection broke before the answer) must not find itself busy.
 const ACQUIRE_EXCLUSIVE: &str = r#"
-local floor = floor_of(ARGV[3])
-local q = quarantined(2)
+local floor, cached = floor_of(ARGV[3], 2)
+local q = quarantined(2 + cached)
 if q then return {0, q} end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, redis.call('PTTL', KEYS[1])} end
@@ -324,8 +334,8 @@ return granted(KEYS[2], tonumber(ARGV[4]), floor)
 fn acquire_queued(grants: bool) -> String {
     format!(
         r#"
-local floor = floor_of(ARGV[3])
-local q = quarantined(2)
+local floor, cached = floor_of(ARGV[3], 2)
+local q = quarantined(2 + cached)
 if q then return {{0, q}} end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local held = redis.call('GET', KEYS[1])
@@ -359,8 +369,8 @@ return granted(KEYS[2], tonumber(ARGV[4]), floor)
 
 /// KEYS: readers, writer, fence. ARGV: token, lease ms, fence floor.
 const ACQUIRE_READ: &str = r#"
-local floor = floor_of(ARGV[3])
-local q = quarantined(3)
+local floor, cached = floor_of(ARGV[3], 3)
+local q = quarantined(3 + cached)
 if q then return {0, q} end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {0, redis.call('PTTL', KEYS[2])}
@@ -374,8 +384,8 @@ return granted(KEYS[3], 1, floor)
 /// KEYS: writer, readers, fence. ARGV: token, lease ms, fence floor,
 /// tokens to reserve.
 const ACQUIRE_WRITE: &str = r#"
-local floor = floor_of(ARGV[3])
-local q = quarantined(3)
+local floor, cached = floor_of(ARGV[3], 3)
+local q = quarantined(3 + cached)
 if q then return {0, q} end
 local held = redis.call('GET', KEYS[1])
 if held ~= false and held ~= ARGV[1] then
@@ -393,8 +403,8 @@ return granted(KEYS[3], tonumber(ARGV[4]), floor)
 
 /// KEYS: holders, fence. ARGV: token, lease ms, fence floor, permits.
 const ACQUIRE_SEMAPHORE: &str = r#"
-local floor = floor_of(ARGV[3])
-local q = quarantined(2)
+local floor, cached = floor_of(ARGV[3], 2)
+local q = quarantined(2 + cached)
 if q then return {0, q} end
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
