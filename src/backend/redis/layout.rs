@@ -26,8 +26,9 @@ pub(crate) struct Layout {
     kind: Kind,
     /// `prefix{key}`, which every key of the lock begins with.
     base: String,
-    /// The length of its prefix.
-    prefix_len: usize,
+    /// On a Cluster, the key of its slot the acquire scripts keep the
+    /// slot's epoch in (see [`epoch_cache`]).
+    epoch_cache: Option<String>,
     /// Whether it has a queue of waiters (an exclusive lock): its keys are
     /// named from `base` in the scripts (see `scripts::enqueue`).
     queued: bool,
@@ -119,7 +120,7 @@ impl Layout {
         Layout {
             kind,
             base: redis_name(prefix, key.as_str()),
-            prefix_len: prefix.len(),
+            epoch_cache: None,
             queued: kind == Kind::Exclusive,
             grants: false,
             publish: "PUBLISH",
@@ -146,10 +147,13 @@ impl Layout {
     ///
     /// No queue there: a script's keys must all be on the node while its
     /// slot migrates, and a lock with no waiter has none of its queue's.
-    pub(crate) fn sharded(mut self, sharded: bool) -> Self {
+    /// The key its slot's epoch is kept in is named here, once per
+    /// acquisition (`prefix` the backend's), not at every attempt.
+    pub(crate) fn sharded(mut self, prefix: &str, sharded: bool) -> Self {
         if sharded {
             self.publish = "SPUBLISH";
             self.queued = false;
+            self.epoch_cache = epoch_cache(prefix, &self.base);
         }
         self
     }
@@ -231,7 +235,7 @@ impl Layout {
         let other = self.kind.other();
         let quarantine = self.quarantine.as_ref();
         let epoch_cache = match floor {
-            Floor::ClusterEpoch => epoch_cache(&self.base, self.prefix_len),
+            Floor::ClusterEpoch => self.epoch_cache.as_ref(),
             Floor::Fixed(_) => None,
         };
         let mut call = script.call(
@@ -246,7 +250,7 @@ impl Layout {
         call.key_suffixed(&self.base, FENCE);
         // Past the script's own keys: the epoch's cache, then the
         // quarantine's (see `scripts::fence`).
-        if let Some(cache) = &epoch_cache {
+        if let Some(cache) = epoch_cache {
             call.key(cache);
         }
         if let Some((alive, quarantine, _)) = quarantine {
@@ -481,14 +485,13 @@ pub(crate) enum Floor {
 }
 
 /// Where the acquire scripts on a Cluster keep the epoch of the lock's
-/// slot (see `scripts::fence`) for the lock named `name` (its prefix the
-/// first `prefix_len` bytes): a key on its slot, `prefix{{~n}:epoch`, `n`
+/// slot (see `scripts::fence`) for the lock named `name` under `prefix`:
+/// a key on its slot, `prefix{{~n}:epoch`, `n`
 /// the least number whose tag `{~n` has that slot. No lock's key has that
 /// tag: `redis_name` writes a `{` in a tag only before `(` or `)`. `None`
 /// when the prefix holds a brace (the tag is then the prefix's): the
 /// scripts then read the epoch every time.
-fn epoch_cache(name: &str, prefix_len: usize) -> Option<String> {
-    let prefix = &name[..prefix_len];
+fn epoch_cache(prefix: &str, name: &str) -> Option<String> {
     if prefix.contains(['{', '}']) {
         return None;
     }
@@ -528,9 +531,7 @@ fn tag_of(slot: u16) -> u32 {
         let mut n = 0u32;
         while left > 0 {
             let mut digits = itoa::Buffer::new();
-            let tag = ["{~", digits.format(n)].concat();
-            let slot =
-                usize::from(crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % SLOTS);
+            let slot = usize::from(slot_of(&["{~", digits.format(n)].concat()));
             if tags[slot] == u32::MAX {
                 tags[slot] = n;
                 left -= 1;
@@ -615,7 +616,7 @@ mod name_tests {
         use redis::cluster_routing::Slot;
         for key in ["a", "k", "order:42", "}x", "{", "sku-99", "~1", "{~1"] {
             let name = redis_name("lock:", key);
-            let cache = super::epoch_cache(&name, "lock:".len()).unwrap();
+            let cache = super::epoch_cache("lock:", &name).unwrap();
             assert_eq!(Slot::for_key(&cache), Slot::for_key(&name), "{key}");
             assert_eq!(Slot::new(super::slot_of(&name)), Some(Slot::for_key(&name)));
             assert!(
@@ -625,7 +626,7 @@ mod name_tests {
         }
         let tags: std::collections::HashSet<u32> = (0..super::SLOTS).map(super::tag_of).collect();
         assert_eq!(tags.len(), usize::from(super::SLOTS), "one tag per slot");
-        assert_eq!(super::epoch_cache("x{y}:{k}", "x{y}:".len()), None);
+        assert_eq!(super::epoch_cache("x{y}:", "x{y}:{k}"), None);
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl Store for RedisStore {
         }
         let layout = Layout::new(&self.prefix, &request.key, request.mode)
             .with_quarantine(&self.prefix, self.quarantine)
-            .sharded(self.conn.is_cluster())
+            .sharded(&self.prefix, self.conn.is_cluster())
             .direct_grants(self.direct_grants);
         let tokens = request.tokens.clamp(1, MAX_TOKENS);
         let token = self.tokens.next();
