@@ -8,10 +8,11 @@ use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
+use super::call::Lua;
 use super::connection::Link;
 use super::layout::{redis_error, redis_name};
 use super::replicas::Acked;
-use super::scripts::{fence, hand_on, lazily, Lua, FENCE_TTL, NOW_MS, TURN};
+use super::scripts::{fence, hand_on, lazily, FENCE_TTL, NOW_MS, TURN};
 use super::server::{sentinel_floor, RedisStore};
 use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 
-use super::scripts::{scripts, Call, Lua, Suffixed, QUEUE_TTL};
+use super::call::{Call, Lua, Suffixed};
+use super::scripts::{scripts, QUEUE_TTL};
 pub(crate) use crate::backend::engine::owner::Tokens;
 use crate::error::LockError;
 use crate::key::LockKey;
@@ -579,7 +580,7 @@ pub(crate) enum Attempt {
 mod name_tests {
     use redis::{Arg, ToRedisArgs};
 
-    use super::super::scripts::Suffixed;
+    use super::super::call::Suffixed;
     use super::redis_name;
 
     /// The arguments `args` write, as text.

@@ -246,6 +246,7 @@
 //! `maxmemory-policy noeviction` (writes then fail, and acquisitions with
 //! them, rather than locks vanish).
 
+mod call;
 mod cluster;
 mod connection;
 mod inspect;
