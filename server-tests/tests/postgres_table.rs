@@ -282,6 +282,85 @@ async fn waiters_hear_the_release_and_poll_where_they_cannot() {
     settle_free(&raw().await, &k).await;
 }
 
+/// Waiters woken by one release write nothing but the winner's row: each
+/// loser's write would queue on the row, with a commit and its WAL flush,
+/// ahead of the winner's release. Counted by a trigger, on a table of the
+/// test's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_woken_by_a_release_write_only_the_winners_row() {
+    let table = format!("tower_lock_leases_writes_{}", std::process::id());
+    let k = key("woken", "k");
+    let url = pg_url();
+    let open = || connect(&url, PostgresOptions::default().lease_table(&table));
+    let holder = open().await;
+    let client = raw().await;
+    client
+        .batch_execute(&format!(
+            "CREATE SEQUENCE {table}_writes; \
+             CREATE FUNCTION {table}_count() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM nextval('{table}_writes'); RETURN NEW; END $$; \
+             CREATE TRIGGER counted AFTER INSERT OR UPDATE ON {table} \
+             FOR EACH ROW EXECUTE FUNCTION {table}_count()"
+        ))
+        .await
+        .unwrap();
+    let writes = || async {
+        let sql =
+            format!("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {table}_writes");
+        client.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0)
+    };
+    let mut held = holder
+        .lock(k.as_str())
+        .lease(Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Four replicas waiting: each a backend of its own, as a waiter in the
+    // holder's process would be handed the lock locally.
+    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..4 {
+        let (waiter, k, granted) = (open().await, k.clone(), granted.clone());
+        tokio::spawn(async move {
+            let g = waiter
+                .lock(k.as_str())
+                .lease(Duration::from_secs(60))
+                .wait(Duration::from_secs(30))
+                .await
+                .unwrap();
+            granted.send(g).unwrap();
+        });
+    }
+    // Each marked the row wanted (or found it marked) on arrival.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for round in 0..4 {
+        let before = writes().await;
+        let token = held.token();
+        held.release().await.unwrap();
+        let next = grants.recv().await.unwrap();
+        assert!(next.token() > token);
+        // The losers looked again, and wait again.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let written = writes().await - before;
+        assert_eq!(
+            written, 1,
+            "round {round}: {written} rows written for one grant"
+        );
+        held = next;
+    }
+    held.release().await.unwrap();
+    let left = format!("SELECT count(*) FROM {table}");
+    assert_eq!(
+        client.query_one(&left, &[]).await.unwrap().get::<_, i64>(0),
+        0
+    );
+    drop(holder);
+    client
+        .batch_execute(&format!(
+            "DROP TABLE {table}; DROP SEQUENCE {table}_writes; DROP FUNCTION {table}_count()"
+        ))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_dead_holders_row_is_taken_over_once_it_expires() {
     let k = key("dead", "k");

@@ -63,14 +63,17 @@ struct Slot {
 /// server's sessions are known to be kept.
 pub(super) struct Conn {
     pub(super) client: Client,
-    /// The statements of each lock ([`Stmt::Acquire`], `Renew`, `Release`).
-    prepared: [tokio::sync::OnceCell<Statement>; 3],
+    /// The statements of each lock ([`Stmt::Acquire`] to `Release`).
+    prepared: [tokio::sync::OnceCell<Statement>; 5],
 }
 
 /// Which statement to run.
 #[derive(Clone, Copy)]
 enum Stmt {
     Acquire,
+    /// A waiter's tries: [`Sql::join`], then [`Sql::acquire_waiting`].
+    Join,
+    AcquireWaiting,
     Renew,
     Release,
     /// Rare: never prepared.
@@ -220,8 +223,10 @@ impl LeaseTable {
         let sql = &self.sql;
         let (text, slot) = match which {
             Stmt::Acquire => (&sql.acquire, Some(0)),
-            Stmt::Renew => (&sql.renew, Some(1)),
-            Stmt::Release => (&sql.release, Some(2)),
+            Stmt::Join => (&sql.join, Some(1)),
+            Stmt::AcquireWaiting => (&sql.acquire_waiting, Some(2)),
+            Stmt::Renew => (&sql.renew, Some(3)),
+            Stmt::Release => (&sql.release, Some(4)),
             Stmt::Sweep => (&sql.sweep, None),
             Stmt::Probe => (&sql.probe, None),
         };
@@ -248,11 +253,19 @@ impl LeaseTable {
             .map_err(|e| pg_error(doing, e))
     }
 
-    async fn attempt(&self, key: &str, owner: &str, lease_ms: i64) -> Result<Attempt, LockError> {
+    /// Tries `which`, an acquire statement: [`Stmt::Join`] or one that
+    /// answers a token or the holder's time left.
+    async fn attempt(
+        &self,
+        which: Stmt,
+        key: &str,
+        owner: &str,
+        lease_ms: i64,
+    ) -> Result<Attempt, LockError> {
         let rows = self
             .query(
                 key,
-                Stmt::Acquire,
+                which,
                 &[
                     (&key, Type::TEXT),
                     (&owner, Type::TEXT),
@@ -261,9 +274,16 @@ impl LeaseTable {
                 "taking a lease row",
             )
             .await?;
-        let row = rows.first().ok_or_else(|| {
-            LockError::backend("postgres", "the acquire statement returned no row", None)
-        })?;
+        let Some(row) = rows.first() else {
+            if let Stmt::Join = which {
+                return Ok(Attempt::Busy(None));
+            }
+            return Err(LockError::backend(
+                "postgres",
+                "the acquire statement returned no row",
+                None,
+            ));
+        };
         Ok(match row.get::<_, Option<i64>>(0) {
             Some(n) => Attempt::Granted(n),
             None => Attempt::Busy(row.get(1)),
@@ -378,7 +398,7 @@ impl LeaseTable {
             armed: true,
         };
         let mut sent = Instant::now();
-        let mut attempt = self.attempt(&key, &owner, lease_ms).await?;
+        let mut attempt = self.attempt(Stmt::Acquire, &key, &owner, lease_ms).await?;
         if let (Attempt::Busy(_), Wait::FailFast) = (&attempt, request.wait) {
             undo.armed = false;
             return Err(LockError::Busy);
@@ -391,8 +411,15 @@ impl LeaseTable {
                 let released = watch.notify.notified();
                 tokio::pin!(released);
                 released.as_mut().enable();
+                // Inserting the row first, the waiters woken by a release
+                // write nothing but the winner's row; the losers then only
+                // read it, marked wanted (unless a new comer won it).
                 sent = Instant::now();
-                attempt = self.attempt(&key, &owner, lease_ms).await?;
+                attempt = self.attempt(Stmt::Join, &key, &owner, lease_ms).await?;
+                if let Attempt::Busy(_) = attempt {
+                    sent = Instant::now();
+                    attempt = (self.attempt(Stmt::AcquireWaiting, &key, &owner, lease_ms)).await?;
+                }
                 let Attempt::Busy(left) = attempt else {
                     break;
                 };

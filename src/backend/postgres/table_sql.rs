@@ -5,6 +5,11 @@
 pub(super) struct Sql {
     pub(super) create: String,
     pub(super) acquire: String,
+    /// A woken waiter's first try: insert the row, or nothing at all.
+    pub(super) join: String,
+    /// A waiter's acquire, which writes nothing while the row is held and
+    /// already marked wanted.
+    pub(super) acquire_waiting: String,
     pub(super) renew: String,
     pub(super) release: String,
     pub(super) sweep: String,
@@ -20,6 +25,25 @@ impl Sql {
     pub(super) fn new(table: &str, sequence: &str, channel: &str) -> Self {
         let expiry = "clock_timestamp() + $3 * interval '1 millisecond'";
         let then = "(EXCLUDED.expires_at - $3 * interval '1 millisecond')";
+        let left = "ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::int8";
+        // Takes the row over if expired, or else marks it wanted. Every
+        // test of expiry compares with one instant, the statement's
+        // `VALUES` time (the new expiry less the lease): asked once per
+        // column, the clock could move between them and keep the old owner
+        // with the new expiry. The token is drawn once the row is written
+        // and locked (`RETURNING` runs after the write), so any later grant
+        // of the key draws after it; a value drawn in `VALUES` could
+        // predate a grant made meanwhile. So it is not stored in the row.
+        // Also returns the holder's time left, for a busy key.
+        let take = format!(
+            "ON CONFLICT (key) DO UPDATE SET \
+             owner = CASE WHEN l.expires_at <= {then} THEN EXCLUDED.owner ELSE l.owner END, \
+             expires_at = CASE WHEN l.expires_at <= {then} \
+             THEN EXCLUDED.expires_at ELSE l.expires_at END, \
+             wanted = l.expires_at > {then} \
+             RETURNING CASE WHEN l.owner = $2 THEN nextval('{sequence}') END AS token, \
+             {left} AS left_ms"
+        );
         Sql {
             list: format!(
                 "SELECT key FROM {table} WHERE starts_with(key, $1) \
@@ -37,26 +61,30 @@ impl Sql {
                  ALTER TABLE {table} ADD COLUMN IF NOT EXISTS wanted boolean NOT NULL DEFAULT false"
             ),
             // One statement: insert the row, or take it over if expired, or
-            // else mark it wanted (so that its release notifies). Every
-            // test of expiry compares with one instant, the statement's
-            // `VALUES` time (the new expiry less the lease): asked once per
-            // column, the clock could move between them and keep the old
-            // owner with the new expiry. The token is drawn once the row is
-            // written and locked (`RETURNING` runs after the write), so any
-            // later grant of the key draws after it; a value drawn in
-            // `VALUES` could predate a grant made meanwhile. So it is not
-            // stored in the row. Also returns the holder's time left, for a
-            // busy key.
+            // else mark it wanted (so that its release notifies).
             acquire: format!(
-                "INSERT INTO {table} AS l (key, owner, expires_at) VALUES ($1, $2, {expiry}) \
-                 ON CONFLICT (key) DO UPDATE SET \
-                 owner = CASE WHEN l.expires_at <= {then} \
-                 THEN EXCLUDED.owner ELSE l.owner END, \
-                 expires_at = CASE WHEN l.expires_at <= {then} \
-                 THEN EXCLUDED.expires_at ELSE l.expires_at END, \
-                 wanted = l.expires_at > {then} \
-                 RETURNING CASE WHEN l.owner = $2 THEN nextval('{sequence}') END, \
-                 ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000)::int8"
+                "INSERT INTO {table} AS l (key, owner, expires_at) VALUES ($1, $2, {expiry}) {take}"
+            ),
+            // Inserts the row marked wanted (whoever wins a release's race
+            // was woken with others, likely still waiting) or does nothing:
+            // a conflict with the winner's row locks nothing and writes
+            // nothing, so the losers do not queue on the row, each with a
+            // commit and its WAL flush, ahead of the winner's release.
+            join: format!(
+                "INSERT INTO {table} (key, owner, expires_at, wanted) VALUES ($1, $2, {expiry}, true) \
+                 ON CONFLICT (key) DO NOTHING RETURNING nextval('{sequence}')"
+            ),
+            // The acquire statement, unless the row is seen held and marked
+            // wanted: then its release notifies, and the statement only
+            // reads its time left. Seen in the statement's snapshot: a
+            // release committed since then notifies too, after the waiter
+            // armed its wake-up.
+            acquire_waiting: format!(
+                "WITH seen AS (SELECT {left} AS left_ms FROM {table} \
+                 WHERE key = $1 AND wanted AND expires_at > clock_timestamp()), \
+                 tried AS (INSERT INTO {table} AS l (key, owner, expires_at) \
+                 SELECT $1, $2, {expiry} WHERE NOT EXISTS (SELECT FROM seen) {take}) \
+                 SELECT token, left_ms FROM tried UNION ALL SELECT NULL::int8, left_ms FROM seen"
             ),
             renew: format!(
                 "UPDATE {table} SET expires_at = {expiry} \
