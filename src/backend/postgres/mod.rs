@@ -107,11 +107,13 @@
 //!   `expires_at` has passed, by the server's clock, or else mark it
 //!   `wanted`. It returns the fencing token, drawn from the sequence once
 //!   the row is written (so tokens rise in grant order), or the holder's
-//!   time left. A waiter woken by a release first inserts the row marked
-//!   `wanted` or does nothing (`ON CONFLICT DO NOTHING`), then, if it lost,
-//!   runs the acquire statement only if the row it sees is not already
-//!   marked: the losers of a release's race write nothing, so they do not
-//!   queue on the row, each with its commit, ahead of the winner's release.
+//!   time left. A waiter's later tries are two: insert the row, marked
+//!   `wanted`, or nothing (`ON CONFLICT DO NOTHING`); then, if the row was
+//!   there, the acquire statement, unless the row is held, unexpired and
+//!   already marked. So the waiters a release wakes write nothing but the
+//!   winner's row, and none queues on it, with its commit, ahead of the
+//!   winner's release. A row a waiter won is marked from the start: its
+//!   release notifies even when no one waits any more.
 //! - The holder renews the row every third of the lock's lease (the
 //!   request's lease, [`LockLayer::lease`](crate::LockLayer::lease)), and is
 //!   told lost when a renewal finds the row gone, expired or taken, or gets

@@ -411,14 +411,16 @@ impl LeaseTable {
                 let released = watch.notify.notified();
                 tokio::pin!(released);
                 released.as_mut().enable();
-                // Inserting the row first, the waiters woken by a release
-                // write nothing but the winner's row; the losers then only
-                // read it, marked wanted (unless a new comer won it).
+                // Inserting the row, or else only reading it when it is
+                // marked: the waiters a release wakes write nothing but the
+                // winner's row.
                 sent = Instant::now();
                 attempt = self.attempt(Stmt::Join, &key, &owner, lease_ms).await?;
                 if let Attempt::Busy(_) = attempt {
                     sent = Instant::now();
-                    attempt = (self.attempt(Stmt::AcquireWaiting, &key, &owner, lease_ms)).await?;
+                    attempt = self
+                        .attempt(Stmt::AcquireWaiting, &key, &owner, lease_ms)
+                        .await?;
                 }
                 let Attempt::Busy(left) = attempt else {
                     break;

@@ -65,25 +65,29 @@ impl Sql {
             acquire: format!(
                 "INSERT INTO {table} AS l (key, owner, expires_at) VALUES ($1, $2, {expiry}) {take}"
             ),
-            // Inserts the row marked wanted (whoever wins a release's race
-            // was woken with others, likely still waiting) or does nothing:
-            // a conflict with the winner's row locks nothing and writes
-            // nothing, so the losers do not queue on the row, each with a
-            // commit and its WAL flush, ahead of the winner's release.
+            // A waiter's tries (every one after its first): the row is
+            // inserted, or nothing happens. A conflict with the row of
+            // whoever won locks nothing and writes nothing, so the waiters a
+            // release wakes do not queue on the row, each with a commit and
+            // its WAL flush, ahead of the winner's release. A waiter's row
+            // is marked wanted from the start, as others likely wait too:
+            // its release notifies (once, in vain, if none is left).
             join: format!(
-                "INSERT INTO {table} (key, owner, expires_at, wanted) VALUES ($1, $2, {expiry}, true) \
+                "INSERT INTO {table} (key, owner, expires_at, wanted) \
+                 VALUES ($1, $2, {expiry}, true) \
                  ON CONFLICT (key) DO NOTHING RETURNING nextval('{sequence}')"
             ),
-            // The acquire statement, unless the row is seen held and marked
-            // wanted: then its release notifies, and the statement only
-            // reads its time left. Seen in the statement's snapshot: a
-            // release committed since then notifies too, after the waiter
-            // armed its wake-up.
+            // Then, if the row was there: the acquire statement (its row
+            // marked, as `join`'s), unless the row is seen held, unexpired
+            // and already marked wanted. Its release then notifies, and the
+            // statement only reads the holder's time left. Seen in the
+            // statement's snapshot: a release committed since then notifies
+            // too, after the waiter armed its wake-up.
             acquire_waiting: format!(
                 "WITH seen AS (SELECT {left} AS left_ms FROM {table} \
                  WHERE key = $1 AND wanted AND expires_at > clock_timestamp()), \
-                 tried AS (INSERT INTO {table} AS l (key, owner, expires_at) \
-                 SELECT $1, $2, {expiry} WHERE NOT EXISTS (SELECT FROM seen) {take}) \
+                 tried AS (INSERT INTO {table} AS l (key, owner, expires_at, wanted) \
+                 SELECT $1, $2, {expiry}, true WHERE NOT EXISTS (SELECT FROM seen) {take}) \
                  SELECT token, left_ms FROM tried UNION ALL SELECT NULL::int8, left_ms FROM seen"
             ),
             renew: format!(

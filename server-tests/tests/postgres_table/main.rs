@@ -5,9 +5,12 @@
 //! says how to start them.
 //!
 //! Every test locks keys of its own (the test's name and this process's
-//! id) in the default table, and checks that no row of them is left.
+//! id) in the default table, and checks that no row of them is left (one
+//! counts the rows written, in a table of its own).
 
+#[path = "../common/mod.rs"]
 mod common;
+mod wakeups;
 
 use std::time::Duration;
 
@@ -222,143 +225,6 @@ mod conformance {
             bounced: true
         });
     }
-}
-
-#[tokio::test]
-async fn waiters_hear_the_release_and_poll_where_they_cannot() {
-    let k = key("heard", "k");
-    let holder = direct().await;
-    // The listener's test notification has arrived once this is true.
-    common::eventually("the direct listener hears its test notification", || {
-        holder.hears_releases()
-    })
-    .await;
-    let bounced_only = connect(&bouncer_url(), options()).await;
-    let with_listener = bounced().await;
-    common::eventually("the listener given a direct URL hears", || {
-        with_listener.hears_releases()
-    })
-    .await;
-    let listener_in_url = bounced_by_url().await;
-    common::eventually("the listener the URL sends to the server hears", || {
-        listener_in_url.hears_releases()
-    })
-    .await;
-    // Through the pooler the test notification never comes (give it its
-    // second to arrive).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(!bounced_only.hears_releases());
-    // The holder is a backend of its own: a waiter in the holder's process
-    // would be handed the lock locally.
-    let other = direct().await;
-    for (waiter, hears) in [
-        (&holder, true),
-        (&bounced_only, false),
-        (&with_listener, true),
-        (&listener_in_url, true),
-    ] {
-        // A long lease: a waiter that got the lock before it ended heard
-        // of (or polled for) the release.
-        let g = other
-            .lock(k.as_str())
-            .lease(Duration::from_secs(60))
-            .await
-            .unwrap();
-        let heard_before = waiter.releases_heard();
-        let waiting = {
-            let (w, k) = (waiter.clone(), k.clone());
-            tokio::spawn(async move { w.lock(k.as_str()).wait(Duration::from_secs(30)).await })
-        };
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let token = g.token();
-        g.release().await.unwrap();
-        let next = waiting.await.unwrap().unwrap();
-        assert!(next.token() > token);
-        // Woken by the release's notification, or (through the pooler) by
-        // looking again.
-        assert_eq!(waiter.releases_heard() > heard_before, hears);
-        next.release().await.unwrap();
-    }
-    settle_free(&raw().await, &k).await;
-}
-
-/// Waiters woken by one release write nothing but the winner's row: each
-/// loser's write would queue on the row, with a commit and its WAL flush,
-/// ahead of the winner's release. Counted by a trigger, on a table of the
-/// test's own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_woken_by_a_release_write_only_the_winners_row() {
-    let table = format!("tower_lock_leases_writes_{}", std::process::id());
-    let k = key("woken", "k");
-    let url = pg_url();
-    let open = || connect(&url, PostgresOptions::default().lease_table(&table));
-    let holder = open().await;
-    let client = raw().await;
-    client
-        .batch_execute(&format!(
-            "CREATE SEQUENCE {table}_writes; \
-             CREATE FUNCTION {table}_count() RETURNS trigger LANGUAGE plpgsql AS \
-             $$ BEGIN PERFORM nextval('{table}_writes'); RETURN NEW; END $$; \
-             CREATE TRIGGER counted AFTER INSERT OR UPDATE ON {table} \
-             FOR EACH ROW EXECUTE FUNCTION {table}_count()"
-        ))
-        .await
-        .unwrap();
-    let writes = || async {
-        let sql =
-            format!("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {table}_writes");
-        client.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0)
-    };
-    let mut held = holder
-        .lock(k.as_str())
-        .lease(Duration::from_secs(60))
-        .await
-        .unwrap();
-    // Four replicas waiting: each a backend of its own, as a waiter in the
-    // holder's process would be handed the lock locally.
-    let (granted, mut grants) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..4 {
-        let (waiter, k, granted) = (open().await, k.clone(), granted.clone());
-        tokio::spawn(async move {
-            let g = waiter
-                .lock(k.as_str())
-                .lease(Duration::from_secs(60))
-                .wait(Duration::from_secs(30))
-                .await
-                .unwrap();
-            granted.send(g).unwrap();
-        });
-    }
-    // Each marked the row wanted (or found it marked) on arrival.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    for round in 0..4 {
-        let before = writes().await;
-        let token = held.token();
-        held.release().await.unwrap();
-        let next = grants.recv().await.unwrap();
-        assert!(next.token() > token);
-        // The losers looked again, and wait again.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let written = writes().await - before;
-        assert_eq!(
-            written, 1,
-            "round {round}: {written} rows written for one grant"
-        );
-        held = next;
-    }
-    held.release().await.unwrap();
-    let left = format!("SELECT count(*) FROM {table}");
-    assert_eq!(
-        client.query_one(&left, &[]).await.unwrap().get::<_, i64>(0),
-        0
-    );
-    drop(holder);
-    client
-        .batch_execute(&format!(
-            "DROP TABLE {table}; DROP SEQUENCE {table}_writes; DROP FUNCTION {table}_count()"
-        ))
-        .await
-        .unwrap();
 }
 
 #[tokio::test]
