@@ -216,3 +216,43 @@ async fn a_waiter_marks_the_row_of_a_newcomer_that_won_the_race() {
     g.release().await.unwrap();
     settle_free(&client, &k).await;
 }
+
+/// Through a pooler in transaction mode, a listener trusts only its own
+/// test notification. Others' on the same channel (other replicas starting)
+/// can reach it inside its `LISTEN`'s transaction: taken for its own, they
+/// made it believe sessions were kept and prepare named statements, which
+/// then failed on other server sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_listeners_own_test_notification_counts() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let k = key("foreign-probes", "k");
+    let stop = Arc::new(AtomicBool::new(false));
+    // Others' test notifications, as fast as one connection sends them: an
+    // earlier version's (empty) and this one's form, with another nonce.
+    let flood = {
+        let (client, stop) = (raw().await, stop.clone());
+        tokio::spawn(async move {
+            let notify = format!("NOTIFY {TABLE}, ''; NOTIFY {TABLE}, '/probe/0'");
+            while !stop.load(Ordering::Relaxed) {
+                client.batch_execute(&notify).await.unwrap();
+            }
+        })
+    };
+    let mut backends = Vec::new();
+    for _ in 0..8 {
+        backends.push(connect(&bouncer_url(), options()).await);
+    }
+    // Each listener's own test notification has had its second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    flood.await.unwrap();
+    for (i, b) in backends.iter().enumerate() {
+        assert!(
+            !b.hears_releases(),
+            "listener {i} took another's test notification for its own"
+        );
+        b.lock(k.as_str()).await.unwrap().release().await.unwrap();
+    }
+    settle_free(&raw().await, &k).await;
+}

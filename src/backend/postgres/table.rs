@@ -37,6 +37,12 @@ const MAX_RECHECK: Duration = Duration::from_secs(1);
 /// How often a waiter looks when notifications do not arrive (a pooler in
 /// transaction mode between the listener and the server).
 pub(super) const POLL_RECHECK: Duration = Duration::from_millis(50);
+/// How a test notification's payload begins: with a `/`, which no key
+/// has. Each carries a nonce: through a pooler in transaction mode, another
+/// backend's (or an earlier listener's) can reach a listener inside its
+/// `LISTEN`'s transaction, and taken for its own, would make it believe
+/// the pooler's sessions are kept.
+const PROBE: &str = "/probe/";
 /// How long the listener waits for its own test notification.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long after a test notification that did not arrive the listener
@@ -108,6 +114,8 @@ pub(super) struct LeaseTable {
     waiters: Mutex<HashMap<String, Weak<Notify>>>,
     /// Woken by the listener's own test notification.
     probe: Notify,
+    /// That notification's payload: [`PROBE`] and a nonce, new for each.
+    probe_payload: Mutex<String>,
     /// Release notifications that woke a local waiter.
     heard: AtomicU64,
     owners: Tokens,
@@ -151,6 +159,7 @@ impl LeaseTable {
             listens_there,
             waiters: Mutex::new(HashMap::new()),
             probe: Notify::new(),
+            probe_payload: Mutex::new(String::new()),
             heard: AtomicU64::new(0),
             owners: Tokens::new(),
             tasks: Mutex::new(Vec::new()),
@@ -338,10 +347,14 @@ impl LeaseTable {
         }
     }
 
-    /// A notification: `key` was released (or swept); "" is the probe.
+    /// A notification: `key` was released (or swept), or a test
+    /// notification: this listener's own, or another's (of another
+    /// backend, or one before this listener's: only the latest counts).
     fn heard(&self, key: &str) {
-        if key.is_empty() {
-            self.probe.notify_waiters();
+        if key.starts_with(PROBE) {
+            if *lock(&self.probe_payload) == key {
+                self.probe.notify_waiters();
+            }
             return;
         }
         // Under the lock: no `Arc` of a watch outlives it here, so a
@@ -356,6 +369,8 @@ impl LeaseTable {
     /// Listens on `listener`, and says whether a test notification sent on
     /// the statement connection arrives there.
     async fn probe(&self, listener: &Client) -> Result<bool, LockError> {
+        let payload = format!("{PROBE}{}", self.owners.next());
+        lock(&self.probe_payload).clone_from(&payload);
         let probe = self.probe.notified();
         tokio::pin!(probe);
         probe.as_mut().enable();
@@ -363,8 +378,13 @@ impl LeaseTable {
             .batch_execute(&self.sql.listen)
             .await
             .map_err(|e| pg_error("listening for releases", e))?;
-        self.query("", Stmt::Probe, &[], "sending a test notification")
-            .await?;
+        self.query(
+            "",
+            Stmt::Probe,
+            &[(&payload, Type::TEXT)],
+            "sending a test notification",
+        )
+        .await?;
         Ok(tokio::time::timeout(PROBE_TIMEOUT, probe).await.is_ok())
     }
 

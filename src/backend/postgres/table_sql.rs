@@ -103,7 +103,7 @@ impl Sql {
                 "DELETE FROM {table} WHERE expires_at < clock_timestamp() \
                  RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
             ),
-            probe: format!("SELECT pg_notify('{channel}', '')"),
+            probe: format!("SELECT pg_notify('{channel}', $1)"),
             listen: format!("LISTEN \"{channel}\""),
         }
     }
