@@ -31,23 +31,16 @@ use crate::lost::Deadline;
 use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
 
+mod listen;
+
+use listen::listen;
+
 /// The longest a waiter sleeps without a notification before it looks
 /// again: covers a notification lost while the listener reconnected.
 const MAX_RECHECK: Duration = Duration::from_secs(1);
 /// How often a waiter looks when notifications do not arrive (a pooler in
 /// transaction mode between the listener and the server).
 pub(super) const POLL_RECHECK: Duration = Duration::from_millis(50);
-/// How a test notification's payload begins: with a `/`, which no key
-/// has. Each carries a nonce: through a pooler in transaction mode, another
-/// backend's (or an earlier listener's) can reach a listener inside its
-/// `LISTEN`'s transaction, and taken for its own, would make it believe
-/// the pooler's sessions are kept.
-const PROBE: &str = "/probe/";
-/// How long the listener waits for its own test notification.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
-/// How long after a test notification that did not arrive the listener
-/// tries again.
-const PROBE_AGAIN: Duration = Duration::from_secs(30);
 /// How often expired rows (of holders that died) are deleted.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Pause between tries of a statement whose connection broke.
@@ -329,74 +322,6 @@ impl LeaseTable {
         }
     }
 
-    /// The local waiters' wake-up for `key`.
-    fn watch(self: &Arc<Self>, key: &str) -> Watch {
-        let mut waiters = lock(&self.waiters);
-        let notify = match waiters.get(key).and_then(Weak::upgrade) {
-            Some(n) => n,
-            None => {
-                let n = Arc::new(Notify::new());
-                waiters.insert(key.to_owned(), Arc::downgrade(&n));
-                n
-            }
-        };
-        Watch {
-            table: self.clone(),
-            key: key.to_owned(),
-            notify,
-        }
-    }
-
-    /// A notification: `key` was released (or swept), or a test
-    /// notification: this listener's own, or another's (of another
-    /// backend, or one before this listener's: only the latest counts).
-    fn heard(&self, key: &str) {
-        if key.starts_with(PROBE) {
-            if *lock(&self.probe_payload) == key {
-                self.probe.notify_waiters();
-            }
-            return;
-        }
-        // Under the lock: no `Arc` of a watch outlives it here, so a
-        // `Watch` dropped meanwhile sees it is the last and leaves the map.
-        let waiters = lock(&self.waiters);
-        if let Some(n) = waiters.get(key).and_then(Weak::upgrade) {
-            n.notify_waiters();
-            self.heard.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Listens on `listener`, and says whether a test notification sent on
-    /// the statement connection arrives there.
-    async fn probe(&self, listener: &Client) -> Result<bool, LockError> {
-        let payload = format!("{PROBE}{}", self.owners.next());
-        lock(&self.probe_payload).clone_from(&payload);
-        let probe = self.probe.notified();
-        tokio::pin!(probe);
-        probe.as_mut().enable();
-        listener
-            .batch_execute(&self.sql.listen)
-            .await
-            .map_err(|e| pg_error("listening for releases", e))?;
-        self.query(
-            "",
-            Stmt::Probe,
-            &[(&payload, Type::TEXT)],
-            "sending a test notification",
-        )
-        .await?;
-        Ok(tokio::time::timeout(PROBE_TIMEOUT, probe).await.is_ok())
-    }
-
-    /// Wakes every waiter: a release may have gone unheard.
-    fn wake_all(&self) {
-        // Under the lock, as in `heard`.
-        let waiters = lock(&self.waiters);
-        for n in waiters.values().filter_map(Weak::upgrade) {
-            n.notify_waiters();
-        }
-    }
-
     pub(super) async fn acquire(
         self: Arc<Self>,
         request: LockRequest,
@@ -543,76 +468,6 @@ async fn connect(
     Ok((client, driver))
 }
 
-/// Keeps a connection listening for release notifications, and says
-/// whether they arrive: a pooler in transaction mode between the listener
-/// and the server runs `LISTEN` on a session the listener does not keep,
-/// and then waiters look again every [`POLL_RECHECK`] instead.
-async fn listen(table: Weak<LeaseTable>) {
-    let mut pause = Duration::from_millis(50);
-    let mut warned = false;
-    loop {
-        let Some(t) = table.upgrade() else { return };
-        let (config, target, timeout) =
-            (t.listen_config.clone(), t.target.clone(), t.connect_timeout);
-        drop(t);
-        let (client, driver) = match connect(&config, &target, timeout, Some(table.clone())).await {
-            Ok(opened) => opened,
-            Err(e) => {
-                tracing::debug!(error = %e, "the PostgreSQL listener could not connect");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_RECHECK);
-                continue;
-            }
-        };
-        let Some(t) = table.upgrade() else { return };
-        match t.probe(&client).await {
-            Ok(true) => {}
-            Ok(false) => {
-                if !warned {
-                    tracing::warn!(
-                        target = t.target,
-                        "PostgreSQL notifications do not arrive (a pooler in transaction \
-                         mode? see PostgresOptions::listen_url): lock waiters look again \
-                         every {} ms",
-                        POLL_RECHECK.as_millis()
-                    );
-                    warned = true;
-                }
-                // Behind a pooler the `LISTEN` stays on some pooled session:
-                // take it back, and try again later (a slow server may only
-                // have been late).
-                let _ = client.batch_execute("UNLISTEN *").await;
-                drop((t, client));
-                tokio::time::sleep(PROBE_AGAIN).await;
-                continue;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "the PostgreSQL listener failed");
-                drop(t);
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_RECHECK);
-                continue;
-            }
-        }
-        pause = Duration::from_millis(50);
-        t.notified.store(true, Ordering::Release);
-        if t.listens_there {
-            t.sessions_kept.store(true, Ordering::Release);
-        }
-        // Released while not listening: every waiter looks again.
-        t.wake_all();
-        drop(t);
-        // Until the connection ends (this task is stopped with the
-        // backend).
-        let _ = driver.await;
-        drop(client);
-        if let Some(t) = table.upgrade() {
-            t.notified.store(false, Ordering::Release);
-            t.wake_all();
-        }
-    }
-}
-
 /// Deletes expired rows, left by holders that died, every [`SWEEP_EVERY`].
 async fn sweep(table: Weak<LeaseTable>) {
     loop {
@@ -623,23 +478,6 @@ async fn sweep(table: Weak<LeaseTable>) {
             .await
         {
             tracing::debug!(error = %e, "sweeping expired PostgreSQL lease rows failed");
-        }
-    }
-}
-
-/// A waiter's wake-up, shared by the local waiters of one key.
-struct Watch {
-    table: Arc<LeaseTable>,
-    key: String,
-    notify: Arc<Notify>,
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        let mut waiters = lock(&self.table.waiters);
-        // Clones are made under this lock only: the last one leaves.
-        if Arc::strong_count(&self.notify) == 1 {
-            waiters.remove(&self.key);
         }
     }
 }
