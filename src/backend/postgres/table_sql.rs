@@ -5,10 +5,11 @@
 pub(super) struct Sql {
     pub(super) create: String,
     pub(super) acquire: String,
-    /// A woken waiter's first try: insert the row, or nothing at all.
+    /// Every try of a waiter after its first: insert the row, or nothing
+    /// at all.
     pub(super) join: String,
-    /// A waiter's acquire, which writes nothing while the row is held and
-    /// already marked wanted.
+    /// Then, if the row was there: the acquire statement, which writes
+    /// nothing while the row is held and already marked wanted.
     pub(super) acquire_waiting: String,
     pub(super) renew: String,
     pub(super) release: String,

@@ -26,6 +26,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long after a test notification that did not arrive the listener
 /// tries again.
 const PROBE_AGAIN: Duration = Duration::from_secs(30);
+
 impl LeaseTable {
     /// The local waiters' wake-up for `key`.
     pub(super) fn watch(self: &Arc<Self>, key: &str) -> Watch {
