@@ -74,9 +74,6 @@ impl Kind {
 
 const FENCE: &str = ":fence";
 const CHANNEL: &str = ":rel";
-/// The queue of an exclusive lock: the one key of it a release is given
-/// (the others are named in the scripts, see `scripts::enqueue`).
-const QUEUE: &str = ":queue";
 
 /// The lock's Redis name: `prefix{key}`, the key as the hash tag, so that
 /// every key of one lock (its fence, channel, readers) is on one Cluster
@@ -258,17 +255,38 @@ impl Layout {
             call.key(alive).key(quarantine);
         }
         call.arg(token).arg(lease.as_millis() as u64);
-        match floor {
-            Floor::Fixed(floor) => call.arg(floor),
-            Floor::ClusterEpoch if epoch_cache.is_some() => call.arg("cluster-cached"),
-            Floor::ClusterEpoch => call.arg("cluster"),
+        // Exclusive and write locks take the tokens to reserve next, then
+        // arguments they may be given none of when they are what the
+        // script takes their absence for (most attempts: no floor, join
+        // the queue if busy, at the server's clock): each one costs the
+        // server a Redis object, a Lua string and a slot in ARGV. Not with
+        // a quarantine, whose length comes last.
+        let defaults = quarantine.is_none()
+            && matches!(floor, Floor::Fixed(0))
+            && (!self.queued || (queue == Queue::OnBusy && score == 0));
+        let floor_arg = |call: &mut Call<'_>| {
+            match floor {
+                Floor::Fixed(floor) => call.arg(floor),
+                Floor::ClusterEpoch if epoch_cache.is_some() => call.arg("cluster-cached"),
+                Floor::ClusterEpoch => call.arg("cluster"),
+            };
         };
         match self.kind {
-            Kind::Semaphore(permits) => call.arg(permits),
-            Kind::Exclusive if self.queued => call.arg(tokens.max(1)).arg(queue as u8).arg(score),
-            Kind::Exclusive | Kind::Write => call.arg(tokens.max(1)),
-            Kind::Read => &mut call,
-        };
+            Kind::Semaphore(permits) => {
+                floor_arg(&mut call);
+                call.arg(permits);
+            }
+            Kind::Read => floor_arg(&mut call),
+            Kind::Exclusive | Kind::Write => {
+                call.arg(tokens.max(1));
+                if !defaults {
+                    floor_arg(&mut call);
+                    if self.queued && self.kind == Kind::Exclusive {
+                        call.arg(queue as u8).arg(score);
+                    }
+                }
+            }
+        }
         if let Some((_, _, ms)) = quarantine {
             call.arg(*ms);
         }
@@ -401,14 +419,13 @@ impl Layout {
         call
     }
 
-    /// A call of `script` on a lock with a queue for `token`: KEYS lock,
-    /// queue; ARGV token (`RELEASE_QUEUED`, `leave_queue`).
+    /// A call of `script` on a lock with a queue for `token`: KEYS lock
+    /// (the script names its queue), ARGV token (`RELEASE_QUEUED`,
+    /// `leave_queue`).
     fn queued_call<'a>(&self, script: &'a Lua, token: &str) -> Call<'a> {
         debug_assert!(self.queued, "a lock without a queue");
-        let mut call = script.call(2);
-        call.key(&self.base)
-            .key_suffixed(&self.base, QUEUE)
-            .arg(token);
+        let mut call = script.call(1);
+        call.key(&self.base).arg(token);
         call
     }
 

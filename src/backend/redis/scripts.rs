@@ -7,10 +7,12 @@
 //! lock and its release are two scripts on every request, so an
 //! uncontended one runs five commands (`SET NX`, `TIME`, `SET … GET` of the
 //! fence; `GET`, `DEL`) and one `EXISTS` of the queue, with the lifetimes
-//! written into the scripts' text rather than sent, and the names of the
-//! queue's keys made from the lock's in the script on the busy path alone
-//! (they share its hash tag, and the queue is only ever on one server or a
-//! Sentinel's master, never on a Cluster: see `Layout::sharded`).
+//! written into the scripts' text as strings rather than sent (a number
+//! Redis formats with `printf` on every call), arguments left out where
+//! the script's default is theirs, and the names of the queue's keys made
+//! from the lock's in the script (they share its hash tag, and the queue
+//! is only ever on one server or a Sentinel's master, never on a Cluster:
+//! see `Layout::sharded`).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -89,7 +91,7 @@ pub(super) fn fence() -> String {
     format!(
         r#"
 local function floor_of(arg, n)
-  if arg == '0' then return 0, 0 end
+  if arg == nil or arg == '0' then return 0, 0 end
   if arg ~= 'cluster' and arg ~= 'cluster-cached' then return tonumber(arg), 0 end
   local cache, replid, high = nil, nil, 0
   if arg == 'cluster-cached' then
@@ -115,12 +117,12 @@ end
 local function fence(key, n, floor)
   local t = redis.call('TIME')
   local least = floor + tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local prev = redis.call('SET', key, least, 'PX', {ttl}, 'GET')
+  local prev = redis.call('SET', key, least, 'PX', '{ttl}', 'GET')
   prev = tonumber(prev or '0')
   if prev + n <= least then return least, n end
   n = math.max(1, least - prev)
   local f = math.max(prev + n, least)
-  redis.call('SET', key, f, 'PX', {ttl})
+  redis.call('SET', key, f, 'PX', '{ttl}')
   return f, n
 end
 "#,
@@ -196,12 +198,12 @@ local function enqueue(lock, token, score, terms, t)
   if score == 0 then score = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
   redis.call('ZADD', queue, 'NX', int(score), token)
   redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + {ttl}), token)
-  redis.call('PEXPIRE', queue, {ttl})
-  redis.call('PEXPIRE', places, {ttl})
+  redis.call('PEXPIRE', queue, '{ttl}')
+  redis.call('PEXPIRE', places, '{ttl}')
   if terms ~= '' then
     local grants = lock .. ':grants'
     redis.call('HSET', grants, token, terms)
-    redis.call('PEXPIRE', grants, {ttl})
+    redis.call('PEXPIRE', grants, '{ttl}')
   end
 end
 "#,
@@ -263,7 +265,7 @@ local function hand_on(lock, channel, publish, releaser, grant)
     local last, reserved = fence(lock .. ':fence', tonumber(n), 0)
     message = message .. ' ' .. int(last) .. ' ' .. int(reserved)
   else
-    redis.call('SET', lock, '{turn}' .. named, 'PX', {next_ttl})
+    redis.call('SET', lock, '{turn}' .. named, 'PX', '{next_ttl}')
   end
   local heard = redis.pcall(publish, waiter_channel(channel, named), message)
   local behind = not lease and redis.call('ZRANGE', queue, 0, 0)[1]
@@ -291,27 +293,29 @@ local function granted(key, n, floor)
 end
 "#;
 
-/// KEYS: lock, fence. ARGV: token, lease ms, fence floor, tokens to
-/// reserve.
+/// KEYS: lock, fence. ARGV: token, lease ms, tokens to reserve, fence
+/// floor; the floor may be left out when it is `0` (see
+/// `Layout::try_acquire`).
 ///
 /// Every acquire script grants again to a token that already holds the
 /// lock: a call the client sent twice (the cluster client re-sends one
 /// whose connection broke before the answer) must not find itself busy.
 const ACQUIRE_EXCLUSIVE: &str = r#"
-local floor, cached = floor_of(ARGV[3], 2)
+local floor, cached = floor_of(ARGV[4], 2)
 local q = quarantined(2 + cached)
 if q then return {0, q} end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0, redis.call('PTTL', KEYS[1])} end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
-return granted(KEYS[2], tonumber(ARGV[4]), floor)
+return granted(KEYS[2], tonumber(ARGV[3]), floor)
 "#;
 
 /// `ACQUIRE_EXCLUSIVE` with the lock's queue. KEYS: lock, fence. ARGV:
-/// token, lease ms, fence floor, tokens to reserve, queue (`0`: never,
+/// token, lease ms, tokens to reserve, fence floor, queue (`0`: never,
 /// `1`: join it if busy, `2`: in it already), place score (`0`: the
-/// server's clock in µs). With `grants`, a waiter leaves terms for a
+/// server's clock in µs); the last three may be left out when they are
+/// `0`, `1` and `0`, as on most attempts. With `grants`, a waiter leaves terms for a
 /// release to grant it the lock directly: the lease up to `QUEUE_TTL`, and
 /// the tokens.
 ///
@@ -328,19 +332,20 @@ return granted(KEYS[2], tonumber(ARGV[4]), floor)
 fn acquire_queued(grants: bool) -> String {
     format!(
         r#"
-local floor, cached = floor_of(ARGV[3], 2)
+local floor, cached = floor_of(ARGV[4], 2)
 local q = quarantined(2 + cached)
 if q then return {{0, q}} end
+local tokens, queue = ARGV[3], ARGV[5] or '1'
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local held = redis.call('GET', KEYS[1])
   if held ~= ARGV[1] and held ~= '{turn}' .. ARGV[1] then
     local busy = redis.call('PTTL', KEYS[1])
     local t = nil
     if {grants} then t = redis.call('TIME') end
-    if ARGV[5] ~= '0' then
+    if queue ~= '0' then
       local terms = ''
-      if t then terms = math.min(tonumber(ARGV[2]), {place_ttl}) .. ' ' .. ARGV[4] end
-      enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[6]), terms, t)
+      if t then terms = math.min(tonumber(ARGV[2]), {place_ttl}) .. ' ' .. tokens end
+      enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[6] or '0'), terms, t)
     end
     if not t then return {{0, busy}} end
     local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -348,12 +353,12 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
-if ARGV[5] == '2' then
+if queue == '2' then
   redis.call('ZREM', KEYS[1] .. ':queue', ARGV[1])
   redis.call('ZREM', KEYS[1] .. ':places', ARGV[1])
   redis.call('HDEL', KEYS[1] .. ':grants', ARGV[1])
 end
-return granted(KEYS[2], tonumber(ARGV[4]), floor)
+return granted(KEYS[2], tonumber(tokens), floor)
 "#,
         turn = TURN,
         grants = grants,
@@ -375,10 +380,10 @@ hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
 return granted(KEYS[3], 1, floor)
 "#;
 
-/// KEYS: writer, readers, fence. ARGV: token, lease ms, fence floor,
-/// tokens to reserve.
+/// KEYS: writer, readers, fence. ARGV: token, lease ms, tokens to
+/// reserve, fence floor; the floor may be left out when it is `0`.
 const ACQUIRE_WRITE: &str = r#"
-local floor, cached = floor_of(ARGV[3], 3)
+local floor, cached = floor_of(ARGV[4], 3)
 local q = quarantined(3 + cached)
 if q then return {0, q} end
 local held = redis.call('GET', KEYS[1])
@@ -392,7 +397,7 @@ if first[1] then
   return {0, tonumber(first[2]) - now}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return granted(KEYS[3], tonumber(ARGV[4]), floor)
+return granted(KEYS[3], tonumber(ARGV[3]), floor)
 "#;
 
 /// KEYS: holders, fence. ARGV: token, lease ms, fence floor, permits.
@@ -429,8 +434,9 @@ return 0
 "#;
 
 /// `RELEASE_STRING` for a lock with a queue (on one server: its channel is
-/// the lock's name and `:rel`, published with `PUBLISH`). KEYS: lock,
-/// queue. ARGV: token, and to undo a grant that is not to be kept (a
+/// the lock's name and `:rel`, published with `PUBLISH`). KEYS: lock (its
+/// queue is named from it, as in `enqueue`: one key fewer to pass costs
+/// the server less than the name made here). ARGV: token, and to undo a grant that is not to be kept (a
 /// Redlock round short of a majority) the waiter's place score: it goes
 /// back in the queue at its place before the next is named, so that the
 /// instance names the waiter first by score, as those where it was not
@@ -445,7 +451,7 @@ const RELEASE_QUEUED: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if ARGV[2] then enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[2]), '') end
-  if redis.call('EXISTS', KEYS[2]) == 0 then return 1 end
+  if redis.call('EXISTS', KEYS[1] .. ':queue') == 0 then return 1 end
   local heard = hand_on()(KEYS[1], KEYS[1] .. ':rel', 'PUBLISH', ARGV[1], true)
   return 1 + (heard or 0)
 end
@@ -461,7 +467,7 @@ return 0
 fn leave_queue() -> String {
     format!(
         r#"
-redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[1] .. ':queue', ARGV[1])
 redis.call('ZREM', KEYS[1] .. ':places', ARGV[1])
 redis.call('HDEL', KEYS[1] .. ':grants', ARGV[1])
 local held = redis.call('GET', KEYS[1])
@@ -493,7 +499,7 @@ fn extend_string() -> String {
         r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], {ttl})
+  redis.call('PEXPIRE', KEYS[2], '{ttl}')
   return 1
 end
 return 0
@@ -510,7 +516,7 @@ local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if score and tonumber(score) > now then
   hold_in_set(KEYS[1], ARGV[1], ARGV[2], now)
-  redis.call('PEXPIRE', KEYS[2], {ttl})
+  redis.call('PEXPIRE', KEYS[2], '{ttl}')
   return 1
 end
 return 0
