@@ -178,7 +178,15 @@ fn inline_str(bytes: &[u8]) -> &str {
 
 impl PartialEq for LockKey {
     fn eq(&self, other: &Self) -> bool {
-        self.ptr_eq(other) || self.as_str() == other.as_str()
+        match (&self.0, &other.0) {
+            // Both in place: the unused bytes are zero (`Repr::of`), so the
+            // arrays compare whole, in a few word compares, not a `memcmp`
+            // call (the memory backend compares keys on every lock).
+            (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
+                a == b && x == y
+            }
+            _ => self.ptr_eq(other) || self.as_str() == other.as_str(),
+        }
     }
 }
 
@@ -503,6 +511,27 @@ impl std::error::Error for KeyError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_kept_in_place_are_equal_exactly_when_their_texts_are() {
+        let k = |s: &str| LockKey::new(s).unwrap();
+        assert_eq!(k("sku-1"), k("sku-1"));
+        assert_eq!(
+            k("orders:sku-1"),
+            LockKey::namespaced("orders", "sku-1").unwrap()
+        );
+        assert_ne!(k("sku-1"), k("sku-10"), "a prefix");
+        assert_ne!(k("sku-1"), k("sku-2"));
+        assert_ne!(k("a"), k("b"));
+        let longest = "k".repeat(INLINE);
+        assert_eq!(k(&longest), k(&longest));
+        assert_ne!(
+            k(&longest),
+            k(&"k".repeat(INLINE + 1)),
+            "in place and shared"
+        );
+        assert_eq!(k(&"k".repeat(INLINE + 1)), k(&"k".repeat(INLINE + 1)));
+    }
 
     #[test]
     fn short_keys_are_kept_in_place_and_long_ones_shared_alike() {
