@@ -116,13 +116,17 @@ impl LockKey {
         Ok(LockKey(Repr::of(key)))
     }
 
-    /// Makes the key `namespace:key`, validating the whole.
+    /// Makes the key `namespace:key`, validating both parts: each as a key
+    /// on its own (so neither may start or end blank), the whole no longer
+    /// than [`MAX_KEY_LEN`]. The namespace is held to the rules
+    /// [`LockLayer::namespace`](crate::LockLayer::namespace) applies.
     ///
     /// An empty namespace yields `key` alone.
     ///
     /// # Errors
     ///
-    /// [`KeyError`] if `key` is empty or the whole breaks a rule.
+    /// [`KeyError`] if `key` is empty, or either part or the whole breaks a
+    /// rule.
     pub fn namespaced(namespace: &str, key: &str) -> Result<Self, KeyError> {
         if namespace.is_empty() {
             return Self::new(key);
@@ -132,6 +136,11 @@ impl LockKey {
         if key.is_empty() {
             return Err(KeyError::Empty);
         }
+        // A layer's namespace was checked when it was set; this costs its
+        // requests a pass over a few bytes, and keeps a caller of this
+        // function (or of a `KeySource`) from making a key no backend
+        // should see.
+        check_namespace(namespace)?;
         let prefix = namespace.len() + 1;
         let len = prefix + key.len();
         if len > MAX_KEY_LEN {
@@ -511,6 +520,22 @@ impl std::error::Error for KeyError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespace_is_held_to_the_rules_of_a_namespace() {
+        let under = |ns: &str| LockKey::namespaced(ns, "k");
+        assert_eq!(under("a/b"), Err(KeyError::ForbiddenChar('/')));
+        assert_eq!(under("a\nb"), Err(KeyError::ForbiddenChar('\n')));
+        assert_eq!(under(" ns"), Err(KeyError::EdgeBlank));
+        assert_eq!(under("ns\u{200B}"), Err(KeyError::Invisible('\u{200B}')));
+        assert_eq!(under(".."), Err(KeyError::DotSegment));
+        // As `LockLayer::namespace` and `Locker::namespace` take them.
+        for ns in ["a/b", "a\nb", " ns", "ns\u{200B}", ".."] {
+            assert!(check_namespace(ns).is_err(), "{ns:?}");
+        }
+        assert_eq!(under("orders").unwrap().as_str(), "orders:k");
+        assert_eq!(under("").unwrap().as_str(), "k");
+    }
 
     #[test]
     fn keys_kept_in_place_are_equal_exactly_when_their_texts_are() {
