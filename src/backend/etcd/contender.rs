@@ -371,26 +371,31 @@ async fn create(
 ) -> Result<Created, LockError> {
     // The first writer, or for a reader every key: after the put, so they
     // include ours.
-    let queue = if is_reader(&value) {
-        by_create(SortOrder::Ascend)
-    } else {
-        by_create(SortOrder::Ascend).with_limit(1)
+    let queue = || match is_reader(&value) {
+        true => by_create(SortOrder::Ascend),
+        false => by_create(SortOrder::Ascend).with_limit(1),
     };
-    let put = PutOptions::new().with_lease(session.lease);
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-        .and_then([
-            TxnOp::put(key.as_str(), value.clone(), Some(put)),
-            TxnOp::get(prefix.as_str(), Some(queue.clone())),
-        ])
-        .or_else([
-            TxnOp::get(key.as_str(), None),
-            TxnOp::get(prefix.as_str(), Some(queue)),
-        ]);
-    let kv = session.client.kv_client();
+    // Made for each attempt rather than cloned: the first, nearly always
+    // the only one, then costs one build, not a build and a copy of every
+    // key and value in it (some twenty allocations).
+    let txn = || {
+        let put = PutOptions::new().with_lease(session.lease);
+        Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.as_str(), value.clone(), Some(put)),
+                TxnOp::get(prefix.as_str(), Some(queue())),
+            ])
+            .or_else([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(prefix.as_str(), Some(queue())),
+            ])
+    };
     loop {
         let answer = retry(&session, "creating the lock key", || {
-            let (mut kv, txn) = (kv.clone(), txn.clone());
+            // A client per attempt, cloned from the session's (each clone
+            // of its channel allocates): not one kept here and cloned again.
+            let (mut kv, txn) = (session.client.kv_client(), txn());
             async move { kv.txn(txn).await }
         })
         .await?;
@@ -428,10 +433,11 @@ async fn delete_if_created_at(
     key: &str,
     revision: i64,
 ) -> Result<(), LockError> {
-    let txn = delete_if_created_at_txn(key, revision);
-    let kv = session.client.kv_client();
     retry(session, "deleting a stray lock key", || {
-        let (mut kv, txn) = (kv.clone(), txn.clone());
+        let (mut kv, txn) = (
+            session.client.kv_client(),
+            delete_if_created_at_txn(key, revision),
+        );
         async move { kv.txn(txn).await }
     })
     .await
@@ -515,10 +521,10 @@ async fn delete_until_done(
     created_at: Option<i64>,
     until: Until,
 ) -> Result<(), LockError> {
-    let kv = session.client.kv_client();
-    let txn = created_at.map(|revision| delete_if_created_at_txn(key, revision));
     let call = || {
-        let (mut kv, txn) = (kv.clone(), txn.clone());
+        // Made anew for each attempt, as in `create`.
+        let txn = created_at.map(|revision| delete_if_created_at_txn(key, revision));
+        let mut kv = session.client.kv_client();
         async move {
             match txn {
                 Some(txn) => kv.txn(txn).await.map(drop),
