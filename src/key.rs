@@ -136,11 +136,6 @@ impl LockKey {
         if key.is_empty() {
             return Err(KeyError::Empty);
         }
-        // A layer's namespace was checked when it was set; this costs its
-        // requests a pass over a few bytes, and keeps a caller of this
-        // function (or of a `KeySource`) from making a key no backend
-        // should see.
-        check_namespace(namespace)?;
         let prefix = namespace.len() + 1;
         let len = prefix + key.len();
         if len > MAX_KEY_LEN {
@@ -149,6 +144,12 @@ impl LockKey {
                 namespace: prefix,
             });
         }
+        // A layer's namespace was checked when it was set; this costs its
+        // requests a pass over a few bytes, and keeps a caller of this
+        // function (or of a `KeySource`) from making a key no backend
+        // should see. After the length: a too long whole is reported as
+        // such, with its length.
+        check_namespace(namespace)?;
         validate(key)?;
         // Joined on the stack, so that the key costs no allocation (kept in
         // place) or one (shared), not two: this runs for every request.
@@ -534,6 +535,21 @@ mod tests {
             assert!(check_namespace(ns).is_err(), "{ns:?}");
         }
         assert_eq!(under("orders").unwrap().as_str(), "orders:k");
+        // Too long, whatever else: the whole's length, namespace included.
+        assert_eq!(
+            LockKey::namespaced(&"n".repeat(255), "kkk"),
+            Err(KeyError::TooLong {
+                len: 259,
+                namespace: 256
+            })
+        );
+        assert_eq!(
+            LockKey::namespaced(&"n/".repeat(150), "k"),
+            Err(KeyError::TooLong {
+                len: 302,
+                namespace: 301
+            })
+        );
         assert_eq!(under("").unwrap().as_str(), "k");
     }
 

@@ -194,9 +194,37 @@ impl Server {
         work: &std::path::Path,
         n: usize,
     ) -> Result<Vec<Server>, String> {
+        // Each port was free when picked, but any process may take it (an
+        // outbound connection's ephemeral port) before a member binds it:
+        // then the whole cluster starts again on other ports.
+        const TRIES: usize = 5;
+        for attempt in 1.. {
+            match Self::try_start_cluster(kind, work, n) {
+                Ok(members) => return Ok(members),
+                Err((why, true)) if attempt < TRIES => {
+                    eprintln!("harness: {why}: a port was taken; starting the cluster again");
+                    for i in 0..n {
+                        let _ = std::fs::remove_dir_all(work.join(format!("server{i}")));
+                    }
+                }
+                Err((why, _)) => return Err(why),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// One try of [`start_cluster`](Self::start_cluster): the members, or
+    /// why not and whether a member found one of its ports taken.
+    fn try_start_cluster(
+        kind: Kind,
+        work: &std::path::Path,
+        n: usize,
+    ) -> Result<Vec<Server>, (String, bool)> {
+        let fail = |why: String| (why, false);
         let mut members = (0..n)
             .map(|i| Self::prepare(kind, work, &format!("server{i}")))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(fail)?;
         let cluster = members
             .iter()
             .map(|m| format!("{}=http://127.0.0.1:{}", m.member, m.peer))
@@ -211,19 +239,27 @@ impl Server {
             m.cluster = cluster.clone();
             if kind == Kind::ZooKeeper {
                 let cfg = m.dir.join("zoo.cfg");
-                let standalone = std::fs::read_to_string(&cfg).map_err(|e| e.to_string())?;
+                let standalone = std::fs::read_to_string(&cfg).map_err(|e| fail(e.to_string()))?;
                 let cfg_text = format!("{standalone}initLimit=10\nsyncLimit=5\n{ensemble}");
-                std::fs::write(&cfg, cfg_text).map_err(|e| e.to_string())?;
+                std::fs::write(&cfg, cfg_text).map_err(|e| fail(e.to_string()))?;
                 std::fs::write(m.dir.join("data/myid"), format!("{}\n", i + 1))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| fail(e.to_string()))?;
             }
-            m.launch()?;
+            m.launch().map_err(fail)?;
         }
         for m in &mut members {
-            m.wait_up(Duration::from_secs(120))
-                .map_err(NotUp::message)?;
+            if let Err(e) = m.wait_up(Duration::from_secs(120)) {
+                let taken = matches!(e, NotUp::Exited(_)) && m.found_a_port_taken();
+                return Err((e.message(), taken));
+            }
         }
         Ok(members)
+    }
+
+    /// Whether the server's log says a port it was to listen on was taken.
+    fn found_a_port_taken(&self) -> bool {
+        std::fs::read_to_string(self.dir.join("server.log"))
+            .is_ok_and(|log| log.to_ascii_lowercase().contains("address already in use"))
     }
 
     /// A Redis master, two replicas and three Sentinels: the first three

@@ -122,3 +122,30 @@ fn postgres_restarts_once_the_old_processes_let_go() {
     drop(server);
     let _ = std::fs::remove_dir_all(&work);
 }
+
+/// A member that could not bind a port is told from one that failed
+/// otherwise, by its log: etcd's and ZooKeeper's wording of it.
+#[test]
+fn a_port_taken_is_read_off_the_log() {
+    let dir = std::env::temp_dir().join(format!("harness-taken-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let server = Server::prepare(Kind::Etcd, &dir, "server0").unwrap();
+    let log = server.dir.join("server.log");
+    assert!(!server.found_a_port_taken(), "no log yet");
+    for (text, taken) in [
+        (
+            "etcdmain: listen tcp 127.0.0.1:45049: bind: address already in use",
+            true,
+        ),
+        ("java.net.BindException: Address already in use", true),
+        (
+            "etcdmain: cannot access data directory: permission denied",
+            false,
+        ),
+    ] {
+        std::fs::write(&log, text).unwrap();
+        assert_eq!(server.found_a_port_taken(), taken, "{text}");
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

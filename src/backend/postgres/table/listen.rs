@@ -192,9 +192,10 @@ impl Drop for Watch {
 mod tests {
     use super::*;
 
-    /// A key that begins as a test notification does (made through a
-    /// namespace no check saw: `LockKey::namespaced` checks the key part
-    /// only) is still a key: its release wakes its waiters.
+    /// A payload that begins as a test notification does but is not this
+    /// listener's own latest is looked up as a key: no key can take that
+    /// shape today (`/` is refused in keys and namespaces alike), but the
+    /// listener does not lean on the key rules to never swallow a release.
     #[tokio::test]
     async fn a_payload_not_this_listeners_test_notification_is_a_key() {
         let config = tokio_postgres::Config::new();
