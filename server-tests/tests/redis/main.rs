@@ -66,6 +66,58 @@ async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+/// Starts counting the commands a server runs, scripts' included (its
+/// command statistics reset), and keeping every command with its
+/// arguments in its slow log.
+async fn count_commands(conn: &mut redis::aio::MultiplexedConnection) {
+    for args in [
+        &["CONFIG", "SET", "slowlog-log-slower-than", "0"][..],
+        &["SLOWLOG", "RESET"],
+        &["CONFIG", "RESETSTAT"],
+    ] {
+        let () = redis::cmd(args[0])
+            .arg(&args[1..])
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// What the server ran since [`count_commands`]: each command's calls, by
+/// name (sorted), and the whole of `INFO commandstats` to show.
+async fn commands_run(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> (Vec<(String, u64)>, String) {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut calls: Vec<(String, u64)> = stats
+        .lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let n = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            (!matches!(name, "config|resetstat" | "slowlog|reset")).then(|| (name.to_owned(), n))
+        })
+        .collect();
+    calls.sort();
+    (calls, stats)
+}
+
+/// `(name, calls)` pairs as [`commands_run`] gives them.
+fn calls(expected: &[(&str, u64)]) -> Vec<(String, u64)> {
+    expected
+        .iter()
+        .map(|(name, n)| (name.to_string(), *n))
+        .collect()
+}
+
 /// Every Redis key under `prefix`.
 async fn keys_under(url: &str, prefix: &str) -> Vec<String> {
     let mut conn = raw(url).await;

@@ -590,48 +590,16 @@ async fn an_uncontended_lock_costs_the_server_two_small_scripts_of_six_commands(
     b.lock("k").await.unwrap().release().await.unwrap();
     b.flush().await;
     let mut conn = raw(&server.url()).await;
-    let () = redis::cmd("CONFIG")
-        .arg(&["SET", "slowlog-log-slower-than", "0"])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let () = redis::cmd("SLOWLOG")
-        .arg("RESET")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    count_commands(&mut conn).await;
     b.lock("k").await.unwrap().release().await.unwrap();
     b.flush().await;
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (run, stats) = commands_run(&mut conn).await;
     // Each entry: id, time, duration, the command with its arguments, ...
     let log: Vec<Vec<redis::Value>> = redis::cmd("SLOWLOG")
         .arg(&["GET", "100"])
         .query_async(&mut conn)
         .await
         .unwrap();
-    let mut calls: Vec<(String, u64)> = stats
-        .lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let n = rest
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
-            (!matches!(name, "config|resetstat" | "slowlog|reset")).then(|| (name.to_owned(), n))
-        })
-        .collect();
-    calls.sort();
     let scripts: Vec<Vec<String>> = log
         .into_iter()
         .rev()
@@ -658,18 +626,15 @@ async fn an_uncontended_lock_costs_the_server_two_small_scripts_of_six_commands(
         (2, &["lock:{k}".to_owned()][..]),
         "the release's keys and arguments: {scripts:?}"
     );
-    let expected: Vec<(String, u64)> = [
+    let expected = calls(&[
         ("del", 1),
         ("evalsha", 2),
         ("exists", 1),
         ("get", 1),
         ("set", 2),
         ("time", 1),
-    ]
-    .iter()
-    .map(|(name, n)| (name.to_string(), *n))
-    .collect();
-    assert_eq!(calls, expected, "{stats}");
+    ]);
+    assert_eq!(run, expected, "{stats}");
 }
 
 /// A waiter's turn kept in the lock's key (`~` and its token, set by a

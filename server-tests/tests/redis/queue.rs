@@ -122,7 +122,7 @@ async fn a_release_grants_the_lock_to_the_first_waiter_directly() {
             let waiter = waiter.clone();
             tokio::spawn(async move { waiter.lock("k").wait(Duration::from_secs(10)).await })
         };
-        queued(test, "k", 1).await;
+        settled(&redis_url(), &lock).await;
         held.release().await.unwrap();
         let owner: Option<String> = conn.get(&lock).await.unwrap();
         let left: i64 = conn.pttl(&lock).await.unwrap();
@@ -372,6 +372,32 @@ pub(super) async fn queued(test: &str, key: &str, n: usize) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("{queue} did not get {n} waiters");
+}
+
+/// Waits until the one waiter of `lock` (a full key name) on the server
+/// at `url` has settled: queued, listening on its process's channel, and
+/// past the attempt it makes once it listens (a release published before
+/// it listened would be missed otherwise). A release before that attempt
+/// would race it: the attempt then finds the lock granted to its token and
+/// takes it again, for the whole lease.
+async fn settled(url: &str, lock: &str) {
+    let mut conn = raw(url).await;
+    for _ in 0..100 {
+        let waiting: usize = conn.zcard(format!("{lock}:queue")).await.unwrap();
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg(format!("{lock}:rel:*"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if waiting == 1 && channels.len() == 1 {
+            // The attempt follows its subscription's answer at once.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{lock} did not get a waiter listening");
 }
 
 /// Nothing of the queue stays once every waiter is gone.
