@@ -151,6 +151,48 @@ async fn a_release_grants_the_lock_to_the_first_waiter_directly() {
     no_queue_left(test).await;
 }
 
+/// What a hand-off between processes costs the server, a count that does
+/// not drift: one script, the holder's release, which grants the lock to
+/// the waiter (`GET` and `EXISTS`: the holder's and a queue; `TIME`;
+/// `ZPOPMIN`, `ZSCORE`, `ZREM` and `HGET`, `HDEL`: the waiter's place and
+/// terms; `SET` of the lock and `SET … GET` of the fence; `PUBLISH`), and
+/// nothing from the waiter, which holds the lock as it hears. Every
+/// command a script runs costs the server several times the command
+/// itself, and this script runs before the next holder hears.
+#[tokio::test]
+async fn a_hand_off_costs_the_server_one_release_script_of_eleven_commands() {
+    let server = Server::start();
+    let (holder, waiter) = (
+        backend_at(&server.url(), "lock:").await,
+        backend_at(&server.url(), "lock:").await,
+    );
+    let mut conn = raw(&server.url()).await;
+    // The scripts loaded, the fence in place.
+    holder.lock("k").await.unwrap().release().await.unwrap();
+    let held = holder.lock("k").await.unwrap();
+    let next = tokio::spawn(async move { waiter.lock("k").wait(Duration::from_secs(10)).await });
+    settled(&server.url(), "lock:{k}").await;
+    count_commands(&mut conn).await;
+    held.release().await.unwrap();
+    let g = next.await.unwrap().unwrap();
+    let (run, stats) = commands_run(&mut conn).await;
+    g.release().await.unwrap();
+    let expected = calls(&[
+        ("evalsha", 1),
+        ("exists", 1),
+        ("get", 1),
+        ("hdel", 1),
+        ("hget", 1),
+        ("publish", 1),
+        ("set", 2),
+        ("time", 1),
+        ("zpopmin", 1),
+        ("zrem", 1),
+        ("zscore", 1),
+    ]);
+    assert_eq!(run, expected, "{stats}");
+}
+
 /// A release grants the lock to a waiter that never comes (its task is
 /// stuck): it holds the lock back no longer than its grant's lease (its
 /// own, 300 ms here: at most its place's 3 s), and the waiter behind takes

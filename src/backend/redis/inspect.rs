@@ -359,7 +359,7 @@ pub(super) async fn raise_fence<C: ConnectionLike + Send>(
         Lua::new(
             [
                 fence().as_str(),
-                "return fence(KEYS[1], 1, floor_of(ARGV[1]))",
+                "return fence(KEYS[1], 1, (floor_of(ARGV[1])))",
             ]
             .concat(),
         )

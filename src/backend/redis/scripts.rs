@@ -87,6 +87,11 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 /// faster than the clock, or a clock stepped back) it is set again, past
 /// the old value. A Lua number given to `redis.call` is sent with 17
 /// significant digits, exact for integers below 2^53: no `string.format`.
+/// With no floor (one server, Sentinel before a failover), the clock goes
+/// to the `SET` as the text `TIME` answered, seconds and microseconds
+/// joined: Redis formats a Lua number with `printf` on every call, a
+/// quarter of a fresh key's fence. A caller that has read the clock gives
+/// it as `t`, for one `TIME` a script.
 pub(super) fn fence() -> String {
     format!(
         r#"
@@ -114,11 +119,18 @@ local function floor_of(arg, n)
   if cache then return epoch * {stride}, 1 end
   return epoch * {stride}, 0
 end
-local function fence(key, n, floor)
-  local t = redis.call('TIME')
-  local least = floor + tonumber(t[1]) * 1000000 + tonumber(t[2])
+local function fence(key, n, floor, t)
+  t = t or redis.call('TIME')
+  local least, us = nil, t[2]
+  if floor == 0 then
+    least = t[1] .. string.sub('00000' .. us, #us)
+  else
+    least = floor + tonumber(t[1]) * 1000000 + tonumber(us)
+  end
   local prev = redis.call('SET', key, least, 'PX', '{ttl}', 'GET')
-  prev = tonumber(prev or '0')
+  least = tonumber(least)
+  if not prev then return least, n end
+  prev = tonumber(prev)
   if prev + n <= least then return least, n end
   n = math.max(1, least - prev)
   local f = math.max(prev + n, least)
@@ -231,19 +243,21 @@ end
 /// process gone, a message missed); granted, the lock ends with its lease
 /// if the waiter never hears (the one behind looks by the holder's time
 /// left, as it does behind any holder). It returns how many heard the
-/// named one's message, or nil when nobody waits. Needs `NOW_MS` and
-/// `fence`; loaded by `lazily`, `hand_on()` returns it.
+/// named one's message, or nil when nobody waits. It reads the clock
+/// once, for the places and a grant's tokens, and pops the queue's head
+/// (`ZPOPMIN`, Redis 5.0+) rather than read and remove it: each command a
+/// script runs costs the server several times the command itself, and
+/// this one runs on every hand-off, before the next holder hears. Needs
+/// the `int` of `NOW_MS`, and `fence`; loaded by `lazily`, `hand_on()`
+/// returns it.
 pub(super) fn hand_on() -> String {
     format!(
         r#"
-local function name_next(queue, places, grants)
-  local now = nil
+local function name_next(queue, places, grants, now)
   while true do
-    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    local head = redis.call('ZPOPMIN', queue)[1]
     if not head then return nil end
-    now = now or now_ms()
     local place = redis.call('ZSCORE', places, head)
-    redis.call('ZREM', queue, head)
     redis.call('ZREM', places, head)
     local terms = redis.call('HGET', grants, head)
     if terms then redis.call('HDEL', grants, head) end
@@ -254,15 +268,16 @@ local function waiter_channel(channel, token)
   return channel .. ':' .. string.sub(token, 1, 16)
 end
 local function hand_on(lock, channel, publish, releaser, grant)
-  local queue = lock .. ':queue'
-  local named, terms = name_next(queue, lock .. ':places', lock .. ':grants')
+  local queue, t = lock .. ':queue', redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local named, terms = name_next(queue, lock .. ':places', lock .. ':grants', now)
   if not named then return nil end
   local message = releaser .. ' ' .. named
   local lease, n = nil, nil
   if grant and terms then lease, n = string.match(terms, '^(%d+) (%d+)$') end
   if lease then
     redis.call('SET', lock, named, 'PX', lease)
-    local last, reserved = fence(lock .. ':fence', tonumber(n), 0)
+    local last, reserved = fence(lock .. ':fence', tonumber(n), 0, t)
     message = message .. ' ' .. int(last) .. ' ' .. int(reserved)
   else
     redis.call('SET', lock, '{turn}' .. named, 'PX', '{next_ttl}')
@@ -446,14 +461,23 @@ return 0
 /// on their own processes' channels, which only a turn is sent on; else
 /// the message names the successor after a space (with its fencing tokens
 /// when it was granted the lock directly, see `hand_on`), and goes to the
-/// successor's process alone. Returns as `RELEASE_STRING` does.
+/// successor's process alone. A lock handed on is written over with its
+/// successor's turn or grant, not deleted first. Returns as
+/// `RELEASE_STRING` does.
 const RELEASE_QUEUED: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  if ARGV[2] then enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[2]), '') end
-  if redis.call('EXISTS', KEYS[1] .. ':queue') == 0 then return 1 end
+  if ARGV[2] then
+    enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[2]), '')
+  elseif redis.call('EXISTS', KEYS[1] .. ':queue') == 0 then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
   local heard = hand_on()(KEYS[1], KEYS[1] .. ':rel', 'PUBLISH', ARGV[1], true)
-  return 1 + (heard or 0)
+  if not heard then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  return 1 + heard
 end
 return 0
 "#;
