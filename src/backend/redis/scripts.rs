@@ -199,17 +199,21 @@ pub(super) const TURN: &str = "~";
 ///
 /// `enqueue` gives `token` a place, or keeps its place alive; a `score` of
 /// 0 is the server's clock (`t`, the server's `TIME`, or read here);
-/// `terms` of '' leave none. Needs the `int` of `NOW_MS`; loaded by
-/// `lazily`.
+/// `terms` of '' leave none. The clock's scores are made from the text
+/// `TIME` answers, seconds and zero-padded microseconds: a number turned
+/// into text (`string.format`, or a Lua number given to `redis.call`)
+/// costs the server a `printf` each, more than a command. Needs the `int`
+/// of `NOW_MS`; loaded by `lazily`.
 fn enqueue() -> String {
     format!(
         r#"
 local function enqueue(lock, token, score, terms, t)
   local queue, places = lock .. ':queue', lock .. ':places'
   t = t or redis.call('TIME')
-  if score == 0 then score = tonumber(t[1]) * 1000000 + tonumber(t[2]) end
-  redis.call('ZADD', queue, 'NX', int(score), token)
-  redis.call('ZADD', places, int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + {ttl}), token)
+  local us = string.sub('00000' .. t[2], #t[2])
+  if score == 0 then score = t[1] .. us else score = int(score) end
+  redis.call('ZADD', queue, 'NX', score, token)
+  redis.call('ZADD', places, (t[1] + {ttl_s}) .. string.sub(us, 1, 3), token)
   redis.call('PEXPIRE', queue, '{ttl}')
   redis.call('PEXPIRE', places, '{ttl}')
   if terms ~= '' then
@@ -219,9 +223,13 @@ local function enqueue(lock, token, score, terms, t)
   end
 end
 "#,
-        ttl = QUEUE_TTL.as_millis()
+        ttl = QUEUE_TTL.as_millis(),
+        ttl_s = QUEUE_TTL.as_secs(),
     )
 }
+
+// `enqueue` adds the place's life to the clock's seconds.
+const _: () = assert!(QUEUE_TTL.subsec_nanos() == 0);
 
 /// `name_next` pops the first waiter of `lock`'s queue whose place has not
 /// run out and returns its token and its terms for a direct grant, if it
@@ -359,7 +367,8 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     if {grants} then t = redis.call('TIME') end
     if queue ~= '0' then
       local terms = ''
-      if t then terms = math.min(tonumber(ARGV[2]), {place_ttl}) .. ' ' .. tokens end
+      if t and tonumber(ARGV[2]) < {place_ttl} then terms = ARGV[2] .. ' ' .. tokens
+      elseif t then terms = '{place_ttl} ' .. tokens end
       enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[6] or '0'), terms, t)
     end
     if not t then return {{0, busy}} end
