@@ -91,7 +91,8 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 /// to the `SET` as the text `TIME` answered, seconds and microseconds
 /// joined: Redis formats a Lua number with `printf` on every call, a
 /// quarter of a fresh key's fence. A caller that has read the clock gives
-/// it as `t`, for one `TIME` a script.
+/// it as `t`, for one `TIME` a script; the last token comes back as text
+/// too when it is that clock's (else false).
 pub(super) fn fence() -> String {
     format!(
         r#"
@@ -128,10 +129,11 @@ local function fence(key, n, floor, t)
     least = floor + tonumber(t[1]) * 1000000 + tonumber(us)
   end
   local prev = redis.call('SET', key, least, 'PX', '{ttl}', 'GET')
+  local text = floor == 0 and least
   least = tonumber(least)
-  if not prev then return least, n end
+  if not prev then return least, n, text end
   prev = tonumber(prev)
-  if prev + n <= least then return least, n end
+  if prev + n <= least then return least, n, text end
   n = math.max(1, least - prev)
   local f = math.max(prev + n, least)
   redis.call('SET', key, f, 'PX', '{ttl}')
@@ -252,7 +254,10 @@ const _: () = assert!(QUEUE_TTL.subsec_nanos() == 0);
 /// if the waiter never hears (the one behind looks by the holder's time
 /// left, as it does behind any holder). It returns how many heard the
 /// named one's message, or nil when nobody waits. It reads the clock
-/// once, for the places and a grant's tokens, and pops the queue's head
+/// once, for the places and a grant's tokens, and keeps it as text: the
+/// places (whole milliseconds, as many digits until the year 2286) are
+/// compared with it as text, and the message carries the tokens as text
+/// where they are the clock's and as many as asked for. It pops the queue's head
 /// (`ZPOPMIN`, Redis 5.0+) rather than read and remove it: each command a
 /// script runs costs the server several times the command itself, and
 /// this one runs on every hand-off, before the next holder hears. Needs
@@ -269,7 +274,7 @@ local function name_next(queue, places, grants, now)
     redis.call('ZREM', places, head)
     local terms = redis.call('HGET', grants, head)
     if terms then redis.call('HDEL', grants, head) end
-    if place and tonumber(place) > now then return head, terms end
+    if place and (#place > #now or #place == #now and place > now) then return head, terms end
   end
 end
 local function waiter_channel(channel, token)
@@ -277,7 +282,7 @@ local function waiter_channel(channel, token)
 end
 local function hand_on(lock, channel, publish, releaser, grant)
   local queue, t = lock .. ':queue', redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = t[1] .. string.sub(string.sub('00000' .. t[2], #t[2]), 1, 3)
   local named, terms = name_next(queue, lock .. ':places', lock .. ':grants', now)
   if not named then return nil end
   local message = releaser .. ' ' .. named
@@ -285,8 +290,9 @@ local function hand_on(lock, channel, publish, releaser, grant)
   if grant and terms then lease, n = string.match(terms, '^(%d+) (%d+)$') end
   if lease then
     redis.call('SET', lock, named, 'PX', lease)
-    local last, reserved = fence(lock .. ':fence', tonumber(n), 0, t)
-    message = message .. ' ' .. int(last) .. ' ' .. int(reserved)
+    local last, reserved, text = fence(lock .. ':fence', tonumber(n), 0, t)
+    if reserved ~= tonumber(n) then n = int(reserved) end
+    message = message .. ' ' .. (text or int(last)) .. ' ' .. n
   else
     redis.call('SET', lock, '{turn}' .. named, 'PX', '{next_ttl}')
   end
