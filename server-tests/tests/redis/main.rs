@@ -148,12 +148,16 @@ async fn subscribers(channel: &str, n: i64) {
 /// Waits until `n` channels matching `pattern` have subscribers; fails the
 /// test if they have not within two seconds.
 async fn listening(pattern: &str, n: usize) {
-    let url = redis_url();
+    listening_at(&redis_url(), pattern, n).await
+}
+
+/// [`listening`] on the server at `url`.
+async fn listening_at(url: &str, pattern: &str, n: usize) {
     for _ in 0..100 {
         let channels: Vec<String> = redis::cmd("PUBSUB")
             .arg("CHANNELS")
             .arg(pattern)
-            .query_async(&mut raw(&url).await)
+            .query_async(&mut raw(url).await)
             .await
             .unwrap();
         if channels.len() == n {

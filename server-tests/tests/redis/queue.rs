@@ -405,9 +405,14 @@ async fn a_broken_lock_goes_to_the_first_waiter() {
 /// not within two seconds.
 pub(super) async fn queued(test: &str, key: &str, n: usize) {
     let queue = format!("{}{{{key}}}:queue", prefix(test));
-    let mut conn = raw(&redis_url()).await;
+    queued_at(&redis_url(), &queue, n).await
+}
+
+/// [`queued`] for the queue named `queue` on the server at `url`.
+async fn queued_at(url: &str, queue: &str, n: usize) {
+    let mut conn = raw(url).await;
     for _ in 0..100 {
-        let waiting: usize = conn.zcard(&queue).await.unwrap();
+        let waiting: usize = conn.zcard(queue).await.unwrap();
         if waiting == n {
             return;
         }
@@ -423,23 +428,10 @@ pub(super) async fn queued(test: &str, key: &str, n: usize) {
 /// would race it: the attempt then finds the lock granted to its token and
 /// takes it again, for the whole lease.
 async fn settled(url: &str, lock: &str) {
-    let mut conn = raw(url).await;
-    for _ in 0..100 {
-        let waiting: usize = conn.zcard(format!("{lock}:queue")).await.unwrap();
-        let channels: Vec<String> = redis::cmd("PUBSUB")
-            .arg("CHANNELS")
-            .arg(format!("{lock}:rel:*"))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if waiting == 1 && channels.len() == 1 {
-            // The attempt follows its subscription's answer at once.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{lock} did not get a waiter listening");
+    queued_at(url, &format!("{lock}:queue"), 1).await;
+    listening_at(url, &format!("{lock}:rel:*"), 1).await;
+    // The attempt follows its subscription's answer at once.
+    tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
 /// Nothing of the queue stays once every waiter is gone.

@@ -12,7 +12,7 @@ use super::call::Lua;
 use super::connection::Link;
 use super::layout::{redis_error, redis_name};
 use super::replicas::Acked;
-use super::scripts::{fence, hand_on, lazily, FENCE_TTL, NOW_MS, TURN};
+use super::scripts::{fence, hand_on_loader, FENCE_TTL, TURN};
 use super::server::{sentinel_floor, RedisStore};
 use crate::backend::{Broken, Holder, Inspection};
 use crate::error::LockError;
@@ -388,15 +388,7 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
     let base = redis_name(prefix, key.as_str());
     let script = BREAK_LUA.get_or_init(|| {
         let fence = fence();
-        Lua::new(
-            [
-                &lazily("hand_on", &[NOW_MS, &fence, &hand_on()]),
-                fence.as_str(),
-                HOLDERS,
-                &break_script(),
-            ]
-            .concat(),
-        )
+        Lua::new([&hand_on_loader(), fence.as_str(), HOLDERS, &break_script()].concat())
     });
     let mut call = script.call(5 + usize::from(queued));
     call.key(&base)

@@ -29,8 +29,19 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+"#;
+
+/// A number as the text of an integer (`%.0f`: all its digits, where Lua's
+/// own conversion keeps 14). A `printf` in the server: the clock's scores
+/// and tokens are kept as `TIME`'s text instead (`MICROS`).
+const INT: &str = r#"
 local function int(x) return string.format('%.0f', x) end
 "#;
+
+/// Lua text: the microseconds of `t`, a `TIME` answer, as six digits, so
+/// that `t[1] .. MICROS` is the clock in µs and its first three digits the
+/// milliseconds, made with no number turned into text (see `INT`).
+const MICROS: &str = "string.sub('00000' .. t[2], #t[2])";
 
 /// Under Sentinel and Cluster, a key's fencing counter never falls behind
 /// the master's config epoch times this (2^36 µs, some 19 hours) plus the
@@ -122,11 +133,11 @@ local function floor_of(arg, n)
 end
 local function fence(key, n, floor, t)
   t = t or redis.call('TIME')
-  local least, us = nil, t[2]
+  local least = nil
   if floor == 0 then
-    least = t[1] .. string.sub('00000' .. us, #us)
+    least = t[1] .. {micros}
   else
-    least = floor + tonumber(t[1]) * 1000000 + tonumber(us)
+    least = floor + tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   local prev = redis.call('SET', key, least, 'PX', '{ttl}', 'GET')
   local text = floor == 0 and least
@@ -144,11 +155,12 @@ end
         max = MAX_FLOOR,
         most = MAX_FLOOR / EPOCH_STRIDE,
         ttl = FENCE_TTL.as_millis(),
+        micros = MICROS,
     )
 }
 
 /// Adds a member to a sorted set of holders scored by expiry, and keeps the
-/// set alive as long as its longest holder. Needs `NOW_MS`.
+/// set alive as long as its longest holder. Needs `INT`.
 const HOLD_IN_SET: &str = r#"
 local function hold_in_set(key, token, lease, now)
   redis.call('ZADD', key, int(now + tonumber(lease)), token)
@@ -204,15 +216,15 @@ pub(super) const TURN: &str = "~";
 /// `terms` of '' leave none. The clock's scores are made from the text
 /// `TIME` answers, seconds and zero-padded microseconds: a number turned
 /// into text (`string.format`, or a Lua number given to `redis.call`)
-/// costs the server a `printf` each, more than a command. Needs the `int`
-/// of `NOW_MS`; loaded by `lazily`.
+/// costs the server a `printf` each, more than a command. Needs `INT`;
+/// loaded by `lazily`.
 fn enqueue() -> String {
     format!(
         r#"
 local function enqueue(lock, token, score, terms, t)
   local queue, places = lock .. ':queue', lock .. ':places'
   t = t or redis.call('TIME')
-  local us = string.sub('00000' .. t[2], #t[2])
+  local us = {micros}
   if score == 0 then score = t[1] .. us else score = int(score) end
   redis.call('ZADD', queue, 'NX', score, token)
   redis.call('ZADD', places, (t[1] + {ttl_s}) .. string.sub(us, 1, 3), token)
@@ -227,6 +239,7 @@ end
 "#,
         ttl = QUEUE_TTL.as_millis(),
         ttl_s = QUEUE_TTL.as_secs(),
+        micros = MICROS,
     )
 }
 
@@ -260,10 +273,9 @@ const _: () = assert!(QUEUE_TTL.subsec_nanos() == 0);
 /// where they are the clock's and as many as asked for. It pops the queue's head
 /// (`ZPOPMIN`, Redis 5.0+) rather than read and remove it: each command a
 /// script runs costs the server several times the command itself, and
-/// this one runs on every hand-off, before the next holder hears. Needs
-/// the `int` of `NOW_MS`, and `fence`; loaded by `lazily`, `hand_on()`
-/// returns it.
-pub(super) fn hand_on() -> String {
+/// this one runs on every hand-off, before the next holder hears. Made
+/// with what it needs (`INT`, `fence`) by `hand_on_loader`.
+fn hand_on() -> String {
     format!(
         r#"
 local function name_next(queue, places, grants, now)
@@ -282,7 +294,7 @@ local function waiter_channel(channel, token)
 end
 local function hand_on(lock, channel, publish, releaser, grant)
   local queue, t = lock .. ':queue', redis.call('TIME')
-  local now = t[1] .. string.sub(string.sub('00000' .. t[2], #t[2]), 1, 3)
+  local now = t[1] .. string.sub({micros}, 1, 3)
   local named, terms = name_next(queue, lock .. ':places', lock .. ':grants', now)
   if not named then return nil end
   local message = releaser .. ' ' .. named
@@ -307,7 +319,14 @@ end
 "#,
         turn = TURN,
         next_ttl = NEXT_TTL.as_millis(),
+        micros = MICROS,
     )
+}
+
+/// Lua defining `hand_on()`, which defines `hand_on` and what it needs and
+/// returns it (see `lazily`): for the releases here and the break's.
+pub(super) fn hand_on_loader() -> String {
+    lazily("hand_on", &[INT, &fence(), &hand_on()])
 }
 
 /// What every acquire script answers a grant with, `n` the tokens asked
@@ -481,13 +500,11 @@ return 0
 /// `RELEASE_STRING` does.
 const RELEASE_QUEUED: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if ARGV[2] then
-    enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[2]), '')
-  elseif redis.call('EXISTS', KEYS[1] .. ':queue') == 0 then
-    redis.call('DEL', KEYS[1])
-    return 1
+  if ARGV[2] then enqueue()(KEYS[1], ARGV[1], tonumber(ARGV[2]), '') end
+  local heard = nil
+  if ARGV[2] or redis.call('EXISTS', KEYS[1] .. ':queue') == 1 then
+    heard = hand_on()(KEYS[1], KEYS[1] .. ':rel', 'PUBLISH', ARGV[1], true)
   end
-  local heard = hand_on()(KEYS[1], KEYS[1] .. ':rel', 'PUBLISH', ARGV[1], true)
   if not heard then
     redis.call('DEL', KEYS[1])
     return 1
@@ -595,12 +612,12 @@ pub(super) fn scripts() -> &'static Scripts {
     static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
     SCRIPTS.get_or_init(|| {
         let script = |parts: &[&str]| Lua::new(parts.concat());
-        let in_set = [NOW_MS, HOLD_IN_SET].concat();
-        let enqueue = lazily("enqueue", &[NOW_MS, &enqueue()]);
+        let in_set = [NOW_MS, INT, HOLD_IN_SET].concat();
+        let enqueue = lazily("enqueue", &[INT, &enqueue()]);
         let enqueue = enqueue.as_str();
         let fence = fence();
         let fence = fence.as_str();
-        let hand_on = lazily("hand_on", &[NOW_MS, fence, &hand_on()]);
+        let hand_on = hand_on_loader();
         let hand_on = hand_on.as_str();
         Scripts {
             acquire_exclusive: script(&[QUARANTINE, fence, GRANTED, ACQUIRE_EXCLUSIVE]),
