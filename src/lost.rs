@@ -79,6 +79,15 @@ impl LostState {
         }
     }
 
+    /// Makes a state nobody else points at as good as new, for its
+    /// allocation's reuse. One that never fired and was never awaited is
+    /// new already: two loads, where rebuilding it dropped its fields.
+    pub(crate) fn reset(&mut self) {
+        if self.lost.load(Ordering::Relaxed) || self.awaited.load(Ordering::Relaxed) {
+            *self = LostState::new();
+        }
+    }
+
     /// Marks the lock lost and wakes everyone awaiting it. Only the first call
     /// counts; later reasons are ignored.
     pub fn fire(&self, reason: impl Into<String>) {

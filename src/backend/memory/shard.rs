@@ -59,7 +59,7 @@ impl Grants {
             // Its release took the wakers out, so this drops none under the
             // shard's lock (unless a `Lost` future of a copy since dropped
             // registered one after the release: a Tokio waker, harmless).
-            hold.lost = LostState::new();
+            hold.lost.reset();
             return self.spare.pop().expect("the last spare was just reused");
         }
         // Still pointed at: kept, not dropped here (its last reference could
