@@ -178,7 +178,16 @@ fn byte_scan_agrees_with_char_rules() {
         let Some(c) = char::from_u32(cp) else {
             continue;
         };
-        for text in [c.to_string(), format!("a{c}b")] {
+        // Padded to every length read a word at a time, at every place.
+        let padded = (0..33).flat_map(|n| {
+            let pad = "k".repeat(n);
+            [
+                format!("{pad}{c}"),
+                format!("{c}{pad}"),
+                format!("a{pad}{c}{pad}b"),
+            ]
+        });
+        for text in [c.to_string(), format!("a{c}b")].into_iter().chain(padded) {
             let by_chars = if let Some(bad) = text.chars().find(|c| c.is_control() || *c == '/') {
                 Err(KeyError::ForbiddenChar(bad))
             } else if text == "." || text == ".." {
