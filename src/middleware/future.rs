@@ -199,19 +199,16 @@ where
                     let lost = locks.layer_lost().filter(|_| abort);
                     // One atomic load before the handler runs; a waker is
                     // registered only if the handler has to wait.
-                    let result = if lost.is_some_and(|l| l.is_lost()) {
-                        None
-                    } else {
-                        match locks.enter(|| future.poll(cx)) {
-                            Poll::Ready(result) => Some(result),
-                            Poll::Pending if lost.is_some_and(|l| l.poll_lost(cx).is_ready()) => {
-                                None
+                    let result = 'run: {
+                        if !lost.is_some_and(|l| l.is_lost()) {
+                            match locks.enter(|| future.poll(cx)) {
+                                Poll::Ready(result) => break 'run result,
+                                Poll::Pending
+                                    if lost.is_some_and(|l| l.poll_lost(cx).is_ready()) => {}
+                                Poll::Pending => return Poll::Pending,
                             }
-                            Poll::Pending => return Poll::Pending,
                         }
-                    };
-                    let guard = locks.take_layer();
-                    let Some(result) = result else {
+                        let guard = locks.take_layer();
                         let reason = guard.as_ref().and_then(|g| g.held().lost_signal().reason());
                         let reason = reason.unwrap_or("lock lost").to_owned();
                         tracing::warn!(
@@ -226,7 +223,13 @@ where
                         let response = this.policy.reject(&rejection);
                         return Poll::Ready(Ok(response.map(ResBody::from_text)));
                     };
-                    // Done: a further poll finds no future to resume.
+                    // Kept for the body, or else released in place below:
+                    // the guard is not moved out only to be dropped.
+                    let guard = this.policy.hold_body.then(|| locks.take_layer()).flatten();
+                    // Done: a further poll finds no future to resume. This
+                    // drops the handler's future, then (fields drop in
+                    // order) releases the lock the body does not hold, as
+                    // soon as the response is ready.
                     this.state.set(State::Rejected { response: None });
                     let mut response = match result {
                         Ok(response) => response,
@@ -239,11 +242,8 @@ where
                         response = rejection.map(ResBody::from_text);
                     }
                     return Poll::Ready(Ok(match guard {
-                        Some(guard) if this.policy.hold_body => {
-                            response.map(|body| body.holding(guard, abort))
-                        }
-                        // Released here, as soon as the response is ready.
-                        _ => response,
+                        Some(guard) => response.map(|body| body.holding(guard, abort)),
+                        None => response,
                     }));
                 }
             }
