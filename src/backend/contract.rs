@@ -479,8 +479,21 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 pub struct Acquired {
     token: FencingToken,
     lost: LostSignal,
-    handle: Option<Arc<dyn LeaseHandle>>,
+    handle: ReleasedOnDrop,
     tokens: u32,
+}
+
+/// The grant's lease handle, released when dropped unless taken: the drop
+/// lives here, not on [`Acquired`], so that the guard's parts move out of
+/// an `Acquired` without a `take` each and a drop of what is left.
+struct ReleasedOnDrop(Option<Arc<dyn LeaseHandle>>);
+
+impl Drop for ReleasedOnDrop {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            handle.release_on_drop();
+        }
+    }
 }
 
 impl Acquired {
@@ -493,7 +506,7 @@ impl Acquired {
         Acquired {
             token,
             lost: LostSignal::never(),
-            handle: Some(handle),
+            handle: ReleasedOnDrop(Some(handle)),
             tokens: 1,
         }
     }
@@ -531,20 +544,18 @@ impl Acquired {
     /// Until when the lock is surely still held, if the backend knows
     /// ([`LeaseHandle::valid_until`]).
     pub fn valid_until(&self) -> Option<Instant> {
-        self.handle.as_ref()?.valid_until()
+        self.handle.0.as_ref()?.valid_until()
     }
 
-    pub(crate) fn into_parts(mut self) -> (FencingToken, LostSignal, Arc<dyn LeaseHandle>) {
-        let handle = self.handle.take().expect("handle present until taken");
-        (self.token, std::mem::take(&mut self.lost), handle)
-    }
-}
-
-impl Drop for Acquired {
-    fn drop(&mut self) {
-        if let Some(handle) = self.handle.take() {
-            handle.release_on_drop();
-        }
+    pub(crate) fn into_parts(self) -> (FencingToken, LostSignal, Arc<dyn LeaseHandle>) {
+        let Acquired {
+            token,
+            lost,
+            mut handle,
+            ..
+        } = self;
+        let handle = handle.0.take().expect("handle present until taken");
+        (token, lost, handle)
     }
 }
 
