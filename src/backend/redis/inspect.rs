@@ -388,7 +388,15 @@ pub(super) async fn break_on<C: ConnectionLike + Send>(
     let base = redis_name(prefix, key.as_str());
     let script = BREAK_LUA.get_or_init(|| {
         let fence = fence();
-        Lua::new([&hand_on_loader(), fence.as_str(), HOLDERS, &break_script()].concat())
+        Lua::new(
+            [
+                &hand_on_loader(&fence),
+                fence.as_str(),
+                HOLDERS,
+                &break_script(),
+            ]
+            .concat(),
+        )
     });
     let mut call = script.call(5 + usize::from(queued));
     call.key(&base)

@@ -323,10 +323,11 @@ end
     )
 }
 
-/// Lua defining `hand_on()`, which defines `hand_on` and what it needs and
-/// returns it (see `lazily`): for the releases here and the break's.
-pub(super) fn hand_on_loader() -> String {
-    lazily("hand_on", &[INT, &fence(), &hand_on()])
+/// Lua defining `hand_on()`, which defines `hand_on` and what it needs
+/// (`fence`, the text of [`fence()`] its caller made already) and returns it
+/// (see `lazily`): for the releases here and the break's.
+pub(super) fn hand_on_loader(fence: &str) -> String {
+    lazily("hand_on", &[INT, fence, &hand_on()])
 }
 
 /// What every acquire script answers a grant with, `n` the tokens asked
@@ -617,7 +618,7 @@ pub(super) fn scripts() -> &'static Scripts {
         let enqueue = enqueue.as_str();
         let fence = fence();
         let fence = fence.as_str();
-        let hand_on = hand_on_loader();
+        let hand_on = hand_on_loader(fence);
         let hand_on = hand_on.as_str();
         Scripts {
             acquire_exclusive: script(&[QUARANTINE, fence, GRANTED, ACQUIRE_EXCLUSIVE]),
