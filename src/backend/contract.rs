@@ -632,16 +632,33 @@ pub trait LeaseHandle: Send + Sync + 'static {
 
     /// Once [`release`](Self::release) has been answered: `None`, unless
     /// the server said waiters elsewhere (in other processes) heard of the
-    /// release and will ask for the lock now; then a wait that ends when
-    /// the lock has been released again (the next release is heard), or
-    /// after a short grace if nobody took it.
+    /// release and will ask for the lock now; then a wait that ends once
+    /// they have had their turn: when the lock has been released again
+    /// (the next release is heard), or when they have had time to take it,
+    /// or after a short grace if nobody took it. `queued` says whether a
+    /// waiter in this process was queued for the lock when it was let go
+    /// (it comes back to the server at [`Cohort`]'s bound), or not (the
+    /// next came after it, or comes: one worker that locks the key again).
     ///
-    /// A server without a queue of waiters (Redis) grants the first to
-    /// ask, and this process's next waiter, asking the moment the answer
-    /// comes, would win that race nearly every time: [`Cohort`] holds it
-    /// back for this wait, so that processes take turns. Default `None`.
-    fn hand_off(&self) -> Option<BackendFuture<()>> {
+    /// A server without a queue of waiters (Redis, a lease table) grants
+    /// the first to ask, and this process's next waiter, asking the moment
+    /// the answer comes, would win that race nearly every time: [`Cohort`]
+    /// holds it back for this wait, so that processes take turns. Default
+    /// `None`.
+    fn hand_off(&self, queued: bool) -> Option<BackendFuture<()>> {
+        let _ = queued;
         None
+    }
+
+    /// Whether [`hand_off`](Self::hand_off) may ask for a wait after this
+    /// lock's release: asked as the lock is let go, before the release is
+    /// sent. [`Cohort`] then keeps this process's next acquisition of the
+    /// key until the release is answered and the hand-off is over, even
+    /// if none was waiting here yet (one worker that locks the key again at
+    /// once, a request that comes meanwhile). Default `false`: only a
+    /// waiter already queued here waits for the hand-off.
+    fn may_hand_off(&self) -> bool {
+        false
     }
 
     /// Releases the lock from a destructor, where nothing can be awaited.

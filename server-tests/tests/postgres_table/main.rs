@@ -10,6 +10,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod turns;
 mod wakeups;
 
 use std::time::Duration;

@@ -72,8 +72,13 @@ pub(crate) trait Protocol: Send + Sync + Sized + 'static {
     fn release(&self) -> impl Future<Output = Released> + Send;
 
     /// After an answered release: see [`LeaseHandle::hand_off`].
-    fn hand_off(&self) -> Option<crate::backend::BackendFuture<()>> {
+    fn hand_off(&self, _queued: bool) -> Option<crate::backend::BackendFuture<()>> {
         None
+    }
+
+    /// See [`LeaseHandle::may_hand_off`].
+    fn may_hand_off(&self) -> bool {
+        false
     }
 
     /// Releases, again after failures without an answer, until done, the
@@ -249,8 +254,12 @@ impl<P: Protocol> LeaseHandle for Lease<P> {
         Some(self.valid.get())
     }
 
-    fn hand_off(&self) -> Option<BackendFuture<()>> {
-        self.protocol.hand_off()
+    fn hand_off(&self, queued: bool) -> Option<BackendFuture<()>> {
+        self.protocol.hand_off(queued)
+    }
+
+    fn may_hand_off(&self) -> bool {
+        self.protocol.may_hand_off()
     }
 }
 

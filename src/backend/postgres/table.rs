@@ -25,14 +25,16 @@ use crate::backend::engine::lease::{
 use crate::backend::engine::owner::Tokens;
 use crate::backend::engine::renewal::Renewals;
 use crate::backend::engine::InFlight;
-use crate::backend::{Acquired, LockRequest};
+use crate::backend::{Acquired, BackendFuture, LockRequest};
 use crate::error::LockError;
 use crate::lost::Deadline;
 use crate::mode::{LockMode, Wait};
 use crate::sync::lock;
 
+mod hand_off;
 mod listen;
 
+use hand_off::Armed;
 use listen::listen;
 
 /// The longest a waiter sleeps without a notification before it looks
@@ -117,6 +119,16 @@ pub(super) struct LeaseTable {
     pub(super) releases: Arc<InFlight>,
     /// Leases whose first renewal is not due yet.
     pub(super) renewals: Arc<Renewals>,
+}
+
+/// What a release statement did.
+#[derive(PartialEq, Eq)]
+enum Deleted {
+    /// The row was not this owner's (it expired and was taken or swept).
+    NotHeld,
+    Quietly,
+    /// The row was marked wanted: waiters were notified.
+    Notified,
 }
 
 /// What one acquire statement found.
@@ -292,8 +304,9 @@ impl LeaseTable {
         })
     }
 
-    /// Deletes the row if `owner` holds it: `true` if it did.
-    async fn delete(&self, key: &str, owner: &str) -> Result<bool, LockError> {
+    /// Deletes the row if `owner` holds it: whether it did and its
+    /// release notified waiters (it was marked wanted).
+    async fn delete(&self, key: &str, owner: &str) -> Result<Deleted, LockError> {
         let rows = self
             .query(
                 key,
@@ -302,7 +315,12 @@ impl LeaseTable {
                 "deleting a lease row",
             )
             .await?;
-        Ok(!rows.is_empty())
+        // The statement answers whether it did not notify.
+        Ok(match rows.first() {
+            None => Deleted::NotHeld,
+            Some(row) if row.get::<_, bool>(0) => Deleted::Quietly,
+            Some(_) => Deleted::Notified,
+        })
     }
 
     /// Deletes the row, again after failures, until done or `deadline`
@@ -401,6 +419,7 @@ impl LeaseTable {
                 key,
                 owner,
                 lease_ms,
+                hand_off: Mutex::new(None),
             },
             request.lease,
             valid,
@@ -517,6 +536,8 @@ struct TableLock {
     key: String,
     owner: String,
     lease_ms: i64,
+    /// Set by a release that notified waiters: what the hand-off waits on.
+    hand_off: Mutex<Option<Armed>>,
 }
 
 impl Protocol for TableLock {
@@ -556,16 +577,44 @@ impl Protocol for TableLock {
     }
 
     async fn release(&self) -> Released {
+        // Before the statement: this process's listener may hear the
+        // notification before the answer comes.
+        let armed = self.table.arm_hand_off(&self.key);
         match self.table.delete(&self.key, &self.owner).await {
-            Ok(_) => Released {
-                result: Ok(()),
-                again: false,
-            },
+            Ok(deleted) => {
+                if deleted == Deleted::Notified {
+                    *lock(&self.hand_off) = armed;
+                }
+                Released {
+                    result: Ok(()),
+                    again: false,
+                }
+            }
             Err(e) => Released {
                 result: Err(e),
                 again: true,
             },
         }
+    }
+
+    /// Waiters elsewhere heard the release of a lone holder: they get a
+    /// turn first. Where a waiter here was queued already, this process
+    /// had its turn, bounded by the cohort, and its next waiter sends its
+    /// acquire as the answer comes, about when the others hear of the
+    /// release: that race is even enough (two processes of four workers:
+    /// fewest ÷ most 0.93 to 1.00), and a wait there cost 20 to 30 % of
+    /// their rate in the bench (every switch of process paid the grace).
+    fn hand_off(&self, queued: bool) -> Option<BackendFuture<()>> {
+        let armed = lock(&self.hand_off).take()?;
+        if queued {
+            return None;
+        }
+        Some(BackendFuture::new(armed.wait()))
+    }
+
+    /// Any release may find the row marked wanted: the answer says.
+    fn may_hand_off(&self) -> bool {
+        self.table.notifications()
     }
 
     async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {

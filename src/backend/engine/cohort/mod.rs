@@ -44,12 +44,15 @@ pub use options::CohortOptions;
 /// server granted it), or when its lease is no longer surely fresh: a lock
 /// that may have expired on the server (a renewal late, the process paused)
 /// is never handed on, nor one reported lost. Where the server does not
-/// queue waiters ([`Capabilities::fifo`] false: Redis), the next local
-/// waiter then waits for the release's answer before it asks for the lock
-/// again; and if the answer says waiters in other processes heard the
-/// release ([`LeaseHandle::hand_off`]), until the lock has been taken and
-/// released there too (or a short grace has passed), so that processes
-/// take turns rather than race. ZooKeeper's queue is fair on its own.
+/// queue waiters ([`Capabilities::fifo`] false: Redis, the PostgreSQL lease
+/// table), the next local waiter then waits for the release's answer before
+/// it asks for the lock again (so does the next to come, where the store
+/// [may hand off](LeaseHandle::may_hand_off) any release); and if the
+/// answer says waiters in
+/// other processes heard the release ([`LeaseHandle::hand_off`]), until
+/// they have had their turn (or a short grace has passed), so that
+/// processes take turns rather than race. ZooKeeper's queue is fair on its
+/// own.
 ///
 /// The remote backends use it unless told not to (`cohort(CohortOptions::off())`
 /// in their options).
@@ -412,7 +415,11 @@ enum LetGo {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum After {
     Sent,
-    Answered,
+    /// Then [`hand_off`]; `queued`: a local waiter was queued for the lock
+    /// as it was let go.
+    Answered {
+        queued: bool,
+    },
 }
 
 impl<B: Backend> CohortHold<B> {
@@ -448,23 +455,30 @@ impl<B: Backend> CohortHold<B> {
         // Without a server queue, this process's next acquire, sent as soon
         // as the release is, would land before anyone woken by the release
         // elsewhere: it waits for the answer instead, which is when those
-        // others hear of the release too.
+        // others hear of the release too. So does the next to come where
+        // the answer may ask for a hand-off.
         // A next acquire that waits in the server for the release may go
         // as soon as it is sent, on any connection.
         let caps = &shared.capabilities;
-        let after = if next.is_some() && !caps.fifo {
-            After::Answered
+        let queued = next.is_some();
+        let after = if !caps.fifo && (queued || handle.may_hand_off()) {
+            After::Answered { queued }
         } else if caps.ordered_release || caps.waits_in_server {
             After::Sent
         } else {
-            After::Answered
+            After::Answered { queued }
         };
         LetGo::Release(handle, after)
     }
 
     /// Holds `local` (a queue position) until `release` is answered, in a
     /// task [`Backend::flush`] waits for.
-    fn release_in_background(&self, handle: Arc<dyn LeaseHandle>, local: Option<Acquired>) {
+    fn release_in_background(
+        &self,
+        handle: Arc<dyn LeaseHandle>,
+        local: Option<Acquired>,
+        queued: bool,
+    ) {
         let release = handle.clone().release();
         let Some(rt) = self.shared.in_flight.runtime() else {
             drop(release);
@@ -475,7 +489,7 @@ impl<B: Backend> CohortHold<B> {
             if let Err(e) = release.await {
                 tracing::warn!(error = %e, "lock release failed");
             }
-            if let Some(wait) = hand_off(&shared, &key, &*handle, &local) {
+            if let Some(wait) = hand_off(&shared, &key, &*handle, &local, queued) {
                 wait.await;
             }
             drop(local);
@@ -484,8 +498,8 @@ impl<B: Backend> CohortHold<B> {
 
     /// Gives up `local`, this holder's place in the local queue, once
     /// [`hand_off`] allows.
-    fn hand_off(&self, handle: &dyn LeaseHandle, local: Option<Acquired>) {
-        let Some(wait) = hand_off(&self.shared, &self.remote.key, handle, &local) else {
+    fn hand_off(&self, handle: &dyn LeaseHandle, local: Option<Acquired>, queued: bool) {
+        let Some(wait) = hand_off(&self.shared, &self.remote.key, handle, &local, queued) else {
             return;
         };
         match self.shared.in_flight.runtime() {
@@ -525,12 +539,12 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
                         Poll::Pending => release.await,
                     }
                 }
-                After::Answered => {
+                After::Answered { queued } => {
                     let result = release.await;
                     let local = lock(&self.local).take();
                     // The holder's release is done; its place in the local
                     // queue may be kept a while longer, in the background.
-                    self.hand_off(&*handle, local);
+                    self.hand_off(&*handle, local, queued);
                     result
                 }
             }
@@ -545,14 +559,14 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
             }
             LetGo::Release(handle, after) => (handle, after),
         };
-        if after == After::Sent {
+        let After::Answered { queued } = after else {
             // Returns once the release is on the wire.
             handle.release_on_drop();
             lock(&self.local).take();
             return;
-        }
+        };
         let local = lock(&self.local).take();
-        self.release_in_background(handle, local);
+        self.release_in_background(handle, local, queued);
     }
 
     fn valid_until(&self) -> Option<Instant> {
@@ -572,11 +586,13 @@ fn hand_off<B: Backend>(
     key: &LockKey,
     handle: &dyn LeaseHandle,
     local: &Option<Acquired>,
+    queued: bool,
 ) -> Option<BackendFuture<()>> {
-    if local.is_none() || shared.local.next_in_line(key).is_none() {
+    let waiting = shared.local.next_in_line(key).is_some();
+    if local.is_none() || !(waiting || handle.may_hand_off()) {
         return None;
     }
-    handle.hand_off()
+    handle.hand_off(queued)
 }
 
 /// One poll, which puts a release on the wire.

@@ -25,6 +25,8 @@ struct Server {
     /// The moment the current grant is valid until: 10 s after it was made,
     /// unless the test moves it (as a late renewal would).
     validity: Arc<Mutex<Option<Instant>>>,
+    /// A server with no queue of waiters, whose releases others heard: a hand-off then lasts this long.
+    turns: Option<Duration>,
 }
 
 const VALIDITY: Duration = Duration::from_secs(10);
@@ -32,16 +34,33 @@ const VALIDITY: Duration = Duration::from_secs(10);
 struct Lease {
     inner: Mutex<Option<Acquired>>,
     until: Arc<Mutex<Option<Instant>>>,
+    turns: Option<Duration>,
 }
 
 impl LeaseHandle for Lease {
     fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
         self.inner.lock().unwrap().take();
-        BackendFuture::ready(Ok(()))
+        if self.turns.is_none() {
+            return BackendFuture::ready(Ok(()));
+        }
+        // Answered later, as a server's release is.
+        BackendFuture::new(async {
+            tokio::task::yield_now().await;
+            Ok(())
+        })
     }
 
     fn valid_until(&self) -> Option<Instant> {
         *self.until.lock().unwrap()
+    }
+
+    fn hand_off(&self, _queued: bool) -> Option<BackendFuture<()>> {
+        let turn = self.turns?;
+        Some(BackendFuture::new(tokio::time::sleep(turn)))
+    }
+
+    fn may_hand_off(&self) -> bool {
+        self.turns.is_some()
     }
 }
 
@@ -53,7 +72,7 @@ impl Backend for Server {
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         let tokens = request.tokens;
         let grant = self.locks.acquire(request);
-        let (grants, until) = (self.grants.clone(), self.validity.clone());
+        let (grants, until, turns) = (self.grants.clone(), self.validity.clone(), self.turns);
         BackendFuture::new(async move {
             let acquired = grant.await?;
             grants.fetch_add(1, Ordering::SeqCst);
@@ -62,6 +81,7 @@ impl Backend for Server {
             let lease = Arc::new(Lease {
                 inner: Mutex::new(Some(acquired)),
                 until,
+                turns,
             });
             Ok(Acquired::new(FencingToken::new(token.get() * 64), lease)
                 .with_lost(lost)
@@ -70,7 +90,12 @@ impl Backend for Server {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new().max_tokens(64).fifo(true)
+        Capabilities::new()
+            .max_tokens(64)
+            .fifo(self.turns.is_none())
+            // As the PostgreSQL lease table: the next acquire of a key
+            // lands after a release sent.
+            .ordered_release(true)
     }
 }
 
@@ -223,4 +248,40 @@ async fn a_lock_parked_off_runtime_for_a_waiter_that_never_runs_goes_back() {
         "the lock parked for a waiter that never ran was kept from other processes"
     );
     drop(stuck);
+}
+
+/// Without a server queue, a holder that locks the key again at once (no
+/// local waiter when it let go: one worker) waits for the hand-off its
+/// store may ask for, as a queued waiter would; where none is asked for,
+/// it does not.
+#[tokio::test(start_paused = true)]
+async fn the_next_acquire_after_a_release_heard_elsewhere_waits_for_the_hand_off() {
+    let heard = Some(Duration::from_millis(50));
+    for (turns, awaited, waited) in [
+        (heard, false, true),
+        (heard, true, true),
+        (None, false, false),
+        (None, true, false),
+    ] {
+        let server = Server {
+            turns,
+            ..Server::default()
+        };
+        let cohort = Cohort::new(server, CohortOptions::default());
+        let held = cohort.acquire(request()).await.unwrap();
+        assert_eq!(cohort.shared.local.queued("k"), 0);
+        // Dropped (the release goes on in the background), or released
+        // and answered before the next acquire is made.
+        let (_, _, handle) = held.into_parts();
+        if awaited {
+            handle.release().await.unwrap();
+        } else {
+            handle.release_on_drop();
+        }
+        let start = tokio::time::Instant::now();
+        let again = cohort.acquire(request()).await.unwrap();
+        assert_eq!(start.elapsed() >= Duration::from_millis(50), waited);
+        drop(again);
+        cohort.flush().await;
+    }
 }
