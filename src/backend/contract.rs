@@ -635,28 +635,26 @@ pub trait LeaseHandle: Send + Sync + 'static {
     /// release and will ask for the lock now; then a wait that ends once
     /// they have had their turn: when the lock has been released again
     /// (the next release is heard), or when they have had time to take it,
-    /// or after a short grace if nobody took it. `queued` says whether a
-    /// waiter in this process was queued for the lock when it was let go
-    /// (it comes back to the server at [`Cohort`]'s bound), or not (the
-    /// next came after it, or comes: one worker that locks the key again).
+    /// or after a short grace if nobody took it.
     ///
     /// A server without a queue of waiters (Redis, a lease table) grants
     /// the first to ask, and this process's next waiter, asking the moment
     /// the answer comes, would win that race nearly every time: [`Cohort`]
     /// holds it back for this wait, so that processes take turns. Default
     /// `None`.
-    fn hand_off(&self, queued: bool) -> Option<BackendFuture<()>> {
-        let _ = queued;
+    fn hand_off(&self) -> Option<BackendFuture<()>> {
         None
     }
 
-    /// Whether [`hand_off`](Self::hand_off) may ask for a wait after this
-    /// lock's release: asked as the lock is let go, before the release is
-    /// sent. [`Cohort`] then keeps this process's next acquisition of the
-    /// key until the release is answered and the hand-off is over, even
-    /// if none was waiting here yet (one worker that locks the key again at
-    /// once, a request that comes meanwhile). Default `false`: only a
-    /// waiter already queued here waits for the hand-off.
+    /// Whether [`hand_off`](Self::hand_off) may ask for a wait after the
+    /// release of a lock that no waiter in this process was queued for.
+    /// Asked once, by [`Cohort`] on a server without a queue, as such a
+    /// lock is let go, before the release is sent (a store may prepare
+    /// for the hand-off then); if `true`, the cohort keeps this process's
+    /// next acquisition of the key (one worker that locks it again at
+    /// once, a request that comes meanwhile) until the release is answered
+    /// and `hand_off`'s wait is over. Default `false`: only a waiter
+    /// already queued when the lock was let go waits for the hand-off.
     fn may_hand_off(&self) -> bool {
         false
     }

@@ -72,7 +72,7 @@ pub(crate) trait Protocol: Send + Sync + Sized + 'static {
     fn release(&self) -> impl Future<Output = Released> + Send;
 
     /// After an answered release: see [`LeaseHandle::hand_off`].
-    fn hand_off(&self, _queued: bool) -> Option<crate::backend::BackendFuture<()>> {
+    fn hand_off(&self) -> Option<crate::backend::BackendFuture<()>> {
         None
     }
 
@@ -254,8 +254,8 @@ impl<P: Protocol> LeaseHandle for Lease<P> {
         Some(self.valid.get())
     }
 
-    fn hand_off(&self, queued: bool) -> Option<BackendFuture<()>> {
-        self.protocol.hand_off(queued)
+    fn hand_off(&self) -> Option<BackendFuture<()>> {
+        self.protocol.hand_off()
     }
 
     fn may_hand_off(&self) -> bool {

@@ -419,6 +419,7 @@ impl LeaseTable {
                 key,
                 owner,
                 lease_ms,
+                arm: AtomicBool::new(false),
                 hand_off: Mutex::new(None),
             },
             request.lease,
@@ -537,7 +538,11 @@ struct TableLock {
     owner: String,
     lease_ms: i64,
     /// Set by a release that notified waiters: what the hand-off waits on.
+    /// Left there (the release's future dropped before its answer, so the
+    /// cohort never asks), it goes with the lock's last handle.
     hand_off: Mutex<Option<Armed>>,
+    /// Set by `may_hand_off`: the release arms the hand-off's wait.
+    arm: AtomicBool,
 }
 
 impl Protocol for TableLock {
@@ -579,7 +584,11 @@ impl Protocol for TableLock {
     async fn release(&self) -> Released {
         // Before the statement: this process's listener may hear the
         // notification before the answer comes.
-        let armed = self.table.arm_hand_off(&self.key);
+        let armed = if self.arm.load(Ordering::Relaxed) {
+            self.table.arm_hand_off(&self.key)
+        } else {
+            None
+        };
         match self.table.delete(&self.key, &self.owner).await {
             Ok(deleted) => {
                 if deleted == Deleted::Notified {
@@ -597,24 +606,26 @@ impl Protocol for TableLock {
         }
     }
 
-    /// Waiters elsewhere heard the release of a lone holder: they get a
-    /// turn first. Where a waiter here was queued already, this process
-    /// had its turn, bounded by the cohort, and its next waiter sends its
-    /// acquire as the answer comes, about when the others hear of the
-    /// release: that race is even enough (two processes of four workers:
-    /// fewest ÷ most 0.93 to 1.00), and a wait there cost 20 to 30 % of
-    /// their rate in the bench (every switch of process paid the grace).
-    fn hand_off(&self, queued: bool) -> Option<BackendFuture<()>> {
+    /// Waiters elsewhere heard the release of a lone holder (armed by
+    /// `may_hand_off`): they get a turn first.
+    fn hand_off(&self) -> Option<BackendFuture<()>> {
         let armed = lock(&self.hand_off).take()?;
-        if queued {
-            return None;
-        }
         Some(BackendFuture::new(armed.wait()))
     }
 
-    /// Any release may find the row marked wanted: the answer says.
+    /// Any release may find the row marked wanted (the answer says), so
+    /// a lone holder's release is armed to time a hand-off, where the
+    /// listener hears releases. Not asked, so not armed, where a waiter
+    /// here was queued already: this process had its turn, bounded by the
+    /// cohort, and its next waiter asks as the answer comes, about when
+    /// the others hear of the release. That race is even enough (two
+    /// processes of four workers: fewest ÷ most 0.93 to 1.00), and a wait
+    /// there cost 20 to 30 % of their rate in the bench (every switch of
+    /// process paid the grace).
     fn may_hand_off(&self) -> bool {
-        self.table.notifications()
+        let on = self.table.notifications();
+        self.arm.store(on, Ordering::Relaxed);
+        on
     }
 
     async fn release_until(&self, deadline: Instant) -> Result<(), LockError> {

@@ -433,9 +433,7 @@ impl Protocol for RedisLock {
         }
     }
 
-    // Asked for a waiter queued here only: the store does not hand off a
-    // lone holder's release (`may_hand_off`).
-    fn hand_off(&self, _queued: bool) -> Option<BackendFuture<()>> {
+    fn hand_off(&self) -> Option<BackendFuture<()>> {
         if !self.heard_elsewhere.swap(false, Ordering::Relaxed) {
             return None;
         }

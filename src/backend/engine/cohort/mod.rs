@@ -415,10 +415,10 @@ enum LetGo {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum After {
     Sent,
-    /// Then [`hand_off`]; `queued`: a local waiter was queued for the lock
-    /// as it was let go.
+    /// Then [`hand_off`]; `lone`: no local waiter was queued for the lock
+    /// as it was let go, and the store said it may hand off all the same.
     Answered {
-        queued: bool,
+        lone: bool,
     },
 }
 
@@ -460,13 +460,13 @@ impl<B: Backend> CohortHold<B> {
         // A next acquire that waits in the server for the release may go
         // as soon as it is sent, on any connection.
         let caps = &shared.capabilities;
-        let queued = next.is_some();
-        let after = if !caps.fifo && (queued || handle.may_hand_off()) {
-            After::Answered { queued }
+        let lone = !caps.fifo && next.is_none() && handle.may_hand_off();
+        let after = if !caps.fifo && (next.is_some() || lone) {
+            After::Answered { lone }
         } else if caps.ordered_release || caps.waits_in_server {
             After::Sent
         } else {
-            After::Answered { queued }
+            After::Answered { lone }
         };
         LetGo::Release(handle, after)
     }
@@ -477,7 +477,7 @@ impl<B: Backend> CohortHold<B> {
         &self,
         handle: Arc<dyn LeaseHandle>,
         local: Option<Acquired>,
-        queued: bool,
+        lone: bool,
     ) {
         let release = handle.clone().release();
         let Some(rt) = self.shared.in_flight.runtime() else {
@@ -489,7 +489,7 @@ impl<B: Backend> CohortHold<B> {
             if let Err(e) = release.await {
                 tracing::warn!(error = %e, "lock release failed");
             }
-            if let Some(wait) = hand_off(&shared, &key, &*handle, &local, queued) {
+            if let Some(wait) = hand_off(&shared, &key, &*handle, &local, lone) {
                 wait.await;
             }
             drop(local);
@@ -498,8 +498,8 @@ impl<B: Backend> CohortHold<B> {
 
     /// Gives up `local`, this holder's place in the local queue, once
     /// [`hand_off`] allows.
-    fn hand_off(&self, handle: &dyn LeaseHandle, local: Option<Acquired>, queued: bool) {
-        let Some(wait) = hand_off(&self.shared, &self.remote.key, handle, &local, queued) else {
+    fn hand_off(&self, handle: &dyn LeaseHandle, local: Option<Acquired>, lone: bool) {
+        let Some(wait) = hand_off(&self.shared, &self.remote.key, handle, &local, lone) else {
             return;
         };
         match self.shared.in_flight.runtime() {
@@ -539,12 +539,12 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
                         Poll::Pending => release.await,
                     }
                 }
-                After::Answered { queued } => {
+                After::Answered { lone } => {
                     let result = release.await;
                     let local = lock(&self.local).take();
                     // The holder's release is done; its place in the local
                     // queue may be kept a while longer, in the background.
-                    self.hand_off(&*handle, local, queued);
+                    self.hand_off(&*handle, local, lone);
                     result
                 }
             }
@@ -559,14 +559,14 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
             }
             LetGo::Release(handle, after) => (handle, after),
         };
-        let After::Answered { queued } = after else {
+        let After::Answered { lone } = after else {
             // Returns once the release is on the wire.
             handle.release_on_drop();
             lock(&self.local).take();
             return;
         };
         let local = lock(&self.local).take();
-        self.release_in_background(handle, local, queued);
+        self.release_in_background(handle, local, lone);
     }
 
     fn valid_until(&self) -> Option<Instant> {
@@ -586,13 +586,12 @@ fn hand_off<B: Backend>(
     key: &LockKey,
     handle: &dyn LeaseHandle,
     local: &Option<Acquired>,
-    queued: bool,
+    lone: bool,
 ) -> Option<BackendFuture<()>> {
-    let waiting = shared.local.next_in_line(key).is_some();
-    if local.is_none() || !(waiting || handle.may_hand_off()) {
+    if local.is_none() || !(lone || shared.local.next_in_line(key).is_some()) {
         return None;
     }
-    handle.hand_off(queued)
+    handle.hand_off()
 }
 
 /// One poll, which puts a release on the wire.

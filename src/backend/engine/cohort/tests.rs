@@ -54,7 +54,7 @@ impl LeaseHandle for Lease {
         *self.until.lock().unwrap()
     }
 
-    fn hand_off(&self, _queued: bool) -> Option<BackendFuture<()>> {
+    fn hand_off(&self) -> Option<BackendFuture<()>> {
         let turn = self.turns?;
         Some(BackendFuture::new(tokio::time::sleep(turn)))
     }
@@ -94,8 +94,8 @@ impl Backend for Server {
             .max_tokens(64)
             .fifo(self.turns.is_none())
             // As the PostgreSQL lease table: the next acquire of a key
-            // lands after a release sent.
-            .ordered_release(true)
+            // lands after a release sent (so it would go at once).
+            .ordered_release(self.turns.is_some())
     }
 }
 

@@ -24,9 +24,11 @@ const MOST_GRACE: Duration = Duration::from_millis(10);
 
 /// A wait for a release's notification, armed before the release is sent.
 pub(super) struct Armed {
+    /// A clone of the watch's wake-up: dropped before the watch (fields
+    /// drop in order), which then sees whether it was the key's last.
+    heard: Pin<Box<OwnedNotified>>,
     /// Keeps the key's wake-up registered with the listener.
     _watch: Watch,
-    heard: Pin<Box<OwnedNotified>>,
     sent: Instant,
 }
 
@@ -42,8 +44,8 @@ impl LeaseTable {
         let mut heard = Box::pin(watch.notify.clone().notified_owned());
         heard.as_mut().enable();
         Some(Armed {
-            _watch: watch,
             heard,
+            _watch: watch,
             sent: Instant::now(),
         })
     }
@@ -53,13 +55,14 @@ impl Armed {
     /// Ends when the waiters elsewhere have had time to ask for the row:
     /// they hear of the release about when this process's listener does,
     /// then their statement has to reach the server, wake, and land. The
-    /// wait after hearing is twice what the notification took to come (at
-    /// least a round trip and a commit): with once as long, two one-worker
-    /// processes (the server test) followed a hold with another of their
-    /// own about 28 % of the time, against 14 to 30 % with twice and over half
-    /// the time with none. Its end says nothing of who got the row: this
-    /// process's next acquire then finds it taken, and waits its turn, or
-    /// free.
+    /// wait after hearing is twice the time from the release's send to
+    /// this wait seeing its notification (at least a round trip and a
+    /// commit; later, if the notification came before the answer). With
+    /// once as long, two one-worker processes (the server test) followed a
+    /// hold with another of their own about 28 % of the time, against 14
+    /// to 30 % with twice and over half the time with none. Its end says
+    /// nothing of who got the row: this process's next acquire then finds
+    /// it taken, and waits its turn, or free.
     ///
     /// Not ended early by the next release heard, as Redis's is: one that
     /// notified nobody (the row's holder asked first, so nobody marked it)
@@ -108,6 +111,22 @@ mod tests {
         );
         // The wake-up left with the wait.
         assert!(!lock(&table.waiters).contains_key("k"));
+    }
+
+    /// An armed wait dropped unawaited (a release that notified nobody,
+    /// or whose hand-off was not asked for) leaves no wake-up behind.
+    #[tokio::test]
+    async fn a_wait_dropped_unawaited_leaves_the_key_unwatched() {
+        let table = table();
+        table.notified.store(true, Ordering::Release);
+        drop(table.arm_hand_off("k").unwrap());
+        assert!(lock(&table.waiters).is_empty());
+        // Beside a waiter's wake-up of the same key, the waiter's stays.
+        let waiter = table.watch("k");
+        drop(table.arm_hand_off("k").unwrap());
+        assert!(lock(&table.waiters).contains_key("k"));
+        drop(waiter);
+        assert!(lock(&table.waiters).is_empty());
     }
 
     /// Never heard: over after [`MOST_HEARD`], with no grace after.

@@ -181,7 +181,8 @@ pub(super) struct Watch {
 impl Drop for Watch {
     fn drop(&mut self) {
         let mut waiters = lock(&self.table.waiters);
-        // Clones are made under this lock only: the last one leaves.
+        // Clones are made under this lock, or are a hand-off's, dropped
+        // before its own watch (`hand_off::Armed`): the last one leaves.
         if Arc::strong_count(&self.notify) == 1 {
             waiters.remove(&self.key);
         }
