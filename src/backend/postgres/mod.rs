@@ -442,7 +442,8 @@ impl PostgresBackend {
     }
 
     /// In the lease-table mode, how many release notifications woke a
-    /// waiter of this backend (for diagnostics and tests).
+    /// waiter of this backend, or its wait to hand a lock on (for
+    /// diagnostics and tests).
     pub fn releases_heard(&self) -> u64 {
         match &self.store().mode {
             Mode::Advisory(_) => 0,

@@ -111,7 +111,8 @@ pub(super) struct LeaseTable {
     probe: Notify,
     /// That notification's payload: [`PROBE`] and a nonce, new for each.
     probe_payload: Mutex<String>,
-    /// Release notifications that woke a local waiter.
+    /// Release notifications that woke a local waiter (or the wait of a
+    /// hand-off, for this backend's own release).
     heard: AtomicU64,
     owners: Tokens,
     /// The listener and the sweep, stopped with the backend.
@@ -190,7 +191,8 @@ impl LeaseTable {
         self.notified.load(Ordering::Acquire)
     }
 
-    /// How many release notifications woke a local waiter.
+    /// How many release notifications woke a local waiter (or a
+    /// hand-off's wait).
     pub(super) fn releases_heard(&self) -> u64 {
         self.heard.load(Ordering::Relaxed)
     }

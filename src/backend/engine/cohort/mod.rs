@@ -466,7 +466,7 @@ impl<B: Backend> CohortHold<B> {
         } else if caps.ordered_release || caps.waits_in_server {
             After::Sent
         } else {
-            After::Answered { lone }
+            After::Answered { lone: false }
         };
         LetGo::Release(handle, after)
     }
