@@ -256,6 +256,7 @@ fn acquiring<B: Backend + ?Sized>(backend: &B, start: Start<'_>) -> Started<Acqu
         wait: backend_wait,
         lease: start.lease,
         tokens: 1,
+        contended: false,
     };
     // Entering a span no subscriber wanted does nothing, at a price.
     let mut acquire = if span.is_disabled() {

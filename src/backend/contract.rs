@@ -385,6 +385,12 @@ pub struct LockRequest {
     /// backend may reserve fewer, and says how many in
     /// [`Acquired::with_tokens`].
     pub tokens: u32,
+    /// A hint from [`Cohort`], on a server without a queue: this
+    /// process's acquisition of the key found it held or waited for here
+    /// first (by another local holder, or a hand-off), so others want it.
+    /// A store may then hand off its release
+    /// ([`LeaseHandle::may_hand_off`]) as it would a contended one's.
+    pub contended: bool,
 }
 
 impl LockRequest {
@@ -397,6 +403,7 @@ impl LockRequest {
             wait: Wait::DEFAULT,
             lease: DEFAULT_LEASE,
             tokens: 1,
+            contended: false,
         }
     }
 
@@ -415,6 +422,12 @@ impl LockRequest {
     /// Sets how many fencing tokens to reserve (at least 1).
     pub fn with_tokens(mut self, tokens: u32) -> Self {
         self.tokens = tokens.max(1);
+        self
+    }
+
+    /// Sets [`contended`](Self::contended).
+    pub fn with_contended(mut self, contended: bool) -> Self {
+        self.contended = contended;
         self
     }
 }

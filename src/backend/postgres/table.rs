@@ -368,7 +368,9 @@ impl LeaseTable {
             undo.armed = false;
             return Err(LockError::Busy);
         }
-        if let Attempt::Busy(_) = attempt {
+        let waited = matches!(attempt, Attempt::Busy(_));
+        let contended = waited || request.contended;
+        if waited {
             let watch = self.watch(&key);
             loop {
                 // Armed before the attempt, so a release notified between
@@ -421,6 +423,7 @@ impl LeaseTable {
                 key,
                 owner,
                 lease_ms,
+                contended,
                 arm: AtomicBool::new(false),
                 hand_off: Mutex::new(None),
             },
@@ -543,6 +546,9 @@ struct TableLock {
     /// Left there (the release's future dropped before its answer, so the
     /// cohort never asks), it goes with the lock's last handle.
     hand_off: Mutex<Option<Armed>>,
+    /// Its acquisition found the row held, or the key held or waited for
+    /// in this process ([`LockRequest::contended`]): others want it too.
+    contended: bool,
     /// Set by `may_hand_off`: the release arms the hand-off's wait.
     arm: AtomicBool,
 }
@@ -615,9 +621,15 @@ impl Protocol for TableLock {
         Some(BackendFuture::new(armed.wait()))
     }
 
-    /// Any release may find the row marked wanted (the answer says), so
-    /// a lone holder's release is armed to time a hand-off, where the
-    /// listener hears releases. Not asked, so not armed, where a waiter
+    /// The release of a contended lock (its acquisition had to wait, or
+    /// came after a hand-off here) is likely heard elsewhere (the answer
+    /// says), so a lone holder's is armed to
+    /// time a hand-off, where the listener hears releases. Not the release
+    /// of a lock taken at once: most keys are nobody else's, and waiting
+    /// for that answer before this process's next acquire of the key
+    /// (rather than sending it right behind the release) made a loop of
+    /// one worker a quarter slower (p50 477-580 to 655-741 us, three
+    /// interleaved rounds). Not asked, so not armed, where a waiter
     /// here was queued already: this process had its turn, bounded by the
     /// cohort, and its next waiter asks as the answer comes, about when
     /// the others hear of the release. That race is even enough (two
@@ -625,7 +637,7 @@ impl Protocol for TableLock {
     /// there cost 20 to 30 % of their rate in the bench (every switch of
     /// process paid the grace).
     fn may_hand_off(&self) -> bool {
-        let on = self.table.notifications();
+        let on = self.contended && self.table.notifications();
         self.arm.store(on, Ordering::Relaxed);
         on
     }

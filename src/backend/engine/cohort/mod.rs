@@ -223,6 +223,9 @@ impl<B: Backend> Shared<B> {
             Wait::FailFast => Wait::FailFast,
             _ => Wait::Forever,
         };
+        // Held or waited for here already: others want the key (a hint for
+        // a store without a queue, looked up only there).
+        let contended = !self.capabilities.fifo && !self.local.is_idle(&request.key);
         let local = LocalWait {
             wait: self
                 .local
@@ -252,7 +255,8 @@ impl<B: Backend> Shared<B> {
             _ => 1,
         };
         let (key, mode, lease) = (request.key.clone(), request.mode, request.lease);
-        let acquired = remote(&self.backend, request.with_tokens(tokens)).await?;
+        let request = request.with_tokens(tokens).with_contended(contended);
+        let acquired = remote(&self.backend, request).await?;
         Ok(self.grant(
             Arc::new(ServerGrant::new(acquired, key, mode, lease)),
             local,

@@ -27,6 +27,8 @@ struct Server {
     validity: Arc<Mutex<Option<Instant>>>,
     /// A server with no queue of waiters, whose releases others heard: a hand-off then lasts this long.
     turns: Option<Duration>,
+    /// Whether the last request came with [`LockRequest::contended`].
+    contended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 const VALIDITY: Duration = Duration::from_secs(10);
@@ -71,6 +73,7 @@ impl Backend for Server {
 
     fn acquire(&self, request: LockRequest) -> BackendFuture<Result<Acquired, LockError>> {
         let tokens = request.tokens;
+        self.contended.store(request.contended, Ordering::SeqCst);
         let grant = self.locks.acquire(request);
         let (grants, until, turns) = (self.grants.clone(), self.validity.clone(), self.turns);
         BackendFuture::new(async move {
@@ -281,6 +284,9 @@ async fn the_next_acquire_after_a_release_heard_elsewhere_waits_for_the_hand_off
         let start = tokio::time::Instant::now();
         let again = cohort.acquire(request()).await.unwrap();
         assert_eq!(start.elapsed() >= Duration::from_millis(50), waited);
+        // Queued behind the hand-off here: told the store it is wanted
+        // (asked only where the server keeps no queue).
+        assert_eq!(cohort.inner().contended.load(Ordering::SeqCst), waited);
         drop(again);
         cohort.flush().await;
     }

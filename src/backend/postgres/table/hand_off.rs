@@ -60,7 +60,9 @@ impl Armed {
     /// commit; later, if the notification came before the answer). With
     /// once as long, two one-worker processes (the server test) followed a
     /// hold with another of their own about 28 % of the time, against 14
-    /// to 30 % with twice and over half the time with none. Its end says
+    /// to 30 % with twice and over half the time with none (measured when
+    /// every lone release handed off; 22 to 24 % now that only a contended
+    /// lock's does). Its end says
     /// nothing of who got the row: this process's next acquire then finds
     /// it taken, and waits its turn, or free.
     ///
