@@ -647,7 +647,8 @@ pub trait LeaseHandle: Send + Sync + 'static {
     /// the server said waiters elsewhere (in other processes) heard of the
     /// release and will ask for the lock now; then possibly (the store
     /// decides: the lease table, only for a holder that
-    /// [`may_hand_off`](Self::may_hand_off) was asked for) a wait that
+    /// [`may_hand_off`](Self::may_hand_off) was asked for and that
+    /// answered `true`, a contended lock) a wait that
     /// ends once they have had their turn: when the lock has been released
     /// again (the next release is heard), or when they have had time to
     /// take it, or after a short grace if nobody took it.

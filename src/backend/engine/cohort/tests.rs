@@ -273,6 +273,8 @@ async fn the_next_acquire_after_a_release_heard_elsewhere_waits_for_the_hand_off
         let cohort = Cohort::new(server, CohortOptions::default());
         let held = cohort.acquire(request()).await.unwrap();
         assert_eq!(cohort.shared.local.queued("k"), 0);
+        // Idle here when asked for: not told it is wanted.
+        assert!(!cohort.inner().contended.load(Ordering::SeqCst));
         // Dropped (the release goes on in the background), or released
         // and answered before the next acquire is made.
         let (_, _, handle) = held.into_parts();
