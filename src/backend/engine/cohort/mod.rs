@@ -223,10 +223,7 @@ impl<B: Backend> Shared<B> {
             Wait::FailFast => Wait::FailFast,
             _ => Wait::Forever,
         };
-        // Held or waited for here already: others want the key (a hint for
-        // a store without a queue, looked up only there).
-        let contended = !self.capabilities.fifo && !self.local.is_idle(&request.key);
-        let local = LocalWait {
+        let mut local = LocalWait {
             wait: self
                 .local
                 .acquire(LockRequest::new(request.key.clone(), request.mode).with_wait(wait)),
@@ -234,8 +231,14 @@ impl<B: Backend> Shared<B> {
                 shared: &self,
                 key: &request.key,
             }),
-        }
-        .await?;
+            waited: false,
+        };
+        let granted = (&mut local).await;
+        // Held or waited for here already: others want the key (a hint for
+        // a store without a queue).
+        let contended = !self.capabilities.fifo && local.waited;
+        drop(local);
+        let local = granted?;
         // No await from the local grant to here: a lock left for this key's
         // next local holder is ours to take.
         let baton = lock(&self.batons).remove(&request.key);
@@ -610,6 +613,9 @@ fn poll_once<F: Future + Unpin>(fut: &mut F) -> Poll<F::Output> {
 struct LocalWait<'a, B: Backend> {
     wait: BackendFuture<Result<Acquired, LockError>>,
     unclaimed: Option<Unclaimed<'a, B>>,
+    /// It was not granted at its first poll: the key was held or waited
+    /// for here.
+    waited: bool,
 }
 
 struct Unclaimed<'a, B: Backend> {
@@ -621,7 +627,10 @@ impl<B: Backend> Future for LocalWait<'_, B> {
     type Output = Result<Acquired, LockError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let result = std::task::ready!(Pin::new(&mut self.wait).poll(cx));
+        let Poll::Ready(result) = Pin::new(&mut self.wait).poll(cx) else {
+            self.waited = true;
+            return Poll::Pending;
+        };
         self.unclaimed = None;
         Poll::Ready(result)
     }
