@@ -23,7 +23,9 @@ use crate::sync::lock;
 use crate::token::FencingToken;
 use crate::{Backend, MemoryBackend};
 
+mod hold;
 mod options;
+use hold::CohortHold;
 pub use options::CohortOptions;
 
 /// Lock cohorting in front of any [`Backend`] (Dice, Marathe and Shavit,
@@ -99,8 +101,8 @@ struct Shared<B> {
     capabilities: Capabilities,
     /// The local queue: only its head asks the backend.
     local: MemoryBackend,
-    /// Server grants a local holder left for the next one, by key.
-    batons: Mutex<HashMap<LockKey, Arc<ServerGrant>>>,
+    /// What a local holder left for the next one, by key.
+    batons: Mutex<HashMap<LockKey, Baton>>,
     /// Releases this layer awaits itself (handing a lock back fairly).
     in_flight: Arc<InFlight>,
 }
@@ -150,8 +152,8 @@ impl<B: Backend> Backend for Cohort<B> {
     /// wrapped backend's.
     fn flush(&self) -> BackendFuture<()> {
         let parked: Vec<_> = lock(&self.shared.batons).drain().collect();
-        for (_, remote) in parked {
-            remote.release_on_drop();
+        for (_, baton) in parked {
+            baton.release_on_drop();
         }
         let shared = self.shared.clone();
         BackendFuture::new(async move {
@@ -236,20 +238,25 @@ impl<B: Backend> Shared<B> {
         let granted = (&mut local).await;
         // Held or waited for here already: others want the key (a hint for
         // a store without a queue).
-        let contended = !self.capabilities.fifo && local.waited;
+        let mut contended = !self.capabilities.fifo && local.waited;
         drop(local);
         let local = granted?;
         // No await from the local grant to here: a lock left for this key's
         // next local holder is ours to take.
         let baton = lock(&self.batons).remove(&request.key);
-        if let Some(remote) = baton {
-            if remote.mode == request.mode
-                && remote.lease == request.lease
-                && remote.may_pass_on(&self.options)
-            {
-                return Ok(self.grant(remote, local));
+        match baton {
+            Some(Baton::Grant(remote)) => {
+                if remote.mode == request.mode
+                    && remote.lease == request.lease
+                    && remote.may_pass_on(&self.options)
+                {
+                    return Ok(self.grant(remote, local));
+                }
+                remote.release_on_drop();
             }
-            remote.release_on_drop();
+            // Waited here only for a release nobody else wanted.
+            Some(Baton::Quiet) => contended = false,
+            None => {}
         }
         let tokens = match request.mode {
             LockMode::Exclusive | LockMode::Write => {
@@ -283,11 +290,45 @@ impl<B: Backend> Shared<B> {
     fn take_back(&self, remote: &Arc<ServerGrant>) -> bool {
         let mut batons = lock(&self.batons);
         match batons.get(&remote.key) {
-            Some(parked) if Arc::ptr_eq(parked, remote) => {
+            Some(Baton::Grant(parked)) if Arc::ptr_eq(parked, remote) => {
                 batons.remove(&remote.key);
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Gives up `local` after a release that nobody elsewhere heard (no
+    /// hand-off), telling the next holder here that it waited only for
+    /// that answer: the key is not wanted, and its release need not wait
+    /// for an answer before this process asks again.
+    fn let_go_quietly(&self, key: &LockKey, local: Acquired) {
+        lock(&self.batons)
+            .entry(key.clone())
+            .or_insert(Baton::Quiet);
+        drop(local);
+        // Nobody was waiting to take the mark.
+        if self.local.is_idle(key) {
+            let mut batons = lock(&self.batons);
+            if matches!(batons.get(key), Some(Baton::Quiet)) {
+                batons.remove(key);
+            }
+        }
+    }
+}
+
+/// What a local holder leaves for the next local holder of its key.
+enum Baton {
+    /// A server grant to carry on.
+    Grant(Arc<ServerGrant>),
+    /// The lock went back to the server, and nobody elsewhere heard.
+    Quiet,
+}
+
+impl Baton {
+    fn release_on_drop(self) {
+        if let Baton::Grant(remote) = self {
+            remote.release_on_drop();
         }
     }
 }
@@ -400,212 +441,6 @@ enum KeptBack {
     NotSurelyFresh,
 }
 
-/// One local holder of a [`ServerGrant`] grant.
-struct CohortHold<B> {
-    shared: Arc<Shared<B>>,
-    remote: Arc<ServerGrant>,
-    /// This holder's place in the local queue, given up after the release.
-    local: Mutex<Option<Acquired>>,
-}
-
-/// How a local holder lets go.
-enum LetGo {
-    /// Handed to the next local waiter.
-    Passed,
-    /// Back to the server; the next local waiter may go once the release is
-    /// on the wire or once it is answered.
-    Release(Arc<dyn LeaseHandle>, After),
-    /// Nothing left to release.
-    Done,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum After {
-    Sent,
-    /// Then [`hand_off`]; `lone`: no local waiter was queued for the lock
-    /// as it was let go, and the store said it may hand off all the same.
-    Answered {
-        lone: bool,
-    },
-}
-
-impl<B: Backend> CohortHold<B> {
-    fn let_go(&self) -> LetGo {
-        let (shared, r) = (&self.shared, &self.remote);
-        let next = shared.local.next_in_line(&r.key);
-        let passes = matches!(r.mode, LockMode::Exclusive | LockMode::Write);
-        // Why the next local waiter, wanting the same mode, may not have it.
-        let kept_back = (passes && next == Some(r.mode)).then(|| r.kept_back(&shared.options));
-        if kept_back == Some(Some(KeptBack::NotSurelyFresh)) {
-            tracing::debug!(
-                target: "tower_lock::cohort",
-                key = %r.key,
-                "not handed to the next local waiter: the lease is not surely fresh"
-            );
-        }
-        if kept_back == Some(None) {
-            lock(&shared.batons).insert(r.key.clone(), r.clone());
-            if !r.watched.swap(true, Ordering::Relaxed) {
-                watch_parked(shared, r);
-            }
-            // Grants the next waiter, which takes the baton.
-            lock(&self.local).take();
-            // It left meanwhile, or the lock was lost: nobody takes it back.
-            if (shared.local.is_idle(&r.key) || r.lost.is_lost()) && shared.take_back(r) {
-                r.release_on_drop();
-            }
-            return LetGo::Passed;
-        }
-        let Some(handle) = r.take_handle() else {
-            return LetGo::Done;
-        };
-        // Without a server queue, this process's next acquire, sent as soon
-        // as the release is, would land before anyone woken by the release
-        // elsewhere: it waits for the answer instead, which is when those
-        // others hear of the release too. So does the next to come where
-        // the answer may ask for a hand-off.
-        // A next acquire that waits in the server for the release may go
-        // as soon as it is sent, on any connection.
-        let caps = &shared.capabilities;
-        let lone = !caps.fifo && next.is_none() && handle.may_hand_off();
-        let after = if !caps.fifo && (next.is_some() || lone) {
-            After::Answered { lone }
-        } else if caps.ordered_release || caps.waits_in_server {
-            After::Sent
-        } else {
-            After::Answered { lone: false }
-        };
-        LetGo::Release(handle, after)
-    }
-
-    /// Holds `local` (a queue position) until `release` is answered, in a
-    /// task [`Backend::flush`] waits for.
-    fn release_in_background(
-        &self,
-        handle: Arc<dyn LeaseHandle>,
-        local: Option<Acquired>,
-        lone: bool,
-    ) {
-        let release = handle.clone().release();
-        let Some(rt) = self.shared.in_flight.runtime() else {
-            drop(release);
-            return;
-        };
-        let (shared, key) = (self.shared.clone(), self.remote.key.clone());
-        self.shared.in_flight.spawn(&rt, async move {
-            if let Err(e) = release.await {
-                tracing::warn!(error = %e, "lock release failed");
-            }
-            if let Some(wait) = hand_off(&shared, &key, &*handle, &local, lone) {
-                wait.await;
-            }
-            drop(local);
-        });
-    }
-
-    /// Gives up `local`, this holder's place in the local queue, once
-    /// [`hand_off`] allows.
-    fn hand_off(&self, handle: &dyn LeaseHandle, local: Option<Acquired>, lone: bool) {
-        let Some(wait) = hand_off(&self.shared, &self.remote.key, handle, &local, lone) else {
-            return;
-        };
-        match self.shared.in_flight.runtime() {
-            Some(rt) => self.shared.in_flight.spawn(&rt, async move {
-                wait.await;
-                drop(local);
-            }),
-            None => drop(local),
-        }
-    }
-}
-
-impl<B: Backend> LeaseHandle for CohortHold<B> {
-    fn release(self: Arc<Self>) -> BackendFuture<Result<(), LockError>> {
-        let (handle, after) = match self.let_go() {
-            LetGo::Passed | LetGo::Done => {
-                lock(&self.local).take();
-                return BackendFuture::ready(Ok(()));
-            }
-            LetGo::Release(handle, after) => (handle, after),
-        };
-        let mut release = handle.clone().release();
-        if let Some(result) = release.take_ready() {
-            lock(&self.local).take();
-            return BackendFuture::ready(result);
-        }
-        BackendFuture::new(async move {
-            match after {
-                After::Sent => {
-                    // Sent after one poll: the next local acquire, sent
-                    // now, lands after it (ordered requests) or waits in
-                    // the server for it (etcd's queue, `GET_LOCK`).
-                    let first = poll_once(&mut release);
-                    lock(&self.local).take();
-                    match first {
-                        Poll::Ready(result) => result,
-                        Poll::Pending => release.await,
-                    }
-                }
-                After::Answered { lone } => {
-                    let result = release.await;
-                    let local = lock(&self.local).take();
-                    // The holder's release is done; its place in the local
-                    // queue may be kept a while longer, in the background.
-                    self.hand_off(&*handle, local, lone);
-                    result
-                }
-            }
-        })
-    }
-
-    fn release_on_drop(self: Arc<Self>) {
-        let (handle, after) = match self.let_go() {
-            LetGo::Passed | LetGo::Done => {
-                lock(&self.local).take();
-                return;
-            }
-            LetGo::Release(handle, after) => (handle, after),
-        };
-        let After::Answered { lone } = after else {
-            // Returns once the release is on the wire.
-            handle.release_on_drop();
-            lock(&self.local).take();
-            return;
-        };
-        let local = lock(&self.local).take();
-        self.release_in_background(handle, local, lone);
-    }
-
-    fn valid_until(&self) -> Option<Instant> {
-        lock(&self.remote.handle).as_ref()?.valid_until()
-    }
-}
-
-/// What this process's next waiter for `key` waits for after a release
-/// (holding `local`, the releasing holder's place in the queue, keeps it
-/// waiting): nothing, unless waiters elsewhere heard the release
-/// ([`LeaseHandle::hand_off`]). They ask for the lock as the answer comes,
-/// and without a server queue the first to ask wins, which would nearly
-/// always be the next waiter here, already running; so it waits for the
-/// lock to come back instead, and processes take turns.
-fn hand_off<B: Backend>(
-    shared: &Shared<B>,
-    key: &LockKey,
-    handle: &dyn LeaseHandle,
-    local: &Option<Acquired>,
-    lone: bool,
-) -> Option<BackendFuture<()>> {
-    if local.is_none() || !(lone || shared.local.next_in_line(key).is_some()) {
-        return None;
-    }
-    handle.hand_off()
-}
-
-/// One poll, which puts a release on the wire.
-fn poll_once<F: Future + Unpin>(fut: &mut F) -> Poll<F::Output> {
-    Pin::new(fut).poll(&mut Context::from_waker(std::task::Waker::noop()))
-}
-
 /// The wait for this process's queue of a key. Its fields drop in order: a
 /// waiter that goes away after it was granted gives the grant back first,
 /// and then a lock handed to it, with nobody left to take it, goes back to
@@ -640,8 +475,8 @@ impl<B: Backend> Drop for Unclaimed<'_, B> {
     fn drop(&mut self) {
         if self.shared.local.is_idle(self.key) {
             let baton = lock(&self.shared.batons).remove(self.key);
-            if let Some(remote) = baton {
-                remote.release_on_drop();
+            if let Some(baton) = baton {
+                baton.release_on_drop();
             }
         }
     }

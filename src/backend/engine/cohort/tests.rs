@@ -27,6 +27,9 @@ struct Server {
     validity: Arc<Mutex<Option<Instant>>>,
     /// A server with no queue of waiters, whose releases others heard: a hand-off then lasts this long.
     turns: Option<Duration>,
+    /// Its releases may be handed off, but nobody elsewhere hears them:
+    /// their answers ask for no hand-off.
+    unheard: bool,
     /// Whether the last request came with [`LockRequest::contended`].
     contended: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -37,6 +40,7 @@ struct Lease {
     inner: Mutex<Option<Acquired>>,
     until: Arc<Mutex<Option<Instant>>>,
     turns: Option<Duration>,
+    unheard: bool,
 }
 
 impl LeaseHandle for Lease {
@@ -57,7 +61,7 @@ impl LeaseHandle for Lease {
     }
 
     fn hand_off(&self) -> Option<BackendFuture<()>> {
-        let turn = self.turns?;
+        let turn = self.turns.filter(|_| !self.unheard)?;
         Some(BackendFuture::new(tokio::time::sleep(turn)))
     }
 
@@ -75,7 +79,12 @@ impl Backend for Server {
         let tokens = request.tokens;
         self.contended.store(request.contended, Ordering::SeqCst);
         let grant = self.locks.acquire(request);
-        let (grants, until, turns) = (self.grants.clone(), self.validity.clone(), self.turns);
+        let (grants, until, turns, unheard) = (
+            self.grants.clone(),
+            self.validity.clone(),
+            self.turns,
+            self.unheard,
+        );
         BackendFuture::new(async move {
             let acquired = grant.await?;
             grants.fetch_add(1, Ordering::SeqCst);
@@ -85,6 +94,7 @@ impl Backend for Server {
                 inner: Mutex::new(Some(acquired)),
                 until,
                 turns,
+                unheard,
             });
             Ok(Acquired::new(FencingToken::new(token.get() * 64), lease)
                 .with_lost(lost)
@@ -290,6 +300,39 @@ async fn the_next_acquire_after_a_release_heard_elsewhere_waits_for_the_hand_off
         // (asked only where the server keeps no queue).
         assert_eq!(cohort.inner().contended.load(Ordering::SeqCst), waited);
         drop(again);
+        cohort.flush().await;
+    }
+}
+
+/// A release nobody elsewhere heard hands nothing off. The holder that
+/// locks the key again right behind it waited here only for that answer,
+/// so it does not tell the store the key is wanted: else a key contended
+/// once would keep costing each release a round trip while one worker
+/// locks it again and again. A waiter queued behind a holder still does.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_behind_a_release_nobody_heard_is_not_told_the_key_is_wanted() {
+    for heard in [false, true] {
+        let server = Server {
+            turns: Some(Duration::from_millis(50)),
+            unheard: !heard,
+            ..Server::default()
+        };
+        // Every holder asks the server.
+        let cohort = Cohort::new(server, CohortOptions::default().max_grants(1));
+        for _ in 0..3 {
+            let held = cohort.acquire(request()).await.unwrap();
+            let (_, _, handle) = held.into_parts();
+            handle.release_on_drop();
+            // Queued behind the release going on in the background.
+            tokens(queue(&cohort, 1).await).await;
+            assert_eq!(cohort.inner().contended.load(Ordering::SeqCst), heard);
+            cohort.flush().await;
+        }
+        let held = cohort.acquire(request()).await.unwrap();
+        let waiter = queue(&cohort, 1).await;
+        drop(held);
+        tokens(waiter).await;
+        assert!(cohort.inner().contended.load(Ordering::SeqCst));
         cohort.flush().await;
     }
 }
