@@ -132,6 +132,7 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 mod registry;
+mod request;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod sql;
 #[cfg(feature = "zookeeper")]
@@ -153,8 +154,9 @@ cfg_remote! {
     pub use engine::RemoteBackend;
 }
 pub use crate::lost::{HasLostState, LostState, LostTrigger};
-pub use contract::{Acquired, LeaseHandle, LockRequest, DEFAULT_LEASE};
+pub use contract::{Acquired, LeaseHandle};
 pub use engine::{Cohort, CohortOptions};
 pub use future::BackendFuture;
 pub use inspect::{BreakScope, Broken, Holder, Inspection};
 pub use registry::connect;
+pub use request::{LockRequest, DEFAULT_LEASE};
