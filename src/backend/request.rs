@@ -49,8 +49,8 @@ pub struct LockRequest {
     pub tokens: u32,
     /// A hint from [`Cohort`], on a server without a queue: this
     /// process's acquisition of the key found it held or waited for here
-    /// first (by another local holder, or a hand-off; not by a release
-    /// nobody elsewhere heard), so others want it.
+    /// first (by another local holder, or a hand-off; not only for the
+    /// answer to a release that asked for no hand-off), so others want it.
     /// A store may then hand off its release
     /// ([`LeaseHandle::may_hand_off`]) as it would a contended one's.
     pub contended: bool,

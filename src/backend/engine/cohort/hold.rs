@@ -11,7 +11,6 @@ use std::time::Instant;
 use super::{watch_parked, Baton, KeptBack, ServerGrant, Shared};
 use crate::backend::{Acquired, BackendFuture, LeaseHandle};
 use crate::error::LockError;
-use crate::key::LockKey;
 use crate::loom::sync::atomic::Ordering;
 use crate::loom::sync::Mutex;
 use crate::mode::LockMode;
@@ -109,12 +108,12 @@ impl<B: Backend> CohortHold<B> {
             drop(release);
             return;
         };
-        let (shared, key) = (self.shared.clone(), self.remote.key.clone());
+        let (shared, remote) = (self.shared.clone(), self.remote.clone());
         self.shared.in_flight.spawn(&rt, async move {
             if let Err(e) = release.await {
                 tracing::warn!(error = %e, "lock release failed");
             }
-            if let Some((wait, local)) = hand_off(&shared, &key, &*handle, local, lone) {
+            if let Some((wait, local)) = hand_off(&shared, &remote, &*handle, local, lone) {
                 wait.await;
                 drop(local);
             }
@@ -124,8 +123,7 @@ impl<B: Backend> CohortHold<B> {
     /// Gives up `local`, this holder's place in the local queue, once
     /// [`hand_off`] allows.
     fn hand_off(&self, handle: &dyn LeaseHandle, local: Option<Acquired>, lone: bool) {
-        let Some((wait, local)) = hand_off(&self.shared, &self.remote.key, handle, local, lone)
-        else {
+        let Some((wait, local)) = hand_off(&self.shared, &self.remote, handle, local, lone) else {
             return;
         };
         match self.shared.in_flight.runtime() {
@@ -207,26 +205,31 @@ impl<B: Backend> LeaseHandle for CohortHold<B> {
 /// and without a server queue the first to ask wins, which would nearly
 /// always be the next waiter here, already running; so it waits for the
 /// lock to come back instead, and processes take turns. Gives `local` up
-/// at once where there is no wait, else returns it with the wait.
+/// at once where there is no wait (leaving the next holder here word that
+/// it waited only for the answer, where the release was lone), else
+/// returns it with the wait.
 fn hand_off<B: Backend>(
     shared: &Shared<B>,
-    key: &LockKey,
+    remote: &ServerGrant,
     handle: &dyn LeaseHandle,
     local: Option<Acquired>,
     lone: bool,
 ) -> Option<(BackendFuture<()>, Acquired)> {
     let local = local?;
+    let key = &remote.key;
     if !(lone || shared.local.next_in_line(key).is_some()) {
         return None;
     }
     match handle.hand_off() {
         Some(wait) => Some((wait, local)),
-        None => {
-            if lone {
-                shared.let_go_quietly(key, local);
-            }
+        // One holder at a time: the next one here is granted after the
+        // word is left, and takes it. Of several readers, the others may
+        // let go later, by another path, and leave it to nobody.
+        None if lone && matches!(remote.mode, LockMode::Exclusive | LockMode::Write) => {
+            shared.let_go_quietly(key, local);
             None
         }
+        None => None,
     }
 }
 

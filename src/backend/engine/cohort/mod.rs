@@ -148,7 +148,7 @@ impl<B: Backend> Backend for Cohort<B> {
     }
 
     /// Releases the locks left for local waiters that have not taken them
-    /// yet (they acquire anew), then waits for this layer's releases and the
+    /// yet (they acquire anew; word of a quiet release goes too), then waits for this layer's releases and the
     /// wrapped backend's.
     fn flush(&self) -> BackendFuture<()> {
         let parked: Vec<_> = lock(&self.shared.batons).drain().collect();
@@ -237,7 +237,8 @@ impl<B: Backend> Shared<B> {
         };
         let granted = (&mut local).await;
         // Held or waited for here already: others want the key (a hint for
-        // a store without a queue).
+        // a store without a queue), unless the wait was only for the answer
+        // to a release that asked for no hand-off (`Baton::Quiet`, below).
         let mut contended = !self.capabilities.fifo && local.waited;
         drop(local);
         let local = granted?;
@@ -298,8 +299,8 @@ impl<B: Backend> Shared<B> {
         }
     }
 
-    /// Gives up `local` after a release that nobody elsewhere heard (no
-    /// hand-off), telling the next holder here that it waited only for
+    /// Gives up `local` after a lone release whose answer asked for no
+    /// hand-off (nobody elsewhere was known to want the key), telling the next holder here that it waited only for
     /// that answer: the key is not wanted, and its release need not wait
     /// for an answer before this process asks again.
     fn let_go_quietly(&self, key: &LockKey, local: Acquired) {
@@ -321,7 +322,8 @@ impl<B: Backend> Shared<B> {
 enum Baton {
     /// A server grant to carry on.
     Grant(Arc<ServerGrant>),
-    /// The lock went back to the server, and nobody elsewhere heard.
+    /// The lock went back to the server, and its answer asked for no
+    /// hand-off: the next holder here waited only for that answer.
     Quiet,
 }
 

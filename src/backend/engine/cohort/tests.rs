@@ -12,6 +12,7 @@ use crate::backend::{Acquired, BackendFuture, Capabilities, LeaseHandle, LockReq
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::mode::{LockMode, Wait};
+use crate::sync::lock;
 use crate::token::FencingToken;
 use crate::{Backend, MemoryBackend};
 
@@ -30,6 +31,9 @@ struct Server {
     /// Its releases may be handed off, but nobody elsewhere hears them:
     /// their answers ask for no hand-off.
     unheard: bool,
+    /// If set, how many more releases may be handed off (the rest may not,
+    /// as the lease table's uncontended ones).
+    hand_offs: Option<Arc<AtomicU32>>,
     /// Whether the last request came with [`LockRequest::contended`].
     contended: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -41,6 +45,7 @@ struct Lease {
     until: Arc<Mutex<Option<Instant>>>,
     turns: Option<Duration>,
     unheard: bool,
+    hand_offs: Option<Arc<AtomicU32>>,
 }
 
 impl LeaseHandle for Lease {
@@ -66,7 +71,11 @@ impl LeaseHandle for Lease {
     }
 
     fn may_hand_off(&self) -> bool {
-        self.turns.is_some()
+        let more = |left: &Arc<AtomicU32>| {
+            left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        };
+        self.turns.is_some() && self.hand_offs.as_ref().is_none_or(more)
     }
 }
 
@@ -85,6 +94,7 @@ impl Backend for Server {
             self.turns,
             self.unheard,
         );
+        let hand_offs = self.hand_offs.clone();
         BackendFuture::new(async move {
             let acquired = grant.await?;
             grants.fetch_add(1, Ordering::SeqCst);
@@ -95,6 +105,7 @@ impl Backend for Server {
                 until,
                 turns,
                 unheard,
+                hand_offs,
             });
             Ok(Acquired::new(FencingToken::new(token.get() * 64), lease)
                 .with_lost(lost)
@@ -326,6 +337,9 @@ async fn a_waiter_behind_a_release_nobody_heard_is_not_told_the_key_is_wanted() 
             // Queued behind the release going on in the background.
             tokens(queue(&cohort, 1).await).await;
             assert_eq!(cohort.inner().contended.load(Ordering::SeqCst), heard);
+            // The word was taken, and nothing is left for nobody.
+            cohort.shared.in_flight.idle().await;
+            assert!(lock(&cohort.shared.batons).is_empty());
             cohort.flush().await;
         }
         let held = cohort.acquire(request()).await.unwrap();
@@ -335,4 +349,32 @@ async fn a_waiter_behind_a_release_nobody_heard_is_not_told_the_key_is_wanted() 
         assert!(cohort.inner().contended.load(Ordering::SeqCst));
         cohort.flush().await;
     }
+}
+
+/// Readers hold a key together: one that lets go quietly leaves no word
+/// for a next holder that may never come (the last reader may let go by a
+/// path that does not look).
+#[tokio::test(start_paused = true)]
+async fn readers_letting_go_quietly_leave_nothing_behind() {
+    let server = Server {
+        turns: Some(Duration::from_millis(50)),
+        unheard: true,
+        // The first reader's release may be handed off; the second's not.
+        hand_offs: Some(Arc::new(AtomicU32::new(1))),
+        ..Server::default()
+    };
+    let cohort = Cohort::new(server, CohortOptions::default().max_grants(1));
+    let read = || LockRequest::new(key(), LockMode::Read).with_wait(Wait::Forever);
+    let first = cohort.acquire(read()).await.unwrap();
+    let second = cohort.acquire(read()).await.unwrap();
+    drop(first);
+    cohort.shared.in_flight.idle().await;
+    drop(second);
+    cohort.shared.in_flight.idle().await;
+    assert!(cohort.shared.local.is_idle(&key()));
+    assert!(
+        lock(&cohort.shared.batons).is_empty(),
+        "a word left for nobody"
+    );
+    cohort.flush().await;
 }
