@@ -10,6 +10,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod routines;
 mod turns;
 mod wakeups;
 

@@ -134,9 +134,13 @@
 //!   server session may run it: PgBouncer in transaction mode works.
 //!   Statements are unnamed (parsed each time) until the listener, on the
 //!   same URL, hears a notification another connection sent, which proves
-//!   sessions last; then they are prepared once per connection. Statements
-//!   go over four connections, a key always on the same one. Locks survive
-//!   a server restart (the table is durable).
+//!   sessions last; then they are prepared once per connection. Unnamed,
+//!   each is sent as the call of a PL/pgSQL function created beside the
+//!   table (`tower_lock_` and a hash of its text), so that the server plans
+//!   a one-line call and the function keeps the statement's plan; a role
+//!   that may not create functions sends the statements themselves.
+//!   Statements go over four connections, a key always on the same one.
+//!   Locks survive a server restart (the table is durable).
 //! - Each acquire and release is a committed write, which waits for the
 //!   server's WAL flush: this mode costs about two such commits per lock,
 //!   where an advisory lock costs less than two `SELECT`s.

@@ -410,7 +410,8 @@ pub(super) async fn create_missing(
             Err(e)
                 if tries < 3
                     && (e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                        || e.code() == Some(&SqlState::DUPLICATE_TABLE)) =>
+                        || e.code() == Some(&SqlState::DUPLICATE_TABLE)
+                        || e.code() == Some(&SqlState::DUPLICATE_FUNCTION)) =>
             {
                 tries += 1;
             }

@@ -105,6 +105,9 @@ pub(super) struct LeaseTable {
     sessions_kept: AtomicBool,
     /// The listener connects to the statement URL.
     listens_there: bool,
+    /// The statements' functions ([`Sql::routines`]) exist: unnamed
+    /// statements call them.
+    routines: AtomicBool,
     /// The local waiters of each key, woken by a release notification.
     waiters: Mutex<HashMap<String, Weak<Notify>>>,
     /// Woken by the listener's own test notification.
@@ -163,6 +166,7 @@ impl LeaseTable {
             notified: AtomicBool::new(false),
             sessions_kept: AtomicBool::new(false),
             listens_there,
+            routines: AtomicBool::new(false),
             waiters: Mutex::new(HashMap::new()),
             probe: Notify::new(),
             probe_payload: Mutex::new(String::new()),
@@ -180,10 +184,25 @@ impl LeaseTable {
         let conn = self.conn("").await?;
         create_missing(&conn.client, &self.sql.create, "the lease table").await?;
         check_sequence(&conn.client, &self.sequence).await?;
+        self.create_routines(&conn.client).await;
         let listener = tokio::spawn(listen(Arc::downgrade(self)));
         let sweeper = tokio::spawn(sweep(Arc::downgrade(self)));
         lock(&self.tasks).extend([listener, sweeper]);
         Ok(())
+    }
+
+    /// Creates the statements' functions where missing. A role that may
+    /// not create them sends the statements themselves, which costs the
+    /// server more only where they go unnamed (through a pooler).
+    async fn create_routines(&self, client: &Client) {
+        let create: Vec<&str> = self.sql.routines.iter().map(|r| &*r.create).collect();
+        match create_missing(client, &create.join("; "), "the lease table's functions").await {
+            Ok(()) => self.routines.store(true, Ordering::Release),
+            Err(e) => tracing::info!(
+                error = %e,
+                "the lease table's statements are sent as they are, not as functions"
+            ),
+        }
     }
 
     /// Whether waiters are woken by notifications (for tests).
@@ -248,6 +267,10 @@ impl LeaseTable {
         };
         let prepared = slot.filter(|_| self.sessions_kept.load(Ordering::Acquire));
         let Some(slot) = prepared else {
+            let text = match slot {
+                Some(i) if self.routines.load(Ordering::Acquire) => &sql.routines[i].call,
+                _ => text,
+            };
             return conn
                 .client
                 .query_typed(text, params)
