@@ -103,7 +103,10 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 /// joined: Redis formats a Lua number with `printf` on every call, a
 /// quarter of a fresh key's fence. A caller that has read the clock gives
 /// it as `t`, for one `TIME` a script; the last token comes back as text
-/// too when it is that clock's (else false).
+/// too when it is that clock's (else false). For a new counter with no
+/// floor, the token itself comes back as that text, never made a number:
+/// Lua's `tonumber` of sixteen digits is a `strtod`, some 2,000 of the
+/// server's instructions, and the caller parses the text instead.
 pub(super) fn fence() -> String {
     format!(
         r#"
@@ -140,6 +143,7 @@ local function fence(key, n, floor, t)
     least = floor + tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   local prev = redis.call('SET', key, least, 'PX', '{ttl}', 'GET')
+  if not prev and floor == 0 then return least, n, least end
   local text = floor == 0 and least
   least = tonumber(least)
   if not prev then return least, n, text end
@@ -332,7 +336,8 @@ pub(super) fn hand_on_loader(fence: &str) -> String {
 
 /// What every acquire script answers a grant with, `n` the tokens asked
 /// for: the last token reserved alone when it reserved all it was asked
-/// for (a bare integer costs the server less than an array), else `{1,
+/// for (a bare integer, or the clock's text for a new counter with no
+/// floor: either costs the server less than an array), else `{1,
 /// last, reserved}`. Busy, it answers `{0, …}`. Needs `fence`.
 const GRANTED: &str = r#"
 local function granted(key, n, floor)
