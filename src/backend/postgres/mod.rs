@@ -135,10 +135,15 @@
 //!   Statements are unnamed (parsed each time) until the listener, on the
 //!   same URL, hears a notification another connection sent, which proves
 //!   sessions last; then they are prepared once per connection. Unnamed,
-//!   each is sent as the call of a PL/pgSQL function created beside the
-//!   table (`tower_lock_` and a hash of its text), so that the server plans
-//!   a one-line call and the function keeps the statement's plan; a role
-//!   that may not create functions sends the statements themselves.
+//!   each is sent as the call of a PL/pgSQL function made in the table's
+//!   schema (`tower_lock_` and a hash of its text), so that the server
+//!   plans a one-line call and the function keeps the statement's plan. A
+//!   function is called only if its body is the one this version makes
+//!   and it is owned by the connecting role or the table's owner; where
+//!   one cannot be made, is not trusted, or is dropped or its use revoked
+//!   later, the statements are sent themselves (logged at INFO). Functions
+//!   an older version made stay: drop the `tower_lock_…` functions no
+//!   running version calls.
 //!   Statements go over four connections, a key always on the same one.
 //!   Locks survive a server restart (the table is durable).
 //! - Each acquire and release is a committed write, which waits for the

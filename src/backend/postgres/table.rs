@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -17,7 +17,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls, Row, Statement};
 
 use super::session::{check_sequence, create_missing, pg_error};
-use super::table_sql::Sql;
+use super::table_sql::{Routine, Sql};
 use super::PostgresBackend;
 use crate::backend::engine::lease::{
     check_lease, known_until, release_in_background, Lease, Protocol, Released,
@@ -33,6 +33,7 @@ use crate::sync::lock;
 
 mod hand_off;
 mod listen;
+mod routines;
 
 use hand_off::Armed;
 use listen::listen;
@@ -105,9 +106,12 @@ pub(super) struct LeaseTable {
     sessions_kept: AtomicBool,
     /// The listener connects to the statement URL.
     listens_there: bool,
-    /// The statements' functions ([`Sql::routines`]) exist: unnamed
-    /// statements call them.
-    routines: AtomicBool,
+    /// The table's name, as given.
+    table: String,
+    /// The statements' functions ([`Sql::routines`]), once made and
+    /// trusted; unnamed statements call them while `routines_on`.
+    routines: OnceLock<Box<[Routine; 5]>>,
+    routines_on: AtomicBool,
     /// The local waiters of each key, woken by a release notification.
     waiters: Mutex<HashMap<String, Weak<Notify>>>,
     /// Woken by the listener's own test notification.
@@ -166,7 +170,9 @@ impl LeaseTable {
             notified: AtomicBool::new(false),
             sessions_kept: AtomicBool::new(false),
             listens_there,
-            routines: AtomicBool::new(false),
+            table: table.to_owned(),
+            routines: OnceLock::new(),
+            routines_on: AtomicBool::new(false),
             waiters: Mutex::new(HashMap::new()),
             probe: Notify::new(),
             probe_payload: Mutex::new(String::new()),
@@ -189,20 +195,6 @@ impl LeaseTable {
         let sweeper = tokio::spawn(sweep(Arc::downgrade(self)));
         lock(&self.tasks).extend([listener, sweeper]);
         Ok(())
-    }
-
-    /// Creates the statements' functions where missing. A role that may
-    /// not create them sends the statements themselves, which costs the
-    /// server more only where they go unnamed (through a pooler).
-    async fn create_routines(&self, client: &Client) {
-        let create: Vec<&str> = self.sql.routines.iter().map(|r| &*r.create).collect();
-        match create_missing(client, &create.join("; "), "the lease table's functions").await {
-            Ok(()) => self.routines.store(true, Ordering::Release),
-            Err(e) => tracing::info!(
-                error = %e,
-                "the lease table's statements are sent as they are, not as functions"
-            ),
-        }
     }
 
     /// Whether waiters are woken by notifications (for tests).
@@ -267,10 +259,13 @@ impl LeaseTable {
         };
         let prepared = slot.filter(|_| self.sessions_kept.load(Ordering::Acquire));
         let Some(slot) = prepared else {
-            let text = match slot {
-                Some(i) if self.routines.load(Ordering::Acquire) => &sql.routines[i].call,
-                _ => text,
-            };
+            if let Some(call) = slot.and_then(|i| self.routine(i)) {
+                match conn.client.query_typed(call, params).await {
+                    // Not run: the statement itself goes instead.
+                    Err(e) if self.gives_up_routines(&e) => {}
+                    answer => return answer.map_err(|e| pg_error(doing, e)),
+                }
+            }
             return conn
                 .client
                 .query_typed(text, params)

@@ -20,41 +20,41 @@ pub(super) struct Sql {
     pub(super) inspect: String,
     /// The held keys that start with a prefix.
     pub(super) list: String,
-    /// `acquire`, `join`, `acquire_waiting`, `renew` and `release`, each
-    /// as a function, in that order.
-    pub(super) routines: [Routine; 5],
 }
 
-/// A statement as a PL/pgSQL function beside the table, for statements
-/// sent unnamed (through a pooler in transaction mode, each is parsed and
-/// planned again on every call): the server then plans a one-line call,
-/// and the function keeps the statement's plan for the server session. An
-/// acquire through PgBouncer measured as costly as the floor's simpler
-/// statement this way, a third less than sent itself.
+/// A statement as a PL/pgSQL function in the table's schema, for
+/// statements sent unnamed (through a pooler in transaction mode, each is
+/// parsed and planned again on every call): the server then plans a
+/// one-line call, and the function keeps the statement's plan for the
+/// server session. An acquire through PgBouncer measured as costly as the
+/// floor's simpler statement this way, a third less than sent itself.
 pub(super) struct Routine {
     /// Creates the function unless it exists. Its name is a hash of its
-    /// text (table and sequence names included), so that a changed
+    /// text (schema, table and sequence names included), so that a changed
     /// statement is a new function, never one replaced under another
     /// version's callers, and two processes creating it at once collide on
-    /// a unique index (which [`create_missing`](super::session::create_missing)
-    /// tries again) rather than on a row being replaced.
+    /// a unique index (tried again) rather than on a row being replaced.
     pub(super) create: String,
     /// The call, with the statement's parameters.
     pub(super) call: String,
+    /// Its name and argument types, as `to_regprocedure` reads them.
+    pub(super) signature: String,
+    /// Its body as `pg_proc.prosrc` keeps it: a function of that name
+    /// with another body is not this one.
+    pub(super) source: String,
 }
 
 impl Routine {
     /// `statement` (parameters `$1`… of the types in `params`), returning
-    /// the columns `returns`, as a function in `table`'s schema.
-    fn new(table: &str, statement: &str, params: &[&str], returns: &str) -> Routine {
+    /// the columns `returns`, as a function of `schema` (as PostgreSQL
+    /// writes it: quoted where it must be).
+    fn new(schema: &str, statement: &str, params: &[&str], returns: &str) -> Routine {
         let args = params.join(", ");
         // Its result columns are variables in the body: where a name is
         // also a column's, the column is meant.
         let body = format!("#variable_conflict use_column\nBEGIN RETURN QUERY {statement}; END");
-        let schema = table.rsplit_once('.').map_or("", |(schema, _)| schema);
-        let dot = if schema.is_empty() { "" } else { "." };
-        let hash = fnv1a(&format!("{args} {returns} {body}"));
-        let name = format!("{schema}{dot}tower_lock_{hash:016x}");
+        let hash = fnv1a(&format!("{schema} {args} {returns} {body}"));
+        let name = format!("{schema}.tower_lock_{hash:016x}");
         let signature = format!("{name}({args})");
         let create = format!(
             "DO $tower_lock$ BEGIN IF to_regprocedure('{signature}') IS NULL THEN \
@@ -63,7 +63,12 @@ impl Routine {
         );
         let placeholders: Vec<String> = (1..=params.len()).map(|i| format!("${i}")).collect();
         let call = format!("SELECT * FROM {name}({})", placeholders.join(", "));
-        Routine { create, call }
+        Routine {
+            create,
+            call,
+            signature,
+            source: format!(" {body} "),
+        }
     }
 }
 
@@ -136,24 +141,6 @@ impl Sql {
             "DELETE FROM {table} WHERE key = $1 AND owner = $2 \
              RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
         );
-        let (key_owner_lease, key_owner) = (["text", "text", "int8"], ["text", "text"]);
-        let routines = [
-            Routine::new(
-                table,
-                &acquire,
-                &key_owner_lease,
-                "token int8, left_ms int8",
-            ),
-            Routine::new(table, &join, &key_owner_lease, "token int8"),
-            Routine::new(
-                table,
-                &acquire_waiting,
-                &key_owner_lease,
-                "token int8, left_ms int8",
-            ),
-            Routine::new(table, &renew, &key_owner_lease, "renewed int4"),
-            Routine::new(table, &release, &key_owner, "quiet boolean"),
-        ];
         Sql {
             list: format!(
                 "SELECT key FROM {table} WHERE starts_with(key, $1) \
@@ -175,7 +162,6 @@ impl Sql {
             acquire_waiting,
             renew,
             release,
-            routines,
             sweep: format!(
                 "DELETE FROM {table} WHERE expires_at < clock_timestamp() \
                  RETURNING CASE WHEN wanted THEN pg_notify('{channel}', key) END IS NULL"
@@ -183,5 +169,22 @@ impl Sql {
             probe: format!("SELECT pg_notify('{channel}', $1)"),
             listen: format!("LISTEN \"{channel}\""),
         }
+    }
+}
+
+impl Sql {
+    /// The per-lock statements as functions of `schema` (the table's), in
+    /// the order of `Stmt`: `acquire`, `join`, `acquire_waiting`, `renew`,
+    /// `release`.
+    pub(super) fn routines(&self, schema: &str) -> [Routine; 5] {
+        let (key_owner_lease, key_owner) = (["text", "text", "int8"], ["text", "text"]);
+        let both = "token int8, left_ms int8";
+        [
+            Routine::new(schema, &self.acquire, &key_owner_lease, both),
+            Routine::new(schema, &self.join, &key_owner_lease, "token int8"),
+            Routine::new(schema, &self.acquire_waiting, &key_owner_lease, both),
+            Routine::new(schema, &self.renew, &key_owner_lease, "renewed int4"),
+            Routine::new(schema, &self.release, &key_owner, "quiet boolean"),
+        ]
     }
 }
