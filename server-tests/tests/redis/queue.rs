@@ -401,6 +401,28 @@ async fn a_broken_lock_goes_to_the_first_waiter() {
     no_queue_left(test).await;
 }
 
+/// A break of a key never locked (its fencing counter new) frees nothing
+/// and raises the counter: the next grant's token is above it.
+#[tokio::test]
+async fn a_break_of_a_key_never_locked_raises_its_fence() {
+    let test = "break-new";
+    let backend = backend(test).await;
+    let key = format!("k-{}", std::process::id());
+    let broken = backend
+        .break_lock(
+            LockKey::new(key.as_str()).unwrap(),
+            tower_lock::backend::BreakScope::LocksOnly,
+        )
+        .await
+        .expect("a break of a key with no fencing counter yet");
+    assert!(broken.holders.is_empty());
+    let held = backend.lock(key.as_str()).await.unwrap();
+    assert!(held.token() >= broken.floor);
+    held.release().await.unwrap();
+    backend.flush().await;
+    no_queue_left(test).await;
+}
+
 /// Waits until `key`'s queue holds `n` waiters; fails the test if it has
 /// not within two seconds.
 pub(super) async fn queued(test: &str, key: &str, n: usize) {

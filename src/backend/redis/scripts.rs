@@ -104,9 +104,10 @@ pub(super) const MAX_FLOOR: u64 = 1 << 52;
 /// quarter of a fresh key's fence. A caller that has read the clock gives
 /// it as `t`, for one `TIME` a script; the last token comes back as text
 /// too when it is that clock's (else false). For a new counter with no
-/// floor, the token itself comes back as that text, never made a number:
-/// Lua's `tonumber` of sixteen digits is a `strtod`, some 2,000 of the
-/// server's instructions, and the caller parses the text instead.
+/// floor, a caller that says `text_ok` gets the token itself as that text,
+/// never made a number: Lua's `tonumber` of sixteen digits is a `strtod`,
+/// some 2,000 of the server's instructions (the acquire scripts, whose
+/// client parses the text; the break compares the token with a number).
 pub(super) fn fence() -> String {
     format!(
         r#"
@@ -134,7 +135,7 @@ local function floor_of(arg, n)
   if cache then return epoch * {stride}, 1 end
   return epoch * {stride}, 0
 end
-local function fence(key, n, floor, t)
+local function fence(key, n, floor, t, text_ok)
   t = t or redis.call('TIME')
   local least = nil
   if floor == 0 then
@@ -143,7 +144,7 @@ local function fence(key, n, floor, t)
     least = floor + tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   local prev = redis.call('SET', key, least, 'PX', '{ttl}', 'GET')
-  if not prev and floor == 0 then return least, n, least end
+  if text_ok and not prev and floor == 0 then return least, n, least end
   local text = floor == 0 and least
   least = tonumber(least)
   if not prev then return least, n, text end
@@ -341,7 +342,7 @@ pub(super) fn hand_on_loader(fence: &str) -> String {
 /// last, reserved}`. Busy, it answers `{0, …}`. Needs `fence`.
 const GRANTED: &str = r#"
 local function granted(key, n, floor)
-  local last, reserved = fence(key, n, floor)
+  local last, reserved = fence(key, n, floor, nil, true)
   if reserved == n then return last end
   return {1, last, reserved}
 end
