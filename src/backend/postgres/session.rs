@@ -171,7 +171,10 @@ impl Advisory {
             // go, the count of open connections).
             *shared = None;
         }
-        let session = self.open_session().await?;
+        // Boxed (here and in `dedicated`): opening a session is rare, and its
+        // future (some 8 KB) would be carried by every acquire's future,
+        // and copied with it (a tenth of a lock's instructions).
+        let session = Box::pin(self.open_session()).await?;
         *lock(&self.shared) = Some(session.clone());
         Ok(session)
     }
@@ -187,7 +190,7 @@ impl Advisory {
                 return Ok(s);
             }
         }
-        self.open_session().await
+        Box::pin(self.open_session()).await
     }
 
     pub(super) fn is_shared(&self, session: &Arc<Session>) -> bool {
