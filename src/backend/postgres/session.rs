@@ -406,27 +406,31 @@ pub(super) async fn create_missing(
     sql: &str,
     what: &str,
 ) -> Result<(), LockError> {
+    create_racing(client, sql).await.map_err(|e| {
+        pg_error(
+            &format!(
+                "creating {what} (a role that may not create it needs it made once: \
+                 {sql})"
+            ),
+            e,
+        )
+    })
+}
+
+/// Runs `sql`, which creates what is missing, again (up to three times)
+/// when another process creating the same at once made it collide: it
+/// exists by then.
+pub(super) async fn create_racing(client: &Client, sql: &str) -> Result<(), tokio_postgres::Error> {
+    let raced = [
+        SqlState::UNIQUE_VIOLATION,
+        SqlState::DUPLICATE_TABLE,
+        SqlState::DUPLICATE_FUNCTION,
+    ];
     let mut tries = 0;
     loop {
         match client.batch_execute(sql).await {
-            Ok(()) => return Ok(()),
-            Err(e)
-                if tries < 3
-                    && (e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                        || e.code() == Some(&SqlState::DUPLICATE_TABLE)
-                        || e.code() == Some(&SqlState::DUPLICATE_FUNCTION)) =>
-            {
-                tries += 1;
-            }
-            Err(e) => {
-                return Err(pg_error(
-                    &format!(
-                        "creating {what} (a role that may not create it needs it made once: \
-                         {sql})"
-                    ),
-                    e,
-                ))
-            }
+            Err(e) if tries < 3 && e.code().is_some_and(|c| raced.contains(c)) => tries += 1,
+            done => return done,
         }
     }
 }

@@ -110,7 +110,7 @@ pub(super) struct LeaseTable {
     table: String,
     /// The statements' functions ([`Sql::routines`]), once made and
     /// trusted; unnamed statements call them while `routines_on`.
-    routines: OnceLock<Box<[Routine; 5]>>,
+    routines: OnceLock<[Routine; 5]>,
     routines_on: AtomicBool,
     /// The local waiters of each key, woken by a release notification.
     waiters: Mutex<HashMap<String, Weak<Notify>>>,

@@ -148,8 +148,8 @@ impl<B: Backend> Backend for Cohort<B> {
     }
 
     /// Releases the locks left for local waiters that have not taken them
-    /// yet (they acquire anew; word of a quiet release goes too), then waits for this layer's releases and the
-    /// wrapped backend's.
+    /// yet (they acquire anew; word of a quiet release goes too), then
+    /// waits for this layer's releases and the wrapped backend's.
     fn flush(&self) -> BackendFuture<()> {
         let parked: Vec<_> = lock(&self.shared.batons).drain().collect();
         for (_, baton) in parked {
@@ -300,9 +300,10 @@ impl<B: Backend> Shared<B> {
     }
 
     /// Gives up `local` after a lone release whose answer asked for no
-    /// hand-off (nobody elsewhere was known to want the key), telling the next holder here that it waited only for
-    /// that answer: the key is not wanted, and its release need not wait
-    /// for an answer before this process asks again.
+    /// hand-off (nobody elsewhere was known to want the key), telling the
+    /// next holder here that it waited only for that answer: the key is
+    /// not wanted, and its release need not wait for an answer before this
+    /// process asks again.
     fn let_go_quietly(&self, key: &LockKey, local: Acquired) {
         lock(&self.batons)
             .entry(key.clone())

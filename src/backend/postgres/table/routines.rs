@@ -8,7 +8,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use super::LeaseTable;
-use crate::backend::postgres::session::pg_error;
+use crate::backend::postgres::session::{create_racing, pg_error};
 use crate::backend::postgres::table_sql::Routine;
 
 /// The table's schema, as PostgreSQL writes it.
@@ -31,7 +31,7 @@ impl LeaseTable {
         match self.trusted_routines(client).await {
             Ok(routines) => {
                 // Set once, at start-up.
-                let _ = self.routines.set(Box::new(routines));
+                let _ = self.routines.set(routines);
                 self.routines_on.store(true, Ordering::Release);
             }
             Err(why) => tracing::info!(
@@ -48,16 +48,9 @@ impl LeaseTable {
         let schema: String = rows.first().ok_or("the table is not found")?.get(0);
         let routines = self.sql.routines(&schema);
         let create: Vec<&str> = routines.iter().map(|r| &*r.create).collect();
-        let create = create.join("; ");
-        let mut tries = 0;
-        // Another process making them at once: they exist when tried again.
-        while let Err(e) = client.batch_execute(&create).await {
-            let raced = [SqlState::UNIQUE_VIOLATION, SqlState::DUPLICATE_FUNCTION];
-            if tries == 3 || !e.code().is_some_and(|c| raced.contains(c)) {
-                return Err(text(e));
-            }
-            tries += 1;
-        }
+        create_racing(client, &create.join("; "))
+            .await
+            .map_err(text)?;
         for r in &routines {
             let trusted = client
                 .query_typed(
